@@ -1,0 +1,28 @@
+// Global-memory access helpers: 16-byte vector loads and stores, with a scalar tail path.
+#pragma once
+
+namespace calico {
+
+// Loads N consecutive T from p (which must be aligned to sizeof(T) * N) and widens to float.
+template <class T, int N>
+CALICO_DEVICE void load_float(float (&dst)[N], const T* __restrict__ p) {
+    const vec<T, N> packed = *reinterpret_cast<const vec<T, N>*>(p);
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_float(packed.v[i]);
+}
+
+// Narrows N floats to T and stores them to p (aligned to sizeof(T) * N).
+template <class T, int N>
+CALICO_DEVICE void store_float(T* __restrict__ p, const float (&src)[N]) {
+    vec<T, N> packed;
+#pragma unroll
+    for (int i = 0; i < N; ++i) packed.v[i] = from_float<T>(src[i]);
+    *reinterpret_cast<vec<T, N>*>(p) = packed;
+}
+
+// True when p is aligned to `bytes`.
+CALICO_DEVICE bool is_aligned(const void* p, unsigned bytes) {
+    return (reinterpret_cast<unsigned long long>(p) & (bytes - 1)) == 0;
+}
+
+}  // namespace calico

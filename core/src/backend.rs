@@ -1,0 +1,153 @@
+//! The traits every backend implements: memory, timing, and (for GPUs) compile and launch.
+
+use crate::{Arch, KernelSource, Result};
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+/// Which backend a device or buffer belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BackendKind {
+    Cuda,
+    Hip,
+    Cpu,
+}
+
+impl BackendKind {
+    pub const fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cuda => "cuda",
+            BackendKind::Hip => "hip",
+            BackendKind::Cpu => "cpu",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Identifies one device: tensors may only meet in an op when their ids are equal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceId {
+    pub kind: BackendKind,
+    pub ordinal: usize,
+}
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind, self.ordinal)
+    }
+}
+
+/// A buffer of bytes on some device. Tensors share storage through `Arc`.
+pub trait Storage: Send + Sync + fmt::Debug + Any {
+    /// The device that owns the bytes.
+    fn device_id(&self) -> DeviceId;
+    /// Size in bytes.
+    fn size_bytes(&self) -> usize;
+    /// Copies `src` into the buffer at byte `offset` (blocking).
+    fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<()>;
+    /// Copies bytes at `offset` into `dst` (blocking; waits for queued work).
+    fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<()>;
+    /// The device address of byte 0, for GPU buffers.
+    fn device_address(&self) -> Option<u64>;
+    /// For backends to downcast their own storage.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// Checks that `offset..offset + len` lies within a buffer of `size` bytes.
+pub fn check_byte_range(size: usize, offset: usize, len: usize) -> Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(crate::Error::OutOfBounds(format!("bytes {offset}..{offset}+{len} outside a buffer of {size} bytes"))),
+    }
+}
+
+/// One device of one backend.
+pub trait Backend: Send + Sync + fmt::Debug {
+    fn kind(&self) -> BackendKind;
+    fn device_id(&self) -> DeviceId;
+    /// The device's marketing name ("NVIDIA H100 80GB HBM3", the CPU's model name).
+    fn name(&self) -> &str;
+    fn arch(&self) -> &Arch;
+    /// Allocates `bytes` zero-filled bytes.
+    fn alloc(&self, bytes: usize) -> Result<Arc<dyn Storage>>;
+    /// Waits until all queued work is done.
+    fn synchronize(&self) -> Result<()>;
+    /// Copies `bytes` bytes between two buffers of this device, asynchronously on GPUs.
+    fn copy_bytes(&self, dst: &dyn Storage, dst_offset: usize, src: &dyn Storage, src_offset: usize, bytes: usize) -> Result<()>;
+    /// Runs `work` and returns the device time it took in milliseconds (device events on GPUs,
+    /// the wall clock on the CPU).
+    fn time_ms(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<f64>;
+    /// The GPU interface, for devices that compile and launch kernels.
+    fn as_gpu(&self) -> Option<&dyn GpuBackend> {
+        None
+    }
+}
+
+/// Grid, block and dynamic shared memory of a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LaunchConfig {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub shared_mem_bytes: u32,
+}
+
+impl LaunchConfig {
+    /// A 1-D grid of `blocks` blocks of `threads` threads.
+    pub fn linear(blocks: u32, threads: u32, shared_mem_bytes: u32) -> Self {
+        LaunchConfig { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_mem_bytes }
+    }
+}
+
+/// 128 bytes aligned to 64: the size and alignment of a CUDA tensor map (`CUtensorMap`),
+/// passed to kernels by value as a `__grid_constant__` parameter.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(64))]
+pub struct OpaqueParam128(pub [u8; 128]);
+
+impl fmt::Debug for OpaqueParam128 {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OpaqueParam128(..)")
+    }
+}
+
+/// One kernel argument, in the order of the kernel's parameter list.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KernelArg {
+    /// A device pointer.
+    Ptr(u64),
+    I32(i32),
+    U32(u32),
+    I64(i64),
+    U64(u64),
+    F32(f32),
+    /// A 128-byte opaque struct (a TMA descriptor).
+    Opaque128(OpaqueParam128),
+}
+
+/// The compiler a GPU backend uses at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompilerInfo {
+    /// "nvrtc" or "hiprtc".
+    pub name: &'static str,
+    /// Version string; part of the compile-cache key.
+    pub version: String,
+}
+
+/// What a GPU backend adds: its device headers, the compiler, and kernel launches.
+pub trait GpuBackend: Backend {
+    /// The vendor's device headers (`calico/vendor.h` and its primitives), for
+    /// [`KernelSource::assemble`].
+    fn vendor_headers(&self) -> &'static [(&'static str, &'static str)];
+    fn compiler(&self) -> &CompilerInfo;
+    /// Compiles (or fetches from the caches) and launches `source` with `args`. Args must
+    /// match the kernel's parameters in order and type.
+    fn launch(&self, source: &KernelSource, config: &LaunchConfig, args: &[KernelArg]) -> Result<()>;
+    /// Compiles `source` for this device (or fetches it from the disk cache) and returns the
+    /// binary; used by `calico compile` and to warm caches.
+    fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>>;
+}

@@ -1,0 +1,149 @@
+//! Element types and their Rust counterparts.
+
+use std::fmt;
+
+/// The element types Calico knows. fp8 types are declared for the Arch descriptor and the
+/// kernels that will use them; ops reject them until they are implemented.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    BF16,
+    F16,
+    F32,
+    /// fp8 with 4 exponent bits and 3 mantissa bits (OCP flavour on NVIDIA and CDNA4, FNUZ on CDNA3).
+    F8E4M3,
+    /// fp8 with 5 exponent bits and 2 mantissa bits.
+    F8E5M2,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size_bytes(self) -> usize {
+        match self {
+            DType::BF16 | DType::F16 => 2,
+            DType::F32 => 4,
+            DType::F8E4M3 | DType::F8E5M2 => 1,
+        }
+    }
+
+    /// Short lower-case name, as used in kernel defines and reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "f32",
+            DType::F8E4M3 => "f8e4m3",
+            DType::F8E5M2 => "f8e5m2",
+        }
+    }
+
+    /// The device-side C++ type name in Calico's device vocabulary (`calico/types.h`).
+    pub const fn device_type(self) -> &'static str {
+        match self {
+            DType::BF16 => "bf16",
+            DType::F16 => "f16",
+            DType::F32 => "float",
+            DType::F8E4M3 => "fp8e4m3",
+            DType::F8E5M2 => "fp8e5m2",
+        }
+    }
+
+    /// True for the float types every op accepts as storage (bf16, f16, f32).
+    pub const fn is_standard_float(self) -> bool {
+        matches!(self, DType::BF16 | DType::F16 | DType::F32)
+    }
+
+    /// Parses a name written by [`DType::name`].
+    pub fn parse(name: &str) -> Option<DType> {
+        [DType::BF16, DType::F16, DType::F32, DType::F8E4M3, DType::F8E5M2]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A Rust type that can be stored in a [`crate::Tensor`].
+pub trait Element: bytemuck::Pod + Send + Sync + fmt::Debug + 'static {
+    /// The dtype this Rust type stores as.
+    const DTYPE: DType;
+    /// Converts to f64 (for references and checks).
+    fn to_f64(self) -> f64;
+    /// Converts from f64 with round-to-nearest-even.
+    fn from_f64(v: f64) -> Self;
+}
+
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::BF16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        half::bf16::from_f64(v)
+    }
+}
+
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(v: f64) -> Self {
+        half::f16::from_f64(v)
+    }
+}
+
+impl Element for f32 {
+    const DTYPE: DType = DType::F32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+}
+
+/// Reads element `i` of a little-endian byte buffer of `dtype` as f32 (bf16/f16/f32 only).
+pub fn read_f32(dtype: DType, bytes: &[u8], i: usize) -> f32 {
+    match dtype {
+        DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32(),
+        DType::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32(),
+        DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")),
+        DType::F8E4M3 | DType::F8E5M2 => unreachable!("fp8 storage is rejected before element access"),
+    }
+}
+
+/// Writes `v` as element `i` of a little-endian byte buffer of `dtype` (bf16/f16/f32 only).
+pub fn write_f32(dtype: DType, bytes: &mut [u8], i: usize, v: f32) {
+    match dtype {
+        DType::BF16 => bytes[2 * i..2 * i + 2].copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes()),
+        DType::F16 => bytes[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes()),
+        DType::F32 => bytes[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
+        DType::F8E4M3 | DType::F8E5M2 => unreachable!("fp8 storage is rejected before element access"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for d in [DType::BF16, DType::F16, DType::F32, DType::F8E4M3, DType::F8E5M2] {
+            assert_eq!(DType::parse(d.name()), Some(d));
+        }
+        assert_eq!(DType::parse("f64"), None);
+    }
+
+    #[test]
+    fn byte_access_round_trips() {
+        let mut buf = vec![0u8; 16];
+        for d in [DType::BF16, DType::F16, DType::F32] {
+            write_f32(d, &mut buf, 1, 1.5);
+            assert_eq!(read_f32(d, &buf, 1), 1.5);
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Shapes, strides and offsets, in elements.
+
+use crate::{Error, Result};
+
+/// Where a tensor's elements live inside its storage: shape, strides and offset, in elements.
+/// Strides are non-negative; a stride may be any value, so views can skip rows or transpose.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    shape: Vec<usize>,
+    strides: Vec<usize>,
+    offset: usize,
+}
+
+/// A 2-D view of a tensor as rows of contiguous elements: `rows` rows of `cols` elements,
+/// row `r` starting at `offset + r * row_stride`. Most row-wise ops (norms, softmax) take this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rows {
+    pub rows: usize,
+    pub cols: usize,
+    pub row_stride: usize,
+    pub offset: usize,
+}
+
+impl Layout {
+    /// A dense row-major layout of `shape`.
+    pub fn contiguous(shape: &[usize]) -> Self {
+        let mut strides = vec![0; shape.len()];
+        let mut acc = 1usize;
+        for (i, &d) in shape.iter().enumerate().rev() {
+            strides[i] = acc;
+            acc = acc.saturating_mul(d.max(1));
+        }
+        Layout { shape: shape.to_vec(), strides, offset: 0 }
+    }
+
+    /// A layout with explicit strides and offset (elements). Use [`Layout::max_element`] to
+    /// check it fits a buffer.
+    pub fn strided(shape: &[usize], strides: &[usize], offset: usize) -> Result<Self> {
+        if shape.len() != strides.len() {
+            return Err(Error::shape(format!(
+                "shape {shape:?} has rank {} but strides {strides:?} have rank {}",
+                shape.len(),
+                strides.len()
+            )));
+        }
+        Ok(Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset })
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// True when the elements are dense and row-major (offset may be non-zero).
+    pub fn is_contiguous(&self) -> bool {
+        let mut expected = 1usize;
+        for (&d, &s) in self.shape.iter().zip(&self.strides).rev() {
+            if d != 1 && s != expected {
+                return false;
+            }
+            expected *= d;
+        }
+        true
+    }
+
+    /// The largest element index touched plus one, or `offset` for an empty tensor; `None` on overflow.
+    pub fn end_element(&self) -> Option<usize> {
+        if self.numel() == 0 {
+            return Some(self.offset);
+        }
+        let mut last = self.offset;
+        for (&d, &s) in self.shape.iter().zip(&self.strides) {
+            last = last.checked_add((d - 1).checked_mul(s)?)?;
+        }
+        last.checked_add(1)
+    }
+
+    /// The half-open element range `[start, end)` that contains every element.
+    pub fn element_span(&self) -> Option<(usize, usize)> {
+        Some((self.offset, self.end_element()?))
+    }
+
+    /// A sub-view: dimension `dim` restricted to `start..start + len`.
+    pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self> {
+        let d = *self
+            .shape
+            .get(dim)
+            .ok_or_else(|| Error::shape(format!("narrow: dim {dim} out of range for rank {}", self.rank())))?;
+        if start.checked_add(len).is_none_or(|end| end > d) {
+            return Err(Error::OutOfBounds(format!("narrow: {start}..{start}+{len} exceeds dim {dim} of size {d}")));
+        }
+        let mut out = self.clone();
+        out.shape[dim] = len;
+        out.offset += start * self.strides[dim];
+        Ok(out)
+    }
+
+    /// Swaps two dimensions (no data moves).
+    pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
+        if a >= self.rank() || b >= self.rank() {
+            return Err(Error::shape(format!("transpose({a}, {b}) on rank {}", self.rank())));
+        }
+        let mut out = self.clone();
+        out.shape.swap(a, b);
+        out.strides.swap(a, b);
+        Ok(out)
+    }
+
+    /// Views the layout as rows of contiguous elements over the last dimension. The last
+    /// dimension must have stride 1 (or size 1) and the leading dimensions must collapse to a
+    /// single row stride.
+    pub fn as_rows(&self) -> Result<Rows> {
+        let rank = self.rank();
+        if rank == 0 {
+            return Err(Error::shape("a row-wise op needs at least one dimension"));
+        }
+        let cols = self.shape[rank - 1];
+        if cols > 1 && self.strides[rank - 1] != 1 {
+            return Err(Error::stride(format!(
+                "the last dimension must be contiguous (stride 1), got stride {}",
+                self.strides[rank - 1]
+            )));
+        }
+        // Collapse the leading dimensions from the inside out.
+        let mut rows = 1usize;
+        let mut row_stride: Option<usize> = None;
+        for i in (0..rank - 1).rev() {
+            let (d, s) = (self.shape[i], self.strides[i]);
+            if d == 1 {
+                continue;
+            }
+            match row_stride {
+                None => row_stride = Some(s),
+                Some(inner) if s == inner * rows => {}
+                Some(_) => {
+                    return Err(Error::stride(format!(
+                        "leading dimensions of shape {:?} with strides {:?} do not collapse into rows with one stride",
+                        self.shape, self.strides
+                    )))
+                }
+            }
+            rows *= d;
+        }
+        Ok(Rows { rows, cols, row_stride: row_stride.unwrap_or(cols), offset: self.offset })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contiguous_strides() {
+        let l = Layout::contiguous(&[2, 3, 4]);
+        assert_eq!(l.strides(), &[12, 4, 1]);
+        assert!(l.is_contiguous());
+        assert_eq!(l.end_element(), Some(24));
+    }
+
+    #[test]
+    fn rows_of_a_narrowed_matrix_keep_the_parent_stride() {
+        let l = Layout::contiguous(&[8, 10]).narrow(1, 2, 5).unwrap();
+        let r = l.as_rows().unwrap();
+        assert_eq!(r, Rows { rows: 8, cols: 5, row_stride: 10, offset: 2 });
+        assert!(!l.is_contiguous());
+    }
+
+    #[test]
+    fn rows_collapse_leading_dims() {
+        let l = Layout::contiguous(&[2, 3, 4]);
+        assert_eq!(l.as_rows().unwrap(), Rows { rows: 6, cols: 4, row_stride: 4, offset: 0 });
+        // A narrowed middle dimension cannot collapse.
+        let n = l.narrow(1, 0, 2).unwrap();
+        assert!(matches!(n.as_rows(), Err(Error::Stride(_))));
+    }
+
+    #[test]
+    fn transposed_last_dim_is_rejected_for_rows() {
+        let l = Layout::contiguous(&[4, 6]).transpose(0, 1).unwrap();
+        assert!(matches!(l.as_rows(), Err(Error::Stride(_))));
+    }
+
+    #[test]
+    fn narrow_out_of_range_is_an_error() {
+        let l = Layout::contiguous(&[4]);
+        assert!(l.narrow(0, 3, 2).is_err());
+        assert!(l.narrow(1, 0, 1).is_err());
+    }
+}
