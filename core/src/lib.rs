@@ -11,6 +11,7 @@ pub mod cache;
 pub mod dtype;
 pub mod error;
 pub mod kernel;
+pub mod lanes;
 pub mod layout;
 pub mod tensor;
 
