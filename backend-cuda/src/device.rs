@@ -1,0 +1,313 @@
+//! `CudaDevice`: one GPU, its stream, its compiled kernels.
+
+use crate::error::{driver, driver_err};
+use crate::storage::{CudaStorage, Queue};
+use crate::{nvrtc, probe};
+use calico_core::{
+    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg, KernelSource, LaunchConfig,
+    Result, Storage, Tensor,
+};
+use cudarc::driver::{result, sys, CudaContext, CudaSlice, DevicePtr, DeviceRepr};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex};
+
+/// A loaded kernel: its module (kept loaded) and function handle.
+struct LoadedKernel {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+    /// The dynamic shared memory limit already raised for this function.
+    smem_limit: Mutex<u32>,
+}
+
+// SAFETY: CUmodule/CUfunction are driver handles, valid in any thread once their context is
+// bound; the driver API is thread-safe. They are only used after `Queue::bind`.
+unsafe impl Send for LoadedKernel {}
+// SAFETY: as above; shared access only reads the handles (the limit is behind a mutex).
+unsafe impl Sync for LoadedKernel {}
+
+/// One NVIDIA GPU.
+#[derive(Clone)]
+pub struct CudaDevice {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    queue: Arc<Queue>,
+    name: String,
+    arch: Arch,
+    compiler: CompilerInfo,
+    disk: DiskCache,
+    kernels: Mutex<HashMap<[u8; 32], Arc<LoadedKernel>>>,
+}
+
+impl std::fmt::Debug for CudaDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaDevice").field("ordinal", &self.inner.queue.id.ordinal).field("name", &self.inner.name).field("arch", &self.inner.arch.target).finish()
+    }
+}
+
+impl CudaDevice {
+    /// Opens GPU `ordinal`. Fails cleanly (never panics) when libcuda, NVRTC or the device is
+    /// missing, naming what was searched.
+    pub fn new(ordinal: usize) -> Result<CudaDevice> {
+        probe::require_driver()?;
+        result::init().map_err(|e| Error::BackendUnavailable { backend: "cuda", reason: format!("cuInit failed: {}", driver("cuInit", e)) })?;
+        let count = result::device::get_count().map_err(driver_err("cuDeviceGetCount"))?;
+        if count <= 0 {
+            return Err(Error::BackendUnavailable { backend: "cuda", reason: "the CUDA driver found no device".into() });
+        }
+        if ordinal >= count as usize {
+            return Err(Error::BackendUnavailable { backend: "cuda", reason: format!("device {ordinal} requested, {count} present") });
+        }
+        probe::require_nvrtc()?;
+        let ctx = CudaContext::new(ordinal).map_err(driver_err("cuDevicePrimaryCtxRetain"))?;
+        // Calico orders all work on one stream per device and manages memory with the result
+        // layer, so cudarc's cross-stream event tracking would only add overhead.
+        // SAFETY: no cudarc safe-layer buffers shared across streams are created by Calico.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(driver_err("cuStreamCreate"))?;
+        let attr = |a| ctx.attribute(a).map_err(driver_err("cuDeviceGetAttribute"));
+        use sys::CUdevice_attribute::*;
+        let major = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)? as u32;
+        let minor = attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)? as u32;
+        let sms = attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let smem = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as usize;
+        let l2 = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
+        let name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
+        let arch = Arch::nvidia(major, minor, sms, smem, l2);
+        let compiler = CompilerInfo { name: "nvrtc", version: nvrtc::version()? };
+        let queue = Arc::new(Queue { ctx, stream, id: DeviceId { kind: BackendKind::Cuda, ordinal } });
+        Ok(CudaDevice {
+            inner: Arc::new(Inner { queue, name, arch, compiler, disk: DiskCache::from_env(), kernels: Mutex::new(HashMap::new()) }),
+        })
+    }
+
+    /// Number of CUDA devices, or an error saying why there are none.
+    pub fn count() -> Result<usize> {
+        probe::require_driver()?;
+        result::init().map_err(driver_err("cuInit"))?;
+        Ok(result::device::get_count().map_err(driver_err("cuDeviceGetCount"))? as usize)
+    }
+
+    /// The cudarc context, for interop with code that uses cudarc directly.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.queue.ctx
+    }
+
+    /// The raw stream all of this device's work runs on.
+    pub fn cu_stream(&self) -> sys::CUstream {
+        self.inner.queue.cu_stream()
+    }
+
+    /// Wraps a cudarc `CudaSlice` as a tensor without copying; the tensor keeps the slice alive.
+    /// Waits for the slice's stream first, so earlier work on it is visible to Calico's stream.
+    pub fn wrap_slice<T: DeviceRepr + Send + Sync + 'static>(&self, slice: CudaSlice<T>, dtype: calico_core::DType, shape: &[usize]) -> Result<Tensor> {
+        if !Arc::ptr_eq(slice.context(), &self.inner.queue.ctx) {
+            return Err(Error::DeviceMismatch("the CudaSlice belongs to another CUDA context".into()));
+        }
+        slice.stream().synchronize().map_err(driver_err("cuStreamSynchronize"))?;
+        let bytes = slice.num_bytes();
+        let (ptr, _sync) = slice.device_ptr(slice.stream());
+        drop(_sync);
+        // SAFETY: `ptr` addresses the `bytes` bytes owned by `slice`, which the storage keeps
+        // alive; it belongs to this device's context (checked above).
+        let storage = unsafe { CudaStorage::borrowed(&self.inner.queue, ptr, bytes, Some(Box::new(slice))) };
+        Tensor::from_storage(Arc::new(storage), dtype, calico_core::Layout::contiguous(shape))
+    }
+
+    /// Wraps a raw device pointer as a tensor without copying.
+    ///
+    /// # Safety
+    /// `ptr` must address at least `bytes` bytes of device memory in this device's context,
+    /// valid until every tensor viewing it is dropped, and not written by other streams while
+    /// Calico's work on it is queued.
+    pub unsafe fn wrap_raw(&self, ptr: u64, bytes: usize, dtype: calico_core::DType, shape: &[usize]) -> Result<Tensor> {
+        // SAFETY: forwarded to the caller's contract above.
+        let storage = unsafe { CudaStorage::borrowed(&self.inner.queue, ptr, bytes, None) };
+        Tensor::from_storage(Arc::new(storage), dtype, calico_core::Layout::contiguous(shape))
+    }
+
+    fn storage_ptr(&self, s: &dyn Storage) -> Result<u64> {
+        if s.device_id() != self.inner.queue.id {
+            return Err(Error::DeviceMismatch(format!("buffer on {} used with {}", s.device_id(), self.inner.queue.id)));
+        }
+        s.device_address().ok_or_else(|| Error::DeviceMismatch("not a device buffer".into()))
+    }
+
+    /// The loaded kernel for `source`, compiling (through the disk cache) and loading it once.
+    fn kernel(&self, source: &KernelSource) -> Result<Arc<LoadedKernel>> {
+        if let Some(k) = self.inner.kernels.lock().map_err(|_| poisoned())?.get(&source.digest) {
+            return Ok(k.clone());
+        }
+        let cubin = self.compile(source)?;
+        self.inner.queue.bind()?;
+        // The driver wants a pointer to the image; cubins need no NUL terminator.
+        // SAFETY: `cubin` is a complete cubin produced by NVRTC for this device's target.
+        let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }.map_err(driver_err("cuModuleLoadData"))?;
+        let entry = CString::new(source.entry.as_str()).map_err(|_| Error::unsupported("kernel entry contains NUL"))?;
+        // SAFETY: `module` was just loaded; `entry` is a valid C string.
+        let function = match unsafe { result::module::get_function(module, entry) } {
+            Ok(f) => f,
+            Err(e) => {
+                // SAFETY: the module was loaded above and is not used after this.
+                let _ = unsafe { result::module::unload(module) };
+                return Err(driver("cuModuleGetFunction", e));
+            }
+        };
+        let loaded = Arc::new(LoadedKernel { module, function, smem_limit: Mutex::new(48 * 1024) });
+        let mut map = self.inner.kernels.lock().map_err(|_| poisoned())?;
+        Ok(map.entry(source.digest).or_insert(loaded).clone())
+    }
+}
+
+fn poisoned() -> Error {
+    Error::Runtime { backend: "cuda", call: "kernel cache".into(), message: "a thread panicked while holding the kernel cache lock".into() }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if self.queue.synchronize().is_ok() {
+            if let Ok(map) = self.kernels.get_mut() {
+                for k in map.values() {
+                    // SAFETY: all work is finished (synchronized above); each module is unloaded once.
+                    let _ = unsafe { result::module::unload(k.module) };
+                }
+            }
+        }
+    }
+}
+
+impl Backend for CudaDevice {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+    fn device_id(&self) -> DeviceId {
+        self.inner.queue.id
+    }
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+    fn arch(&self) -> &Arch {
+        &self.inner.arch
+    }
+    fn alloc(&self, bytes: usize) -> Result<Arc<dyn Storage>> {
+        Ok(Arc::new(CudaStorage::alloc(&self.inner.queue, bytes)?))
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.inner.queue.synchronize()
+    }
+    fn copy_bytes(&self, dst: &dyn Storage, dst_offset: usize, src: &dyn Storage, src_offset: usize, bytes: usize) -> Result<()> {
+        calico_core::check_byte_range(dst.size_bytes(), dst_offset, bytes)?;
+        calico_core::check_byte_range(src.size_bytes(), src_offset, bytes)?;
+        let (d, s) = (self.storage_ptr(dst)?, self.storage_ptr(src)?);
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.inner.queue.bind()?;
+        // SAFETY: both ranges are inside live buffers of this device (checked above).
+        unsafe { result::memcpy_dtod_async(d + dst_offset as u64, s + src_offset as u64, bytes, self.cu_stream()) }
+            .map_err(driver_err("cuMemcpyDtoDAsync"))
+    }
+    fn time_ms(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        self.inner.queue.bind()?;
+        let start = Event::new()?;
+        let end = Event::new()?;
+        start.record(self.cu_stream())?;
+        work()?;
+        end.record(self.cu_stream())?;
+        // SAFETY: both events are live and recorded on this device's stream.
+        unsafe { result::event::synchronize(end.0) }.map_err(driver_err("cuEventSynchronize"))?;
+        // SAFETY: as above; both events have completed.
+        let ms = unsafe { result::event::elapsed(start.0, end.0) }.map_err(driver_err("cuEventElapsedTime"))?;
+        Ok(ms as f64)
+    }
+    fn as_gpu(&self) -> Option<&dyn GpuBackend> {
+        Some(self)
+    }
+}
+
+/// A timing event, destroyed on drop.
+struct Event(sys::CUevent);
+
+impl Event {
+    fn new() -> Result<Event> {
+        Ok(Event(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(driver_err("cuEventCreate"))?))
+    }
+    fn record(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the event is live and the stream belongs to the bound context.
+        unsafe { result::event::record(self.0, stream) }.map_err(driver_err("cuEventRecord"))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: the event was created by cuEventCreate and is destroyed once.
+        let _ = unsafe { result::event::destroy(self.0) };
+    }
+}
+
+impl GpuBackend for CudaDevice {
+    fn vendor_headers(&self) -> &'static [(&'static str, &'static str)] {
+        crate::device_headers()
+    }
+    fn compiler(&self) -> &CompilerInfo {
+        &self.inner.compiler
+    }
+    fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>> {
+        let target = self.inner.arch.target.as_str();
+        let opts = nvrtc::options(target, &nvrtc::include_dirs()).join(" ");
+        let key = DiskCache::key(&[source.text.as_bytes(), source.entry.as_bytes(), target.as_bytes(), self.inner.compiler.version.as_bytes(), opts.as_bytes()]);
+        let cubin = self.inner.disk.get_or_build(&key, || nvrtc::compile(source, target))?;
+        Ok(Arc::new(cubin))
+    }
+    fn launch(&self, source: &KernelSource, config: &LaunchConfig, args: &[KernelArg]) -> Result<()> {
+        let (gx, gy, gz) = config.grid;
+        let (bx, by, bz) = config.block;
+        if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024 {
+            return Err(Error::unsupported(format!("launch of `{}` with grid {:?} and block {:?}", source.entry, config.grid, config.block)));
+        }
+        if config.shared_mem_bytes as usize > self.inner.arch.shared_mem_per_block {
+            return Err(Error::unsupported(format!(
+                "`{}` asks for {} bytes of shared memory; the device allows {}",
+                source.entry, config.shared_mem_bytes, self.inner.arch.shared_mem_per_block
+            )));
+        }
+        let kernel = self.kernel(source)?;
+        self.inner.queue.bind()?;
+        {
+            let mut limit = kernel.smem_limit.lock().map_err(|_| poisoned())?;
+            if config.shared_mem_bytes > *limit {
+                // SAFETY: the function handle is live; the value is within the device's opt-in limit.
+                unsafe {
+                    result::function::set_function_attribute(
+                        kernel.function,
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        config.shared_mem_bytes as i32,
+                    )
+                }
+                .map_err(driver_err("cuFuncSetAttribute"))?;
+                *limit = config.shared_mem_bytes;
+            }
+        }
+        let mut values: Vec<KernelArg> = args.to_vec();
+        let mut params: Vec<*mut c_void> = values.iter_mut().map(arg_pointer).collect();
+        // SAFETY: the function is loaded in this context; `params` points into `values`, which
+        // lives until cuLaunchKernel has copied the parameters (it copies them before returning).
+        // Callers build `args` to match the kernel's parameter list (the ops modules do).
+        unsafe { result::launch_kernel(kernel.function, config.grid, config.block, config.shared_mem_bytes, self.cu_stream(), &mut params) }
+            .map_err(|e| driver(&format!("cuLaunchKernel({})", source.entry), e))
+    }
+}
+
+/// A pointer to the value inside a kernel argument, as cuLaunchKernel wants it.
+fn arg_pointer(arg: &mut KernelArg) -> *mut c_void {
+    match arg {
+        KernelArg::Ptr(v) | KernelArg::U64(v) => v as *mut u64 as *mut c_void,
+        KernelArg::I32(v) => v as *mut i32 as *mut c_void,
+        KernelArg::U32(v) => v as *mut u32 as *mut c_void,
+        KernelArg::I64(v) => v as *mut i64 as *mut c_void,
+        KernelArg::F32(v) => v as *mut f32 as *mut c_void,
+        KernelArg::Opaque128(v) => v as *mut calico_core::OpaqueParam128 as *mut c_void,
+    }
+}

@@ -1,0 +1,1 @@
+//! TMA tensor maps (being written).
