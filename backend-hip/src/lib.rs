@@ -1,1 +1,25 @@
-//! (in progress)
+//! calico-hip: Calico's backend for AMD GPUs.
+//!
+//! The HIP runtime (libamdhip64) and hipRTC are opened at run time with libloading, so the
+//! crate builds and runs on machines without ROCm; [`HipDevice::new`] then returns
+//! `Error::BackendUnavailable` naming what was searched. Layers, innermost first:
+//! [`sys`] (hand-written declarations), `result` (status codes to errors), `loader`,
+//! `context`/`storage`/`timing`/`launch` (safe wrappers), [`HipDevice`] (the traits).
+//! [`compile_offline`] and [`disassemble`] need only Debian's clang-19 and llvm-19.
+
+mod compile;
+mod context;
+mod device;
+mod headers;
+mod launch;
+mod loader;
+mod offline;
+mod result;
+mod storage;
+pub mod sys;
+mod timing;
+
+pub use device::{device_count, DeviceInfo, HipDevice};
+pub use headers::hip_headers;
+pub use offline::{clang_path, compile_offline, disassemble, objdump_path};
+pub use storage::HipStorage;

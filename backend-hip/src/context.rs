@@ -1,0 +1,114 @@
+//! One device's runtime state: its ordinal, its stream and its loaded kernels. Shared by the
+//! device and every buffer it allocated, so buffers can be freed after the device is dropped.
+
+use crate::loader::Runtime;
+use crate::result::check;
+use crate::sys::{self, HipFunction, HipModule, HipStream};
+use calico_core::Result;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// A raw HIP handle that may cross threads.
+#[derive(Debug, Clone, Copy)]
+pub struct Handle(pub *mut std::ffi::c_void);
+// SAFETY: HIP streams, modules and functions are process-wide objects the runtime lets any
+// host thread use; Calico only passes them back to the runtime.
+unsafe impl Send for Handle {}
+// SAFETY: as above; the handle itself is an immutable pointer value.
+unsafe impl Sync for Handle {}
+
+/// A loaded module and the entry point looked up in it.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernel {
+    pub module: Handle,
+    pub function: Handle,
+}
+
+#[derive(Debug)]
+pub struct Context {
+    pub rt: &'static Runtime,
+    pub ordinal: i32,
+    pub stream: Handle,
+    /// KernelSource digest -> loaded kernel, so repeat launches skip compile and load.
+    pub kernels: Mutex<HashMap<[u8; 32], Kernel>>,
+}
+
+impl Context {
+    /// Makes this device current on the calling thread (HIP's current device is per thread).
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: plain int argument; the ordinal was validated against the device count.
+        check(&self.rt.hip, unsafe { (self.rt.hip.hipSetDevice)(self.ordinal) }, "hipSetDevice")
+    }
+
+    pub fn new(rt: &'static Runtime, ordinal: i32) -> Result<Context> {
+        // SAFETY: plain int argument, validated by the caller.
+        check(&rt.hip, unsafe { (rt.hip.hipSetDevice)(ordinal) }, "hipSetDevice")?;
+        let mut stream: HipStream = std::ptr::null_mut();
+        // SAFETY: `stream` is a live out-pointer.
+        let code = unsafe { (rt.hip.hipStreamCreateWithFlags)(&mut stream, sys::HIP_STREAM_NON_BLOCKING) };
+        check(&rt.hip, code, "hipStreamCreateWithFlags")?;
+        Ok(Context { rt, ordinal, stream: Handle(stream), kernels: Mutex::new(HashMap::new()) })
+    }
+
+    pub fn stream(&self) -> HipStream {
+        self.stream.0
+    }
+
+    /// Waits for all work queued on the device's stream.
+    pub fn sync(&self) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the stream is alive for as long as `self`.
+        check(&self.rt.hip, unsafe { (self.rt.hip.hipStreamSynchronize)(self.stream()) }, "hipStreamSynchronize")
+    }
+
+    /// The cached kernel for `digest`, if loaded.
+    pub fn cached(&self, digest: &[u8; 32]) -> Option<Kernel> {
+        self.kernels.lock().ok()?.get(digest).copied()
+    }
+
+    /// Loads `code` and looks up `entry`; the first kernel stored for a digest wins.
+    pub fn load(&self, digest: [u8; 32], code: &[u8], entry: &str) -> Result<Kernel> {
+        let name = std::ffi::CString::new(entry)
+            .map_err(|_| calico_core::Error::unsupported(format!("kernel name {entry:?} contains a NUL byte")))?;
+        self.bind()?;
+        let hip = &self.rt.hip;
+        let mut module: HipModule = std::ptr::null_mut();
+        // SAFETY: `code` is a complete code object that outlives the call (the runtime copies it).
+        check(hip, unsafe { (hip.hipModuleLoadData)(&mut module, code.as_ptr().cast()) }, "hipModuleLoadData")?;
+        let mut function: HipFunction = std::ptr::null_mut();
+        // SAFETY: `module` was just loaded; `name` is NUL-terminated.
+        let code = unsafe { (hip.hipModuleGetFunction)(&mut function, module, name.as_ptr()) };
+        if let Err(e) = check(hip, code, &format!("hipModuleGetFunction({entry})")) {
+            // SAFETY: the module is ours and nothing refers to it.
+            unsafe { (hip.hipModuleUnload)(module) };
+            return Err(e);
+        }
+        let kernel = Kernel { module: Handle(module), function: Handle(function) };
+        let mut map = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(existing) = map.get(&digest) {
+            // Another thread won the race; drop our copy.
+            // SAFETY: the module is ours and nothing refers to it.
+            unsafe { (hip.hipModuleUnload)(module) };
+            return Ok(*existing);
+        }
+        map.insert(digest, kernel);
+        Ok(kernel)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        let hip = &self.rt.hip;
+        let _ = self.bind();
+        let map = self.kernels.get_mut().unwrap_or_else(|p| p.into_inner());
+        // SAFETY: the last owner is going away: no launch can use these modules or the
+        // stream any more. Errors during teardown have nowhere to go and are ignored.
+        unsafe {
+            (hip.hipStreamSynchronize)(self.stream.0);
+            for k in map.values() {
+                (hip.hipModuleUnload)(k.module.0);
+            }
+            (hip.hipStreamDestroy)(self.stream.0);
+        }
+    }
+}
