@@ -1,0 +1,80 @@
+// Hopper's tensor memory accelerator (cp.async.bulk.tensor, sm_90): whole tiles copied
+// between global and shared memory by the copy engine, described by a tensor map.
+//
+// The tensor map (CUtensorMap, 128 bytes) is encoded on the host (calico_cuda::tma) and passed
+// by value as a `const __grid_constant__ calico::tensor_map` kernel parameter; its address
+// is then a generic address the copy engine can read. Coordinates are element indices,
+// innermost first, and may be negative or past the end: elements outside the tensor read as
+// zero and are not written on stores. A load always completes the full box size in bytes on
+// its mbarrier, edge boxes included.
+//
+// Shared-memory destinations must be aligned to 128 bytes, and to the swizzle repeat
+// (1024 bytes for 128B swizzle) so the smem layout matches tile.cuh's st<> and wgmma's
+// descriptors.
+#pragma once
+#include "calico/ptx.cuh"
+#include "calico/mbarrier.cuh"
+
+namespace calico {
+
+struct alignas(64) tensor_map {
+    unsigned long long opaque[16];
+};
+
+namespace tma {
+
+CALICO_DEVICE uint64_t map_addr(const tensor_map& m) { return reinterpret_cast<uint64_t>(&m); }
+
+// Fetches the tensor map into the cache ahead of the first copy.
+CALICO_DEVICE void prefetch(const tensor_map& m) { asm volatile("prefetch.tensormap [%0];\n" ::"l"(map_addr(m)) : "memory"); }
+
+// Global -> shared, completing `box bytes` on `bar`.
+CALICO_DEVICE void load_2d(void* dst, const tensor_map& m, int c0, int c1, mbarrier& bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(map_addr(m)), "r"(c0), "r"(c1), "r"(smem_addr(&bar))
+        : "memory");
+}
+
+CALICO_DEVICE void load_3d(void* dst, const tensor_map& m, int c0, int c1, int c2, mbarrier& bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(map_addr(m)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(&bar))
+        : "memory");
+}
+
+// Shared -> global. The smem source must have been written before a fence_proxy_async()
+// by every writing thread and a barrier among them.
+CALICO_DEVICE void store_2d(const tensor_map& m, const void* src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(map_addr(m)), "r"(c0), "r"(c1),
+                 "r"(smem_addr(src))
+                 : "memory");
+}
+
+CALICO_DEVICE void store_3d(const tensor_map& m, const void* src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map_addr(m)), "r"(c0),
+                 "r"(c1), "r"(c2), "r"(smem_addr(src))
+                 : "memory");
+}
+
+// Groups the stores issued so far; wait until at most N groups still read shared memory
+// (the smem may then be rewritten) or, with wait_group, until N groups are fully written.
+CALICO_DEVICE void store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+CALICO_DEVICE void store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+CALICO_DEVICE void store_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+}  // namespace tma
+
+// Makes this thread's ordinary shared-memory writes visible to the async proxy (TMA stores,
+// wgmma operand reads). Each writing thread runs it before the barrier that hands over.
+CALICO_DEVICE void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+}  // namespace calico

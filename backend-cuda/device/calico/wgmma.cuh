@@ -1,0 +1,114 @@
+// Hopper warpgroup MMA (wgmma, sm_90a): shared-memory matrix descriptors and
+// wgmma.mma_async m64nNk16 for bf16/f16 inputs with f32 accumulators.
+//
+// A warpgroup (4 consecutive warps starting at a warp index divisible by 4) computes
+// D[64 x N] (+)= A[64 x 16] * B[16 x N]. B always comes from shared memory through a
+// descriptor; A from shared memory (ss) or from registers (rs).
+//
+// Accumulator layout (f32, N/2 registers per thread): warp w of the warpgroup owns rows
+// 16w..16w+15; with g = lane / 4 and t = lane % 4, register 4j + {0,1} holds row g,
+// cols 8j + 2t + {0,1}, and register 4j + {2,3} holds row g + 8, same cols. This is the
+// row-major 16x16 register-tile layout of tile.cuh laid side by side (rt<float,16,N>).
+//
+// Ordering rules (PTX ISA, "asynchronous warpgroup level matrix"):
+//  * fence() before the first wgmma of a batch whenever the accumulator (or A registers)
+//    were touched by ordinary instructions, and after smem the wgmma will read was written
+//    by ordinary stores (those also need fence_proxy_async from tma.cuh).
+//  * commit_group() after issuing a batch; wait_group<N>() before reading accumulators or
+//    reusing the shared memory the batch reads.
+#pragma once
+#include "calico/ptx.cuh"
+
+namespace calico {
+namespace wgmma {
+
+// Swizzle modes of a shared-memory matrix descriptor (bits 62-63). Values differ from the
+// TMA enum: the tensor map's 128B swizzle pairs with mode 1 here.
+enum class swizzle : uint64_t { none = 0, b128 = 1, b64 = 2, b32 = 3 };
+
+// Matrix descriptor: start address, leading/stride byte offsets (all >> 4, 14 bits each),
+// base offset 0 (tiles are aligned to the swizzle repeat), swizzle mode.
+//
+// K-major operand (rows of the MMA's M or N, K contiguous), swizzled: rows of
+// swizzle-width bytes, 8-row groups `sbo` bytes apart (1024 for 128B rows laid densely);
+// lbo is unused (1 by convention). Step K by 16 elements = 32 bytes of start address.
+//
+// MN-major operand (M or N contiguous), swizzled: atoms of (swizzle-width bytes of MN) x
+// (8 K rows); `sbo` = distance between 8-K-row groups, `lbo` = distance between
+// swizzle-width chunks along MN. Step K by 16 rows = 2 * sbo.
+CALICO_DEVICE uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_t sbo_bytes, swizzle mode) {
+    uint64_t d = 0;
+    d |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo_bytes & 0x3FFFF) >> 4) << 16;
+    d |= (uint64_t)((sbo_bytes & 0x3FFFF) >> 4) << 32;
+    d |= (uint64_t)mode << 62;
+    return d;
+}
+
+// The descriptor for a tile whose rows are 128 bytes with 128B swizzle, K-major.
+CALICO_DEVICE uint64_t desc_kmajor_128b(uint32_t smem_addr) { return make_desc(smem_addr, 16, 1024, swizzle::b128); }
+
+// MN-major, 128B swizzle: 64-element (16-bit) chunks of MN each holding `k_rows` rows of
+// 128 bytes, chunks contiguous (what TMA writes for boxes of {64, k_rows} placed back to back).
+CALICO_DEVICE uint64_t desc_mnmajor_128b(uint32_t smem_addr, uint32_t k_rows) {
+    return make_desc(smem_addr, k_rows * 128, 1024, swizzle::b128);
+}
+
+// Adds a byte offset to a descriptor's start address (the start field is bits 0-13, >> 4).
+CALICO_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (uint64_t)(bytes >> 4); }
+
+// Makes register and shared-memory writes by this warpgroup visible to the next wgmma.
+CALICO_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Closes the batch of wgmma issued since the last commit.
+CALICO_DEVICE void commit_group() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Waits until at most N committed batches are still running.
+template <int N>
+CALICO_DEVICE void wait_group() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads/writes across an asynchronous wgmma.
+template <int R>
+CALICO_DEVICE void fence_operands(float (&d)[R]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The operand lists are mechanical (N/2 "+f" outputs); TY is the PTX type name.
+// clang-format off
+#include "calico/wgmma_ops.cuh"
+// clang-format on
+
+// D[64 x N] (+)= A * B for T in {bf16, f16}. scale_d = 0 ignores D's old value (D = A*B).
+// TRANS_B = 0: B is K-major in shared memory; 1: B is N-major (16-bit types only).
+template <class T, int N>
+struct mma;
+
+#define CALICO_WGMMA_DEFINE(T, TY, N)                                                                       \
+    template <>                                                                                             \
+    struct mma<T, N> {                                                                                      \
+        template <int TRANS_B>                                                                              \
+        static CALICO_DEVICE void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {    \
+            CALICO_WGMMA_SS_N##N(TY);                                                                       \
+        }                                                                                                   \
+        template <int TRANS_B>                                                                              \
+        static CALICO_DEVICE void rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) { \
+            CALICO_WGMMA_RS_N##N(TY);                                                                       \
+        }                                                                                                   \
+    };
+
+#define CALICO_WGMMA_DEFINE_ALL_N(T, TY) \
+    CALICO_WGMMA_DEFINE(T, TY, 16)       \
+    CALICO_WGMMA_DEFINE(T, TY, 32)       \
+    CALICO_WGMMA_DEFINE(T, TY, 64)       \
+    CALICO_WGMMA_DEFINE(T, TY, 128)      \
+    CALICO_WGMMA_DEFINE(T, TY, 256)
+
+CALICO_WGMMA_DEFINE_ALL_N(bf16, "bf16")
+CALICO_WGMMA_DEFINE_ALL_N(f16, "f16")
+
+#undef CALICO_WGMMA_DEFINE_ALL_N
+#undef CALICO_WGMMA_DEFINE
+
+}  // namespace wgmma
+}  // namespace calico
