@@ -13,7 +13,7 @@ use std::ffi::{c_char, c_int, CStr};
 use std::sync::Arc;
 
 /// An AMD GPU driven through the HIP runtime, with one stream.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct HipDevice {
     ctx: Arc<Context>,
     id: DeviceId,

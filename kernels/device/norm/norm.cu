@@ -1,0 +1,153 @@
+// RMSNorm and LayerNorm over rows, with an optional fused residual add.
+//
+// One block per row (grid-stride over rows). Each thread keeps NV vectors of VEC elements of its
+// row in registers, so the row is read from memory once and written once: the kernel moves the
+// minimum number of bytes. Rows too long for registers (STREAMING=1) are re-read from memory
+// (L2 usually), one pass per statistic.
+//
+// Defines: T (bf16|f16|float), VEC (elements per access), NV (vectors per thread), STREAMING,
+// LAYER (0 = RMSNorm, 1 = LayerNorm), HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS.
+#include "calico/calico.h"
+
+using namespace calico;
+
+struct NormArgs {
+    const T* x; long long x_stride;
+    const T* residual; long long residual_stride;
+    const T* weight;
+    const T* bias;
+    T* y; long long y_stride;
+    T* sum; long long sum_stride;
+};
+
+template <int N>
+CALICO_DEVICE void load_vec(float (&v)[N], const T* p) {
+    if constexpr (N == 1) v[0] = to_float(*p);
+    else load_float<T, N>(v, p);
+}
+template <int N>
+CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
+    if constexpr (N == 1) *p = from_float<T>(v[0]);
+    else store_float<T, N>(p, v);
+}
+
+// Reads VEC elements of the (residual-added) row at column c. With a residual, the sum is
+// rounded to T first (it is what `sum` stores) and, when `write_sum`, stored.
+CALICO_DEVICE void read_input(float (&v)[VEC], const NormArgs& a, long long row, long long c, bool write_sum) {
+    load_vec<VEC>(v, a.x + row * a.x_stride + c);
+#if HAS_RESIDUAL
+    float r[VEC];
+    load_vec<VEC>(r, a.residual + row * a.residual_stride + c);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) v[j] = to_float(from_float<T>(v[j] + r[j]));
+    if (write_sum) store_vec<VEC>(a.sum + row * a.sum_stride + c, v);
+#endif
+}
+
+// y = (v - mean) * rstd * w + b for VEC elements at column c.
+CALICO_DEVICE void write_output(const float (&v)[VEC], const NormArgs& a, long long row, long long c, float mean, float rstd) {
+    float out[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] = (v[j] - mean) * rstd;
+#if HAS_WEIGHT
+    float w[VEC];
+    load_vec<VEC>(w, a.weight + c);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] *= w[j];
+#endif
+#if HAS_BIAS
+    float b[VEC];
+    load_vec<VEC>(b, a.bias + c);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out[j] += b[j];
+#endif
+    store_vec<VEC>(a.y + row * a.y_stride + c, out);
+}
+
+CALICO_KERNEL void calico_norm(const T* x, long long x_stride, const T* residual, long long residual_stride,
+                               const T* weight, const T* bias, T* y, long long y_stride, T* sum, long long sum_stride,
+                               long long rows, long long cols, float eps) {
+    const NormArgs a{x, x_stride, residual, residual_stride, weight, bias, y, y_stride, sum, sum_stride};
+    __shared__ float scratch[32];
+    const long long step = (long long)VEC * block_dim_x();
+    const float inv_cols = 1.0f / (float)cols;
+    for (long long row = block_x(); row < rows; row += grid_dim_x()) {
+#if !STREAMING
+        float v[NV][VEC];
+        float acc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = (long long)VEC * thread_x() + i * step;
+            if (c < cols) {
+                read_input(v[i], a, row, c, true);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc += LAYER ? v[i][j] : v[i][j] * v[i][j];
+            } else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) v[i][j] = 0.0f;
+            }
+        }
+        float mean = 0.0f;
+        float rstd;
+#if LAYER
+        mean = block_sum(acc, scratch) * inv_cols;
+        // Centered second pass over registers: no cancellation from E[x^2] - E[x]^2.
+        float sq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = (long long)VEC * thread_x() + i * step;
+            if (c < cols) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) sq += (v[i][j] - mean) * (v[i][j] - mean);
+            }
+        }
+        rstd = rsqrtf(block_sum(sq, scratch) * inv_cols + eps);
+#else
+        rstd = rsqrtf(block_sum(acc, scratch) * inv_cols + eps);
+#endif
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = (long long)VEC * thread_x() + i * step;
+            if (c < cols) write_output(v[i], a, row, c, mean, rstd);
+        }
+#else
+        // Streaming: pass 1 forms (and stores) the residual sum and the first statistic; later
+        // passes re-read the stored sum so every pass sees the same rounded values.
+        float acc = 0.0f;
+        for (long long c = (long long)VEC * thread_x(); c < cols; c += step) {
+            float v[VEC];
+            read_input(v, a, row, c, true);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) acc += LAYER ? v[j] : v[j] * v[j];
+        }
+#if HAS_RESIDUAL
+        sync_threads();  // this block's sum writes are visible to its own re-reads
+        NormArgs b = a;
+        b.x = a.sum; b.x_stride = a.sum_stride;
+        b.residual = nullptr;
+#else
+        const NormArgs& b = a;
+#endif
+        float mean = 0.0f;
+        float rstd;
+#if LAYER
+        mean = block_sum(acc, scratch) * inv_cols;
+        float sq = 0.0f;
+        for (long long c = (long long)VEC * thread_x(); c < cols; c += step) {
+            float v[VEC];
+            load_vec<VEC>(v, b.x + row * b.x_stride + c);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) sq += (v[j] - mean) * (v[j] - mean);
+        }
+        rstd = rsqrtf(block_sum(sq, scratch) * inv_cols + eps);
+#else
+        rstd = rsqrtf(block_sum(acc, scratch) * inv_cols + eps);
+#endif
+        for (long long c = (long long)VEC * thread_x(); c < cols; c += step) {
+            float v[VEC];
+            load_vec<VEC>(v, b.x + row * b.x_stride + c);
+            write_output(v, a, row, c, mean, rstd);
+        }
+#endif
+    }
+}

@@ -1,0 +1,79 @@
+// Rotary position embedding over [B, S, H, D] (B = 1 for rank 3), any strides but the last.
+//
+// Each thread rotates P pairs of one (b, s, h) row: with HALF_SPLIT the pairs are (x[i], x[i+D/2])
+// for P consecutive i, read as two vectors; interleaved, the pairs are (x[2i], x[2i+1]) read as
+// one vector of 2P. cos/sin are f32 [positions, D/2]; position = pos_offset + s.
+// Defines: T, P (pairs per thread), HALF_SPLIT.
+#include "calico/calico.h"
+
+using namespace calico;
+
+template <int N>
+CALICO_DEVICE void load_vec(float (&v)[N], const T* p) {
+    if constexpr (N == 1) v[0] = to_float(*p);
+    else load_float<T, N>(v, p);
+}
+template <int N>
+CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
+    if constexpr (N == 1) *p = from_float<T>(v[0]);
+    else store_float<T, N>(p, v);
+}
+template <int N>
+CALICO_DEVICE void load_f32(float (&v)[N], const float* p) {
+    if constexpr (N == 1) v[0] = *p;
+    else load_float<float, N>(v, p);
+}
+
+struct RopeArgs {
+    const T* x; long long xb, xs, xh;
+    T* y; long long yb, ys, yh;
+    const float* cos; const float* sin;
+    long long batch, seq, heads, dim, pos_offset;
+};
+
+CALICO_KERNEL void calico_rope(const T* x, long long xb, long long xs, long long xh, T* y, long long yb, long long ys,
+                               long long yh, const float* cos, const float* sin, long long batch, long long seq,
+                               long long heads, long long dim, long long pos_offset) {
+    const RopeArgs a{x, xb, xs, xh, y, yb, ys, yh, cos, sin, batch, seq, heads, dim, pos_offset};
+    const long long half = a.dim / 2;
+    const long long chunks = half / P;  // chunks of P pairs per row
+    const long long rows = a.batch * a.seq * a.heads;
+    const long long total = rows * chunks;
+    for (long long w = (long long)block_x() * block_dim_x() + thread_x(); w < total; w += (long long)grid_dim_x() * block_dim_x()) {
+        const long long chunk = w % chunks;
+        const long long row = w / chunks;
+        const long long h = row % a.heads;
+        const long long s = (row / a.heads) % a.seq;
+        const long long b = row / (a.heads * a.seq);
+        const long long i0 = chunk * P;
+        const T* xr = a.x + b * a.xb + s * a.xs + h * a.xh;
+        T* yr = a.y + b * a.yb + s * a.ys + h * a.yh;
+        const long long pos = a.pos_offset + s;
+        float c[P], sn[P];
+        load_f32<P>(c, a.cos + pos * half + i0);
+        load_f32<P>(sn, a.sin + pos * half + i0);
+#if HALF_SPLIT
+        float lo[P], hi[P];
+        load_vec<P>(lo, xr + i0);
+        load_vec<P>(hi, xr + i0 + half);
+        float olo[P], ohi[P];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            olo[j] = lo[j] * c[j] - hi[j] * sn[j];
+            ohi[j] = lo[j] * sn[j] + hi[j] * c[j];
+        }
+        store_vec<P>(yr + i0, olo);
+        store_vec<P>(yr + i0 + half, ohi);
+#else
+        float v[2 * P];
+        load_vec<2 * P>(v, xr + 2 * i0);
+        float o[2 * P];
+#pragma unroll
+        for (int j = 0; j < P; ++j) {
+            o[2 * j] = v[2 * j] * c[j] - v[2 * j + 1] * sn[j];
+            o[2 * j + 1] = v[2 * j] * sn[j] + v[2 * j + 1] * c[j];
+        }
+        store_vec<2 * P>(yr + 2 * i0, o);
+#endif
+    }
+}

@@ -1,0 +1,93 @@
+// Softmax over rows: y = exp(x - max) / sum(exp(x - max)), in f32.
+//
+// Same shape as the norm kernel: one block per row, the row held in registers (NV vectors of
+// VEC per thread) so it is read once and written once; STREAMING=1 re-reads long rows.
+// Defines: T, VEC, NV, STREAMING.
+#include "calico/calico.h"
+
+using namespace calico;
+
+#define LOG2E 1.4426950408889634f
+
+template <int N>
+CALICO_DEVICE void load_vec(float (&v)[N], const T* p) {
+    if constexpr (N == 1) v[0] = to_float(*p);
+    else load_float<T, N>(v, p);
+}
+template <int N>
+CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
+    if constexpr (N == 1) *p = from_float<T>(v[0]);
+    else store_float<T, N>(p, v);
+}
+
+CALICO_KERNEL void calico_softmax(const T* x, long long x_stride, T* y, long long y_stride, long long rows, long long cols) {
+    __shared__ float scratch[32];
+    const long long step = (long long)VEC * block_dim_x();
+    for (long long row = block_x(); row < rows; row += grid_dim_x()) {
+        const T* xr = x + row * x_stride;
+        T* yr = y + row * y_stride;
+#if !STREAMING
+        float v[NV][VEC];
+        float m = -3.402823466e38f;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = (long long)VEC * thread_x() + i * step;
+            if (c < cols) {
+                load_vec<VEC>(v[i], xr + c);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) m = fmaxf(m, v[i][j]);
+            }
+        }
+        m = block_max(m, scratch);
+        const float ms = m * LOG2E;
+        float s = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = (long long)VEC * thread_x() + i * step;
+            if (c < cols) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    v[i][j] = exp2_approx(fmaf(v[i][j], LOG2E, -ms));
+                    s += v[i][j];
+                }
+            }
+        }
+        const float inv = 1.0f / block_sum(s, scratch);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = (long long)VEC * thread_x() + i * step;
+            if (c < cols) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) v[i][j] *= inv;
+                store_vec<VEC>(yr + c, v[i]);
+            }
+        }
+#else
+        // Online max/sum in one pass (rescaling the running sum when the max grows), then a
+        // second pass that writes.
+        float m = -3.402823466e38f, s = 0.0f;
+        for (long long c = (long long)VEC * thread_x(); c < cols; c += step) {
+            float v[VEC];
+            load_vec<VEC>(v, xr + c);
+            float cm = m;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) cm = fmaxf(cm, v[j]);
+            s *= exp2_approx((m - cm) * LOG2E);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) s += exp2_approx((v[j] - cm) * LOG2E);
+            m = cm;
+        }
+        const float gm = block_max(m, scratch);
+        s = (m == -3.402823466e38f) ? 0.0f : s * exp2_approx((m - gm) * LOG2E);
+        const float inv = 1.0f / block_sum(s, scratch);
+        const float ms = gm * LOG2E;
+        for (long long c = (long long)VEC * thread_x(); c < cols; c += step) {
+            float v[VEC];
+            load_vec<VEC>(v, xr + c);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) v[j] = exp2_approx(fmaf(v[j], LOG2E, -ms)) * inv;
+            store_vec<VEC>(yr + c, v);
+        }
+#endif
+    }
+}

@@ -1,0 +1,197 @@
+//! Matrix multiplication: `D = alpha * A @ B + beta * C (+ bias)`, then an optional epilogue.
+//!
+//! `ops::gemm` validates and describes the problem as a [`GemmProblem`]; the variant for the
+//! device is chosen here: Hopper (TMA + wgmma), sm_80 (mma.sync + cp.async), or the portable
+//! tile kernel (HIP and odd strides); the CPU backend has its own implementation.
+
+use crate::ops_check as check;
+use crate::Device;
+use calico_core::{DType, Error, Result, Tensor};
+
+/// The function applied to each output element after bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Epilogue {
+    #[default]
+    None,
+    /// GELU, exact (erf) form.
+    Gelu,
+    /// SiLU: `x * sigmoid(x)`.
+    Silu,
+}
+
+impl Epilogue {
+    /// The value of the `EPILOGUE` define in the kernels.
+    pub(crate) fn define(self) -> &'static str {
+        match self {
+            Epilogue::None => "0",
+            Epilogue::Gelu => "1",
+            Epilogue::Silu => "2",
+        }
+    }
+}
+
+/// One operand as the kernels see it: a device pointer and strides in elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixArg {
+    pub ptr: u64,
+    pub rows: usize,
+    pub cols: usize,
+    pub row_stride: usize,
+    pub col_stride: usize,
+    pub batch_stride: usize,
+}
+
+/// A validated GEMM, ready for a kernel variant.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GemmProblem {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// BF16 or F16 (A and B agree).
+    pub in_dtype: DType,
+    /// BF16, F16 or F32 (D, C and bias agree).
+    pub out_dtype: DType,
+    /// M x K.
+    pub a: MatrixArg,
+    /// K x N.
+    pub b: MatrixArg,
+    /// M x N, read when `beta != 0`.
+    pub c: Option<MatrixArg>,
+    /// M x N.
+    pub d: MatrixArg,
+    /// N elements.
+    pub bias: Option<u64>,
+    pub alpha: f32,
+    pub beta: f32,
+    pub epilogue: Epilogue,
+}
+
+/// The optional parts of a GEMM.
+#[derive(Debug, Clone, Copy)]
+pub struct GemmOptions<'a> {
+    pub alpha: f32,
+    pub beta: f32,
+    /// Added as `beta * C`; same shape and dtype as D.
+    pub c: Option<&'a Tensor>,
+    /// Added to every row; N elements of D's dtype.
+    pub bias: Option<&'a Tensor>,
+    pub epilogue: Epilogue,
+}
+
+impl Default for GemmOptions<'_> {
+    fn default() -> Self {
+        GemmOptions { alpha: 1.0, beta: 0.0, c: None, bias: None, epilogue: Epilogue::None }
+    }
+}
+
+/// `D = A @ B`. A is [M, K] or [batch, M, K], B [K, N] or [batch, K, N], D [M, N] or
+/// [batch, M, N]; transposed operands are views with swapped strides.
+pub fn matmul(dev: &Device, a: &Tensor, b: &Tensor, d: &mut Tensor) -> Result<()> {
+    gemm(dev, a, b, d, &GemmOptions::default())
+}
+
+/// `D = epilogue(alpha * A @ B + beta * C + bias)`, accumulating in f32.
+pub fn gemm(dev: &Device, a: &Tensor, b: &Tensor, d: &mut Tensor, opts: &GemmOptions) -> Result<()> {
+    let p = describe(dev, a, b, d, opts)?;
+    if p.m == 0 || p.n == 0 || p.batch == 0 {
+        return Ok(());
+    }
+    match dev {
+        Device::Cpu(_) => {
+            let epilogue = match opts.epilogue {
+                Epilogue::None => calico_cpu::Epilogue::None,
+                Epilogue::Gelu => calico_cpu::Epilogue::Gelu,
+                Epilogue::Silu => calico_cpu::Epilogue::Silu,
+            };
+            calico_cpu::gemm(a, b, opts.c, d, opts.alpha, opts.beta, epilogue, opts.bias)
+        }
+        _ => launch(dev, &p),
+    }
+}
+
+fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
+    let gpu = dev.as_gpu().ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
+    let _ = gpu;
+    Err(Error::unsupported(format!("GEMM kernels for {} are not wired in yet ({p:?})", dev.arch().target)))
+}
+
+/// (batch, rows, cols, batch stride) of a rank-2 or rank-3 operand.
+fn matrix(name: &str, t: &Tensor) -> Result<(usize, MatrixArg)> {
+    let s = t.strides();
+    let (batch, rows, cols, rs, cs, bs) = match *t.shape() {
+        [r, c] => (1, r, c, s[0], s[1], 0),
+        [b, r, c] => (b, r, c, s[1], s[2], s[0]),
+        _ => return Err(Error::shape(format!("`{name}` must be a matrix or a batch of matrices, got shape {:?}", t.shape()))),
+    };
+    let ptr = t.device_ptr().unwrap_or(0);
+    Ok((batch, MatrixArg { ptr, rows, cols, row_stride: rs, col_stride: cs, batch_stride: bs }))
+}
+
+fn describe(dev: &Device, a: &Tensor, b: &Tensor, d: &Tensor, opts: &GemmOptions) -> Result<GemmProblem> {
+    let mut all = vec![("a", a), ("b", b), ("d", d)];
+    all.extend(opts.c.map(|c| ("c", c)));
+    all.extend(opts.bias.map(|t| ("bias", t)));
+    check::on_device(dev, &all)?;
+    let in_dtype = a.dtype();
+    if !matches!(in_dtype, DType::BF16 | DType::F16) {
+        return Err(Error::DType { expected: "bf16 or f16 for `a`".into(), got: in_dtype });
+    }
+    check::dtype_is("b", b, in_dtype)?;
+    let out_dtype = check::float_dtype("d", d)?;
+    let (ba, am) = matrix("a", a)?;
+    let (bb, bm) = matrix("b", b)?;
+    let (bd, dm) = matrix("d", d)?;
+    if a.shape().len() != d.shape().len() || b.shape().len() != d.shape().len() || ba != bd || bb != bd {
+        return Err(Error::shape(format!("batched shapes disagree: a {:?}, b {:?}, d {:?}", a.shape(), b.shape(), d.shape())));
+    }
+    let (m, k, n) = (am.rows, am.cols, bm.cols);
+    if bm.rows != k {
+        return Err(Error::shape(format!("a is {m}x{k} but b is {}x{n}", bm.rows)));
+    }
+    if dm.rows != m || dm.cols != n {
+        return Err(Error::shape(format!("d must be {m}x{n}, got {}x{}", dm.rows, dm.cols)));
+    }
+    let c = match opts.c {
+        Some(c) => {
+            check::dtype_is("c", c, out_dtype)?;
+            check::shape_is("c", c, d.shape())?;
+            Some(matrix("c", c)?.1)
+        }
+        None if opts.beta != 0.0 => return Err(Error::shape("beta is non-zero but no `c` was given")),
+        None => None,
+    };
+    if let Some(bias) = opts.bias {
+        check::dtype_is("bias", bias, out_dtype)?;
+        check::shape_is("bias", bias, &[n])?;
+    }
+    if !opts.alpha.is_finite() || !opts.beta.is_finite() {
+        return Err(Error::unsupported("alpha and beta must be finite"));
+    }
+    let mut inputs = vec![("a", a), ("b", b)];
+    inputs.extend(opts.bias.map(|t| ("bias", t)));
+    // D may be C itself (an in-place update reads each element before writing it), but must not
+    // overlap A, B or the bias.
+    check::no_overlap(&[("d", d)], &inputs)?;
+    if let Some(c) = opts.c {
+        if c.overlaps(d) && (c.strides() != d.strides() || c.device_ptr() != d.device_ptr() || !c.same_storage(d)) {
+            return Err(Error::Aliasing("`c` partly overlaps `d`; pass the same view for an in-place update".into()));
+        }
+    }
+    Ok(GemmProblem {
+        batch: bd,
+        m,
+        n,
+        k,
+        in_dtype,
+        out_dtype,
+        a: am,
+        b: bm,
+        c,
+        d: dm,
+        bias: opts.bias.and_then(|t| t.device_ptr()),
+        alpha: opts.alpha,
+        beta: opts.beta,
+        epilogue: opts.epilogue,
+    })
+}

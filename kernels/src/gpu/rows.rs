@@ -1,0 +1,62 @@
+//! Launch shapes for the row kernels (norms, softmax): one block per row, the row in registers.
+
+use calico_core::{Arch, LaunchConfig};
+
+/// How a row kernel covers a row of `cols` elements read `vec` at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RowPlan {
+    pub threads: u32,
+    /// Vectors each thread keeps in registers (0 when streaming).
+    pub vectors_per_thread: u32,
+    pub streaming: bool,
+}
+
+/// Most vectors a thread holds in registers before the kernel streams instead.
+const MAX_VECTORS: usize = 8;
+/// Vectors per thread aimed for: enough bytes in flight per thread, enough threads per row.
+const TARGET_VECTORS: usize = 4;
+
+pub(crate) fn plan(cols: usize, vec: usize, arch: &Arch) -> RowPlan {
+    let lanes = arch.lanes.max(1) as usize;
+    let vectors = cols.div_ceil(vec);
+    let threads = vectors.div_ceil(TARGET_VECTORS).next_multiple_of(lanes).clamp(lanes, 1024);
+    let per_thread = vectors.div_ceil(threads);
+    if per_thread > MAX_VECTORS {
+        return RowPlan { threads: 1024, vectors_per_thread: 0, streaming: true };
+    }
+    RowPlan { threads: threads as u32, vectors_per_thread: per_thread.max(1) as u32, streaming: false }
+}
+
+/// A grid of one block per row, capped (the kernels loop over rows).
+pub(crate) fn config(rows: usize, plan: RowPlan) -> LaunchConfig {
+    let blocks = rows.clamp(1, 1 << 20) as u32;
+    LaunchConfig::linear(blocks, plan.threads, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_cover_the_row() {
+        let arch = Arch::nvidia(9, 0, 132, 227 * 1024, 50 << 20);
+        for cols in [1usize, 7, 64, 1000, 4096, 8192, 65536, 1 << 20] {
+            for vec in [1usize, 2, 4, 8] {
+                let p = plan(cols, vec, &arch);
+                assert!(p.threads % 32 == 0 && p.threads <= 1024);
+                if !p.streaming {
+                    assert!(p.threads as usize * p.vectors_per_thread as usize * vec >= cols, "{cols} {vec} {p:?}");
+                    assert!(p.vectors_per_thread as usize <= MAX_VECTORS);
+                }
+            }
+        }
+        let p = plan(4096, 8, &arch);
+        assert_eq!((p.threads, p.vectors_per_thread, p.streaming), (128, 4, false));
+    }
+
+    #[test]
+    fn wave64_blocks_are_whole_wavefronts() {
+        let arch = Arch::amd("gfx942", 304, 65536, 64, 4 << 20);
+        assert_eq!(plan(100, 8, &arch).threads, 64);
+    }
+}

@@ -1,0 +1,13 @@
+//! The ops users call. Each validates its inputs (shapes, strides, dtypes, devices, aliasing;
+//! a violation is an `Err`, never a panic), then runs the CPU implementation or launches the
+//! kernel variant chosen for the device's architecture.
+
+pub(crate) mod check;
+mod norm;
+mod rope;
+mod softmax;
+
+pub use crate::gemm::{gemm, matmul, GemmOptions};
+pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm};
+pub use rope::{rope, RopeMode};
+pub use softmax::softmax;

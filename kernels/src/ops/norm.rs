@@ -1,0 +1,155 @@
+//! RMSNorm and LayerNorm, with an optional fused residual add.
+
+use super::check;
+use crate::gpu::{self, rows};
+use crate::Device;
+use calico_core::{Error, KernelArg, Result, Tensor};
+
+/// What kind of normalisation, and which optional inputs and outputs take part.
+struct NormCall<'a> {
+    layer: bool,
+    x: &'a Tensor,
+    residual: Option<&'a Tensor>,
+    weight: Option<&'a Tensor>,
+    bias: Option<&'a Tensor>,
+    eps: f32,
+    y: &'a Tensor,
+    sum: Option<&'a Tensor>,
+}
+
+/// `y = x / sqrt(mean(x²) + eps) * weight` over the last dimension.
+pub fn rms_norm(dev: &Device, x: &Tensor, weight: &Tensor, eps: f32, y: &mut Tensor) -> Result<()> {
+    run(dev, NormCall { layer: false, x, residual: None, weight: Some(weight), bias: None, eps, y, sum: None })
+}
+
+/// `sum = x + residual` (rounded to the dtype), then `y = rms_norm(sum) * weight`.
+pub fn add_rms_norm(dev: &Device, x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32, y: &mut Tensor, sum: &mut Tensor) -> Result<()> {
+    run(dev, NormCall { layer: false, x, residual: Some(residual), weight: Some(weight), bias: None, eps, y, sum: Some(sum) })
+}
+
+/// `y = (x - mean) / sqrt(var + eps) * weight + bias` over the last dimension.
+pub fn layer_norm(dev: &Device, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f32, y: &mut Tensor) -> Result<()> {
+    run(dev, NormCall { layer: true, x, residual: None, weight, bias, eps, y, sum: None })
+}
+
+/// `sum = x + residual` (rounded to the dtype), then `y = layer_norm(sum)`.
+#[allow(clippy::too_many_arguments)]
+pub fn add_layer_norm(
+    dev: &Device,
+    x: &Tensor,
+    residual: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f32,
+    y: &mut Tensor,
+    sum: &mut Tensor,
+) -> Result<()> {
+    run(dev, NormCall { layer: true, x, residual: Some(residual), weight, bias, eps, y, sum: Some(sum) })
+}
+
+fn validate(dev: &Device, c: &NormCall) -> Result<()> {
+    let dtype = check::float_dtype("x", c.x)?;
+    if c.x.shape().is_empty() {
+        return Err(Error::shape("a norm needs at least one dimension"));
+    }
+    if !c.eps.is_finite() || c.eps < 0.0 {
+        return Err(Error::unsupported(format!("eps must be finite and >= 0, got {}", c.eps)));
+    }
+    let cols = *c.x.shape().last().expect("rank checked");
+    let like_x: Vec<(&str, &Tensor)> =
+        [("y", Some(c.y)), ("residual", c.residual), ("sum", c.sum)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
+    let vectors: Vec<(&str, &Tensor)> = [("weight", c.weight), ("bias", c.bias)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
+    let mut all = vec![("x", c.x)];
+    all.extend(like_x.iter().copied());
+    all.extend(vectors.iter().copied());
+    check::on_device(dev, &all)?;
+    for (name, t) in &like_x {
+        check::dtype_is(name, t, dtype)?;
+        check::shape_is(name, t, c.x.shape())?;
+    }
+    for (name, t) in &vectors {
+        check::dtype_is(name, t, dtype)?;
+        check::shape_is(name, t, &[cols])?;
+    }
+    for (_, t) in &all {
+        t.layout().as_rows()?;
+    }
+    let outputs: Vec<(&str, &Tensor)> = [("y", Some(c.y)), ("sum", c.sum)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
+    let inputs: Vec<(&str, &Tensor)> =
+        [("x", Some(c.x)), ("residual", c.residual), ("weight", c.weight), ("bias", c.bias)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
+    check::no_overlap(&outputs, &inputs)
+}
+
+fn run(dev: &Device, c: NormCall) -> Result<()> {
+    validate(dev, &c)?;
+    if c.x.numel() == 0 {
+        return Ok(());
+    }
+    match dev {
+        Device::Cpu(_) => {
+            if c.layer {
+                calico_cpu::layer_norm(c.x, c.residual, c.weight, c.bias, c.eps, c.y, c.sum)
+            } else {
+                let w = c.weight.expect("rms_norm always has a weight");
+                calico_cpu::rms_norm(c.x, c.residual, w, c.eps, c.y, c.sum)
+            }
+        }
+        _ => launch(dev, &c),
+    }
+}
+
+fn launch(dev: &Device, c: &NormCall) -> Result<()> {
+    let gpu = dev.as_gpu().ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
+    let xr = c.x.layout().as_rows()?;
+    let yr = c.y.layout().as_rows()?;
+    let esz = c.x.dtype().size_bytes();
+    let ptr = |t: Option<&Tensor>| t.map(|t| t.device_ptr().unwrap_or(0)).unwrap_or(0);
+    let stride = |t: Option<&Tensor>| -> Result<usize> { Ok(match t { Some(t) => t.layout().as_rows()?.row_stride, None => 0 }) };
+    let tensors = [Some(c.x), c.residual, c.weight, c.bias, Some(c.y), c.sum];
+    let addresses: Vec<u64> = tensors.iter().flatten().map(|t| t.device_ptr().unwrap_or(1)).collect();
+    let strides = [xr.row_stride, stride(c.residual)?, yr.row_stride, stride(c.sum)?];
+    let vec = gpu::vector_width(esz, &addresses, &strides, xr.cols);
+    let plan = rows::plan(xr.cols, vec, dev.arch());
+    let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+    let defines = [
+        ("T", c.x.dtype().device_type().to_string()),
+        ("VEC", vec.to_string()),
+        ("NV", plan.vectors_per_thread.max(1).to_string()),
+        ("STREAMING", flag(plan.streaming)),
+        ("LAYER", flag(c.layer)),
+        ("HAS_RESIDUAL", flag(c.residual.is_some())),
+        ("HAS_WEIGHT", flag(c.weight.is_some())),
+        ("HAS_BIAS", flag(c.bias.is_some())),
+    ];
+    let src = gpu::assemble(gpu, "calico_norm", include_str!("../../device/norm/norm.cu"), &defines)?;
+    let args = norm_args(c, &ptr, &stride, xr.rows, xr.cols, xr.row_stride, yr.row_stride)?;
+    gpu.launch(&src, &rows::config(xr.rows, plan), &args)
+}
+
+/// The kernel's parameters, in the order of `calico_norm` in norm.cu (absent tensors are null).
+#[allow(clippy::too_many_arguments)]
+fn norm_args(
+    c: &NormCall,
+    ptr: &dyn Fn(Option<&Tensor>) -> u64,
+    stride: &dyn Fn(Option<&Tensor>) -> Result<usize>,
+    rows: usize,
+    cols: usize,
+    x_stride: usize,
+    y_stride: usize,
+) -> Result<Vec<KernelArg>> {
+    Ok(vec![
+        KernelArg::Ptr(ptr(Some(c.x))),
+        KernelArg::I64(x_stride as i64),
+        KernelArg::Ptr(ptr(c.residual)),
+        KernelArg::I64(stride(c.residual)? as i64),
+        KernelArg::Ptr(ptr(c.weight)),
+        KernelArg::Ptr(ptr(c.bias)),
+        KernelArg::Ptr(ptr(Some(c.y))),
+        KernelArg::I64(y_stride as i64),
+        KernelArg::Ptr(ptr(c.sum)),
+        KernelArg::I64(stride(c.sum)? as i64),
+        KernelArg::I64(rows as i64),
+        KernelArg::I64(cols as i64),
+        KernelArg::F32(c.eps),
+    ])
+}

@@ -1,0 +1,46 @@
+//! Softmax over the last dimension.
+
+use super::check;
+use crate::gpu::{self, rows};
+use crate::Device;
+use calico_core::{Error, KernelArg, Result, Tensor};
+
+/// `y = exp(x - max) / sum(exp(x - max))` over the last dimension, in f32.
+pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
+    let dtype = check::float_dtype("x", x)?;
+    if x.shape().is_empty() {
+        return Err(Error::shape("softmax needs at least one dimension"));
+    }
+    check::on_device(dev, &[("x", x), ("y", y)])?;
+    check::dtype_is("y", y, dtype)?;
+    check::shape_is("y", y, x.shape())?;
+    let xr = x.layout().as_rows()?;
+    let yr = y.layout().as_rows()?;
+    check::no_overlap(&[("y", y)], &[("x", x)])?;
+    if x.numel() == 0 {
+        return Ok(());
+    }
+    let gpu = match dev {
+        Device::Cpu(_) => return calico_cpu::softmax(x, y),
+        _ => dev.as_gpu().ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
+    };
+    let (xp, yp) = (x.device_ptr().unwrap_or(1), y.device_ptr().unwrap_or(1));
+    let vec = gpu::vector_width(dtype.size_bytes(), &[xp, yp], &[xr.row_stride, yr.row_stride], xr.cols);
+    let plan = rows::plan(xr.cols, vec, dev.arch());
+    let defines = [
+        ("T", dtype.device_type().to_string()),
+        ("VEC", vec.to_string()),
+        ("NV", plan.vectors_per_thread.max(1).to_string()),
+        ("STREAMING", if plan.streaming { "1" } else { "0" }.to_string()),
+    ];
+    let src = gpu::assemble(gpu, "calico_softmax", include_str!("../../device/softmax/softmax.cu"), &defines)?;
+    let args = [
+        KernelArg::Ptr(xp),
+        KernelArg::I64(xr.row_stride as i64),
+        KernelArg::Ptr(yp),
+        KernelArg::I64(yr.row_stride as i64),
+        KernelArg::I64(xr.rows as i64),
+        KernelArg::I64(xr.cols as i64),
+    ];
+    gpu.launch(&src, &rows::config(xr.rows, plan), &args)
+}
