@@ -1,1 +1,24 @@
-//! (in progress)
+//! calico-cpu: Calico's CPU backend. Every op in portable Rust, parallel over rows with
+//! rayon, computing in f32 as `docs/ops-spec.md` specifies; GEMM through the `gemm` crate.
+//!
+//! The op functions take tensors the `calico` crate has already validated; they still return
+//! an `Err` (never panic) on a storage that is not a [`CpuStorage`], a layout that is not
+//! rows, or shapes that do not fit.
+
+mod convert;
+mod device;
+mod gemm;
+mod math;
+mod norm;
+mod rope;
+mod rows;
+mod softmax;
+mod storage;
+mod views;
+
+pub use device::CpuDevice;
+pub use gemm::{gemm, Epilogue};
+pub use norm::{layer_norm, rms_norm};
+pub use rope::rope;
+pub use softmax::softmax;
+pub use storage::CpuStorage;

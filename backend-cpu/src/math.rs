@@ -1,0 +1,147 @@
+//! f32 building blocks written so the compiler vectorises them: reductions with eight
+//! independent accumulators (a single running sum cannot be reordered) and a polynomial exp
+//! (libm's `expf` is a call per element).
+
+const LANES: usize = 8;
+
+/// Reduces `v` with `f` over eight accumulators that start at `init`, then folds them.
+#[inline]
+fn reduce8(v: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut acc = [init; LANES];
+    let chunks = v.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = f(*a, x);
+        }
+    }
+    for (a, &x) in acc.iter_mut().zip(tail) {
+        *a = f(*a, x);
+    }
+    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
+    f(f(f(a0, a4), f(a2, a6)), f(f(a1, a5), f(a3, a7)))
+}
+
+/// Sum of the elements.
+pub(crate) fn sum(v: &[f32]) -> f32 {
+    reduce8(v, 0.0, |a, x| a + x)
+}
+
+/// Sum of squares.
+pub(crate) fn sum_sq(v: &[f32]) -> f32 {
+    reduce8(v, 0.0, |a, x| a + x * x)
+}
+
+/// Sum of squared deviations from `mean`.
+pub(crate) fn sum_sq_dev(v: &[f32], mean: f32) -> f32 {
+    reduce8(v, 0.0, |a, x| a + (x - mean) * (x - mean))
+}
+
+/// Largest element (`-inf` for an empty slice; NaN propagates).
+pub(crate) fn max(v: &[f32]) -> f32 {
+    // `f32::max` ignores NaN; a NaN row must give NaN outputs, as the reference does.
+    reduce8(v, f32::NEG_INFINITY, |a, x| {
+        if x > a || x.is_nan() {
+            x
+        } else {
+            a
+        }
+    })
+}
+
+/// e^x to about 2 ulp (Cephes `expf` polynomial), 0 below the f32 range, inf above it.
+#[inline]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LO: f32 = -87.336_54;
+    const HI: f32 = 88.722_83;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a call.
+    const ROUND: f32 = 12_582_912.0;
+    let xc = x.clamp(LO, 88.0);
+    let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    // ln 2 split in two so that n * ln2 is exact enough.
+    let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let p = p * r * r + r + 1.0;
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    let y = p * scale;
+    if x < LO {
+        0.0
+    } else if x > HI {
+        f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// erfc(x) with relative error below 1.2e-7 in exact arithmetic (Numerical Recipes' `erfcc`),
+/// so GELU stays accurate for large negative inputs.
+#[inline]
+fn erfc(x: f32) -> f32 {
+    let z = x.abs();
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let poly = -1.265_512_2
+        + t * (1.000_023_7
+            + t * (0.374_091_96
+                + t * (0.096_784_18
+                    + t * (-0.186_288_06
+                        + t * (0.278_868_07
+                            + t * (-1.135_204
+                                + t * (1.488_515_9 + t * (-0.822_152_23 + t * 0.170_872_77))))))));
+    let ans = t * exp(-z * z + poly);
+    if x >= 0.0 {
+        ans
+    } else {
+        2.0 - ans
+    }
+}
+
+/// GELU, exact (erf) form: 0.5 x (1 + erf(x / sqrt 2)) = 0.5 x erfc(-x / sqrt 2).
+#[inline]
+pub(crate) fn gelu(x: f32) -> f32 {
+    0.5 * x * erfc(-x * std::f32::consts::FRAC_1_SQRT_2)
+}
+
+/// SiLU: x / (1 + e^-x).
+#[inline]
+pub(crate) fn silu(x: f32) -> f32 {
+    x / (1.0 + exp(-x))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_matches_libm() {
+        let mut x = -100.0f32;
+        while x < 100.0 {
+            let (got, want) = (exp(x), (x as f64).exp());
+            if want < 1e-37 {
+                assert!(got < 1e-37, "exp({x}) = {got}");
+            } else if want > 3.4e38 {
+                assert!(got.is_infinite(), "exp({x}) = {got}");
+            } else {
+                assert!(
+                    ((got as f64 - want) / want).abs() < 4e-7,
+                    "exp({x}) = {got}, want {want}"
+                );
+            }
+            x += 0.0137;
+        }
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn reductions_handle_tails() {
+        let v: Vec<f32> = (1..=13).map(|i| i as f32).collect();
+        assert_eq!(sum(&v), 91.0);
+        assert_eq!(sum_sq(&v), 819.0);
+        assert_eq!(max(&v), 13.0);
+        assert_eq!(max(&[]), f32::NEG_INFINITY);
+        assert!(max(&[1.0, f32::NAN, 2.0]).is_nan());
+    }
+}
