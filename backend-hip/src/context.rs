@@ -37,17 +37,28 @@ impl Context {
     /// Makes this device current on the calling thread (HIP's current device is per thread).
     pub fn bind(&self) -> Result<()> {
         // SAFETY: plain int argument; the ordinal was validated against the device count.
-        check(&self.rt.hip, unsafe { (self.rt.hip.hipSetDevice)(self.ordinal) }, "hipSetDevice")
+        check(
+            &self.rt.hip,
+            unsafe { (self.rt.hip.hipSetDevice)(self.ordinal) },
+            "hipSetDevice",
+        )
     }
 
     pub fn new(rt: &'static Runtime, ordinal: i32) -> Result<Context> {
         // SAFETY: plain int argument, validated by the caller.
-        check(&rt.hip, unsafe { (rt.hip.hipSetDevice)(ordinal) }, "hipSetDevice")?;
+        let code = unsafe { (rt.hip.hipSetDevice)(ordinal) };
+        check(&rt.hip, code, "hipSetDevice")?;
         let mut stream: HipStream = std::ptr::null_mut();
         // SAFETY: `stream` is a live out-pointer.
-        let code = unsafe { (rt.hip.hipStreamCreateWithFlags)(&mut stream, sys::HIP_STREAM_NON_BLOCKING) };
+        let code =
+            unsafe { (rt.hip.hipStreamCreateWithFlags)(&mut stream, sys::HIP_STREAM_NON_BLOCKING) };
         check(&rt.hip, code, "hipStreamCreateWithFlags")?;
-        Ok(Context { rt, ordinal, stream: Handle(stream), kernels: Mutex::new(HashMap::new()) })
+        Ok(Context {
+            rt,
+            ordinal,
+            stream: Handle(stream),
+            kernels: Mutex::new(HashMap::new()),
+        })
     }
 
     pub fn stream(&self) -> HipStream {
@@ -58,7 +69,11 @@ impl Context {
     pub fn sync(&self) -> Result<()> {
         self.bind()?;
         // SAFETY: the stream is alive for as long as `self`.
-        check(&self.rt.hip, unsafe { (self.rt.hip.hipStreamSynchronize)(self.stream()) }, "hipStreamSynchronize")
+        check(
+            &self.rt.hip,
+            unsafe { (self.rt.hip.hipStreamSynchronize)(self.stream()) },
+            "hipStreamSynchronize",
+        )
     }
 
     /// The cached kernel for `digest`, if loaded.
@@ -67,14 +82,16 @@ impl Context {
     }
 
     /// Loads `code` and looks up `entry`; the first kernel stored for a digest wins.
-    pub fn load(&self, digest: [u8; 32], code: &[u8], entry: &str) -> Result<Kernel> {
-        let name = std::ffi::CString::new(entry)
-            .map_err(|_| calico_core::Error::unsupported(format!("kernel name {entry:?} contains a NUL byte")))?;
+    pub fn load(&self, digest: [u8; 32], code_object: &[u8], entry: &str) -> Result<Kernel> {
+        let name = std::ffi::CString::new(entry).map_err(|_| {
+            calico_core::Error::unsupported(format!("kernel name {entry:?} contains a NUL byte"))
+        })?;
         self.bind()?;
         let hip = &self.rt.hip;
         let mut module: HipModule = std::ptr::null_mut();
-        // SAFETY: `code` is a complete code object that outlives the call (the runtime copies it).
-        check(hip, unsafe { (hip.hipModuleLoadData)(&mut module, code.as_ptr().cast()) }, "hipModuleLoadData")?;
+        // SAFETY: `code_object` is a complete code object that outlives the call (the runtime copies it).
+        let code = unsafe { (hip.hipModuleLoadData)(&mut module, code_object.as_ptr().cast()) };
+        check(hip, code, "hipModuleLoadData")?;
         let mut function: HipFunction = std::ptr::null_mut();
         // SAFETY: `module` was just loaded; `name` is NUL-terminated.
         let code = unsafe { (hip.hipModuleGetFunction)(&mut function, module, name.as_ptr()) };
@@ -83,7 +100,10 @@ impl Context {
             unsafe { (hip.hipModuleUnload)(module) };
             return Err(e);
         }
-        let kernel = Kernel { module: Handle(module), function: Handle(function) };
+        let kernel = Kernel {
+            module: Handle(module),
+            function: Handle(function),
+        };
         let mut map = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(existing) = map.get(&digest) {
             // Another thread won the race; drop our copy.

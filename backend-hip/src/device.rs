@@ -6,8 +6,8 @@ use crate::result::{check, hip_message};
 use crate::storage::{self, HipStorage};
 use crate::{compile, launch, sys, timing};
 use calico_core::{
-    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg, KernelSource,
-    LaunchConfig, Result, Storage,
+    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg,
+    KernelSource, LaunchConfig, Result, Storage,
 };
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::Arc;
@@ -40,7 +40,10 @@ pub struct DeviceInfo {
 
 /// Number of HIP devices; 0 when the runtime is missing or finds none.
 pub fn device_count() -> usize {
-    loader::runtime().ok().and_then(|rt| count(rt).ok()).unwrap_or(0)
+    loader::runtime()
+        .ok()
+        .and_then(|rt| count(rt).ok())
+        .unwrap_or(0)
 }
 
 fn count(rt: &Runtime) -> std::result::Result<usize, String> {
@@ -48,7 +51,10 @@ fn count(rt: &Runtime) -> std::result::Result<usize, String> {
     // SAFETY: live out-pointer.
     let code = unsafe { (rt.hip.hipGetDeviceCount)(&mut n) };
     if code != sys::HIP_SUCCESS {
-        return Err(format!("hipGetDeviceCount failed: {}", hip_message(&rt.hip, code)));
+        return Err(format!(
+            "hipGetDeviceCount failed: {}",
+            hip_message(&rt.hip, code)
+        ));
     }
     Ok(usize::try_from(n).unwrap_or(0))
 }
@@ -57,10 +63,17 @@ impl HipDevice {
     /// Opens device `ordinal`. A missing runtime or device is `Error::BackendUnavailable`.
     pub fn new(ordinal: usize) -> Result<HipDevice> {
         let rt = loader::runtime()?;
-        let unavailable = |reason: String| Error::BackendUnavailable { backend: "hip", reason };
-        let n = count(rt).map_err(|e| unavailable(format!("no HIP device: {e} (runtime {})", rt.hip_path)))?;
+        let unavailable = |reason: String| Error::BackendUnavailable {
+            backend: "hip",
+            reason,
+        };
+        let n = count(rt)
+            .map_err(|e| unavailable(format!("no HIP device: {e} (runtime {})", rt.hip_path)))?;
         if n == 0 {
-            return Err(unavailable(format!("no HIP device (runtime {} reports 0 devices)", rt.hip_path)));
+            return Err(unavailable(format!(
+                "no HIP device (runtime {} reports 0 devices)",
+                rt.hip_path
+            )));
         }
         if ordinal >= n {
             return Err(unavailable(format!("no HIP device {ordinal}: {n} present")));
@@ -68,19 +81,31 @@ impl HipDevice {
         let ordinal_c = ordinal as c_int; // < n, which came from a c_int
         let ctx = Arc::new(Context::new(rt, ordinal_c)?);
         let info = query(rt, ordinal_c)?;
-        let arch = Arch::amd(&info.gcn_arch, info.compute_units, info.lds_per_block, info.wavefront, info.l2_bytes);
+        let arch = Arch::amd(
+            &info.gcn_arch,
+            info.compute_units,
+            info.lds_per_block,
+            info.wavefront,
+            info.l2_bytes,
+        );
         let version = match &rt.rtc {
-            Ok(rtc) => compile::version(rtc),
+            Ok(rtc) => compile::version(rtc, rt.version),
             Err(_) => "unavailable".to_string(),
         };
         Ok(HipDevice {
             ctx,
-            id: DeviceId { kind: BackendKind::Hip, ordinal },
+            id: DeviceId {
+                kind: BackendKind::Hip,
+                ordinal,
+            },
             name: info.name,
             gcn_arch: info.gcn_arch,
             arch,
             max_threads_per_block: info.max_threads_per_block,
-            compiler: CompilerInfo { name: "hiprtc", version },
+            compiler: CompilerInfo {
+                name: "hiprtc",
+                version,
+            },
             cache: DiskCache::from_env(),
         })
     }
@@ -97,12 +122,19 @@ impl HipDevice {
     }
 
     fn storage<'a>(&self, s: &'a dyn Storage, role: &str) -> Result<&'a HipStorage> {
-        let hip = s
-            .as_any()
-            .downcast_ref::<HipStorage>()
-            .ok_or_else(|| Error::DeviceMismatch(format!("{role} buffer lives on {}, not {}", s.device_id(), self.id)))?;
+        let hip = s.as_any().downcast_ref::<HipStorage>().ok_or_else(|| {
+            Error::DeviceMismatch(format!(
+                "{role} buffer lives on {}, not {}",
+                s.device_id(),
+                self.id
+            ))
+        })?;
         if hip.ordinal() != self.ctx.ordinal {
-            return Err(Error::DeviceMismatch(format!("{role} buffer lives on {}, not {}", s.device_id(), self.id)));
+            return Err(Error::DeviceMismatch(format!(
+                "{role} buffer lives on {}, not {}",
+                s.device_id(),
+                self.id
+            )));
         }
         Ok(hip)
     }
@@ -113,9 +145,18 @@ impl HipDevice {
             .rt
             .rtc
             .as_ref()
-            .map_err(|reason| Error::BackendUnavailable { backend: "hip", reason: reason.clone() })?;
-        let key = compile::cache_key(source, &self.gcn_arch, &self.compiler.version, &compile::options(&self.gcn_arch));
-        self.cache.get_or_build(&key, || compile::compile(rtc, source, &self.gcn_arch))
+            .map_err(|reason| Error::BackendUnavailable {
+                backend: "hip",
+                reason: reason.clone(),
+            })?;
+        let key = compile::cache_key(
+            source,
+            &self.gcn_arch,
+            &self.compiler.version,
+            &compile::options(&self.gcn_arch),
+        );
+        self.cache
+            .get_or_build(&key, || compile::compile(rtc, source, &self.gcn_arch))
     }
 }
 
@@ -130,21 +171,48 @@ fn attribute(rt: &Runtime, attr: c_int, ordinal: c_int, what: &str) -> Result<i3
 fn query(rt: &Runtime, ordinal: c_int) -> Result<DeviceInfo> {
     let mut name = [0 as c_char; 256];
     // SAFETY: the buffer holds the 256 bytes we say it does.
-    check(&rt.hip, unsafe { (rt.hip.hipDeviceGetName)(name.as_mut_ptr(), 256, ordinal) }, "hipDeviceGetName")?;
+    let code = unsafe { (rt.hip.hipDeviceGetName)(name.as_mut_ptr(), 256, ordinal) };
+    check(&rt.hip, code, "hipDeviceGetName")?;
     name[255] = 0;
     // SAFETY: NUL-terminated by the line above.
-    let name = unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().trim().to_string();
+    let name = unsafe { CStr::from_ptr(name.as_ptr()) }
+        .to_string_lossy()
+        .trim()
+        .to_string();
     let nonneg = |v: i32| u32::try_from(v).unwrap_or(0);
-    let lds = attribute(rt, sys::attr::MAX_SHARED_MEMORY_PER_BLOCK, ordinal, "MaxSharedMemoryPerBlock")?;
-    let optin = attribute(rt, sys::attr::SHARED_MEM_PER_BLOCK_OPTIN, ordinal, "SharedMemPerBlockOptin").unwrap_or(0);
+    let lds = attribute(
+        rt,
+        sys::attr::MAX_SHARED_MEMORY_PER_BLOCK,
+        ordinal,
+        "MaxSharedMemoryPerBlock",
+    )?;
+    let optin = attribute(
+        rt,
+        sys::attr::SHARED_MEM_PER_BLOCK_OPTIN,
+        ordinal,
+        "SharedMemPerBlockOptin",
+    )
+    .unwrap_or(0);
     Ok(DeviceInfo {
         name,
         gcn_arch: gcn_arch_name(rt, ordinal)?,
-        compute_units: nonneg(attribute(rt, sys::attr::MULTIPROCESSOR_COUNT, ordinal, "MultiprocessorCount")?),
+        compute_units: nonneg(attribute(
+            rt,
+            sys::attr::MULTIPROCESSOR_COUNT,
+            ordinal,
+            "MultiprocessorCount",
+        )?),
         lds_per_block: nonneg(lds.max(optin)) as usize,
         wavefront: nonneg(attribute(rt, sys::attr::WARP_SIZE, ordinal, "WarpSize")?),
-        l2_bytes: nonneg(attribute(rt, sys::attr::L2_CACHE_SIZE, ordinal, "L2CacheSize").unwrap_or(0)) as usize,
-        max_threads_per_block: nonneg(attribute(rt, sys::attr::MAX_THREADS_PER_BLOCK, ordinal, "MaxThreadsPerBlock")?),
+        l2_bytes: nonneg(
+            attribute(rt, sys::attr::L2_CACHE_SIZE, ordinal, "L2CacheSize").unwrap_or(0),
+        ) as usize,
+        max_threads_per_block: nonneg(attribute(
+            rt,
+            sys::attr::MAX_THREADS_PER_BLOCK,
+            ordinal,
+            "MaxThreadsPerBlock",
+        )?),
     })
 }
 
@@ -153,17 +221,24 @@ fn gcn_arch_name(rt: &Runtime, ordinal: c_int) -> Result<String> {
     let (get, offset) = rt.props.ok_or_else(|| Error::Runtime {
         backend: "hip",
         call: "hipGetDeviceProperties".into(),
-        message: format!("runtime {} (version {}) exports no properties call with a known layout", rt.hip_path, rt.version),
+        message: format!(
+            "runtime {} (version {}) exports no properties call with a known layout",
+            rt.hip_path, rt.version
+        ),
     })?;
     // u64 elements: aligned for the struct's size_t and pointer fields.
     let mut buf = vec![0u64; sys::props::BUFFER_BYTES / 8];
     // SAFETY: the buffer is larger than either layout (1472 or 792 bytes) and suitably aligned.
-    check(&rt.hip, unsafe { get(buf.as_mut_ptr().cast(), ordinal) }, "hipGetDeviceProperties")?;
+    let code = unsafe { get(buf.as_mut_ptr().cast(), ordinal) };
+    check(&rt.hip, code, "hipGetDeviceProperties")?;
     let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
     parse_gcn_arch(&bytes, offset).ok_or_else(|| Error::Runtime {
         backend: "hip",
         call: "hipGetDeviceProperties".into(),
-        message: format!("no gfx name at offset {offset} of hipDeviceProp_t (runtime version {})", rt.version),
+        message: format!(
+            "no gfx name at offset {offset} of hipDeviceProp_t (runtime version {})",
+            rt.version
+        ),
     })
 }
 
@@ -200,7 +275,14 @@ impl Backend for HipDevice {
         self.ctx.sync()
     }
 
-    fn copy_bytes(&self, dst: &dyn Storage, dst_offset: usize, src: &dyn Storage, src_offset: usize, bytes: usize) -> Result<()> {
+    fn copy_bytes(
+        &self,
+        dst: &dyn Storage,
+        dst_offset: usize,
+        src: &dyn Storage,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
         let dst = self.storage(dst, "destination")?;
         let src = self.storage(src, "source")?;
         storage::copy_async(&self.ctx, dst, dst_offset, src, src_offset, bytes)
@@ -224,8 +306,17 @@ impl GpuBackend for HipDevice {
         &self.compiler
     }
 
-    fn launch(&self, source: &KernelSource, config: &LaunchConfig, args: &[KernelArg]) -> Result<()> {
-        launch::validate(config, self.max_threads_per_block, self.arch.shared_mem_per_block)?;
+    fn launch(
+        &self,
+        source: &KernelSource,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        launch::validate(
+            config,
+            self.max_threads_per_block,
+            self.arch.shared_mem_per_block,
+        )?;
         let kernel = match self.ctx.cached(&source.digest) {
             Some(k) => k,
             None => {
@@ -254,10 +345,17 @@ mod tests {
             let mut b = vec![0u8; size];
             let name = b"gfx942:sramecc+:xnack-";
             b[offset..offset + name.len()].copy_from_slice(name);
-            assert_eq!(parse_gcn_arch(&b, offset).as_deref(), Some("gfx942:sramecc+:xnack-"));
+            assert_eq!(
+                parse_gcn_arch(&b, offset).as_deref(),
+                Some("gfx942:sramecc+:xnack-")
+            );
             assert!(offset + sys::props::GCN_ARCH_NAME_LEN <= size);
         }
-        assert_eq!(parse_gcn_arch(&[b'x'; 600], 100), None, "unterminated or non-gfx bytes are rejected");
+        assert_eq!(
+            parse_gcn_arch(&[b'x'; 600], 100),
+            None,
+            "unterminated or non-gfx bytes are rejected"
+        );
         assert_eq!(parse_gcn_arch(&[0; 10], 100), None);
     }
 

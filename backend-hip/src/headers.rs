@@ -9,5 +9,8 @@ pub fn hip_headers() -> HeaderSet {
 
 const HIP_HEADERS: HeaderSet = &[
     ("calico/vendor.h", include_str!("../device/calico/vendor.h")),
-    ("calico/hip_buffer.h", include_str!("../device/calico/hip_buffer.h")),
+    (
+        "calico/hip_buffer.h",
+        include_str!("../device/calico/hip_buffer.h"),
+    ),
 ];

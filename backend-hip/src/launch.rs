@@ -30,11 +30,16 @@ pub fn validate(config: &LaunchConfig, max_threads: u32, max_shared: usize) -> R
     let (gx, gy, gz) = config.grid;
     let (bx, by, bz) = config.block;
     if [gx, gy, gz, bx, by, bz].contains(&0) {
-        return Err(Error::unsupported(format!("launch with an empty grid {:?} or block {:?}", config.grid, config.block)));
+        return Err(Error::unsupported(format!(
+            "launch with an empty grid {:?} or block {:?}",
+            config.grid, config.block
+        )));
     }
     let threads = u64::from(bx) * u64::from(by) * u64::from(bz);
     if threads > u64::from(max_threads) {
-        return Err(Error::unsupported(format!("block of {threads} threads exceeds the device's {max_threads}")));
+        return Err(Error::unsupported(format!(
+            "block of {threads} threads exceeds the device's {max_threads}"
+        )));
     }
     if config.shared_mem_bytes as usize > max_shared {
         return Err(Error::unsupported(format!(
@@ -46,7 +51,13 @@ pub fn validate(config: &LaunchConfig, max_threads: u32, max_shared: usize) -> R
 }
 
 /// Launches `kernel` on the device's stream.
-pub fn launch(ctx: &Context, kernel: Kernel, entry: &str, config: &LaunchConfig, args: &[KernelArg]) -> Result<()> {
+pub fn launch(
+    ctx: &Context,
+    kernel: Kernel,
+    entry: &str,
+    config: &LaunchConfig,
+    args: &[KernelArg],
+) -> Result<()> {
     ctx.bind()?;
     let hip = &ctx.rt.hip;
     if config.shared_mem_bytes > 64 * 1024 {
@@ -64,7 +75,11 @@ pub fn launch(ctx: &Context, kernel: Kernel, entry: &str, config: &LaunchConfig,
     let mut params = marshal(args);
     let (gx, gy, gz) = config.grid;
     let (bx, by, bz) = config.block;
-    let params_ptr = if params.is_empty() { std::ptr::null_mut() } else { params.as_mut_ptr() };
+    let params_ptr = if params.is_empty() {
+        std::ptr::null_mut()
+    } else {
+        params.as_mut_ptr()
+    };
     // SAFETY: `params` points into `args`, borrowed for this call; the runtime copies the
     // values before returning. The caller promises the args match the kernel's parameters.
     let code = unsafe {

@@ -19,6 +19,7 @@ mod storage;
 pub mod sys;
 mod timing;
 
+pub use compile::{compile_hiprtc, hiprtc_version};
 pub use device::{device_count, DeviceInfo, HipDevice};
 pub use headers::hip_headers;
 pub use offline::{clang_path, compile_offline, disassemble, objdump_path};

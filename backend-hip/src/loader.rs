@@ -78,7 +78,10 @@ pub fn runtime() -> Result<&'static Runtime> {
     RUNTIME
         .get_or_init(|| load(&candidates("libamdhip64"), &candidates("libhiprtc")))
         .as_ref()
-        .map_err(|reason| Error::BackendUnavailable { backend: "hip", reason: reason.clone() })
+        .map_err(|reason| Error::BackendUnavailable {
+            backend: "hip",
+            reason: reason.clone(),
+        })
 }
 
 /// Loads the runtime from explicit candidate lists (tests pass paths that do not exist).
@@ -94,15 +97,24 @@ pub fn load(hip_paths: &[PathBuf], rtc_paths: &[PathBuf]) -> std::result::Result
             Ok(table)
         }
         // ROCm 5 ships hipRTC inside libamdhip64.
-        // SAFETY: as above.
-        Err(e) => unsafe { HiprtcFns::load(&hip_lib) }.map_err(|_| format!("libhiprtc not found; {e}")),
+        Err(e) => {
+            // SAFETY: as above.
+            unsafe { HiprtcFns::load(&hip_lib) }.map_err(|_| format!("libhiprtc not found; {e}"))
+        }
     };
     let mut version = 0;
     // SAFETY: the pointer is to a live local; the call only writes an int.
     let _ = unsafe { (hip.hipRuntimeGetVersion)(&mut version) };
     let props = properties_fn(&hip_lib, version);
     libs.push(hip_lib);
-    Ok(Runtime { hip, hip_path: hip_path.display().to_string(), rtc, props, version, _libs: libs })
+    Ok(Runtime {
+        hip,
+        hip_path: hip_path.display().to_string(),
+        rtc,
+        props,
+        version,
+        _libs: libs,
+    })
 }
 
 /// ROCm 6 exports the R0600 layout under its own name; ROCm 5 has only the old layout.
@@ -129,8 +141,16 @@ mod tests {
     fn candidates_cover_sonames_and_rocm_dirs() {
         let c = candidates("libamdhip64");
         let names: Vec<String> = c.iter().map(|p| p.display().to_string()).collect();
-        for want in ["libamdhip64.so", "libamdhip64.so.7", "libamdhip64.so.6", "libamdhip64.so.5"] {
-            assert!(names.iter().any(|n| n == want), "{want} missing from {names:?}");
+        for want in [
+            "libamdhip64.so",
+            "libamdhip64.so.7",
+            "libamdhip64.so.6",
+            "libamdhip64.so.5",
+        ] {
+            assert!(
+                names.iter().any(|n| n == want),
+                "{want} missing from {names:?}"
+            );
         }
         assert!(names.iter().any(|n| n == "/opt/rocm/lib/libamdhip64.so.6"));
     }
@@ -138,11 +158,18 @@ mod tests {
     #[test]
     fn missing_runtime_names_every_path_searched() {
         let dir = std::env::temp_dir().join("calico-hip-nowhere");
-        let hip: Vec<PathBuf> = ["libamdhip64.so", "libamdhip64.so.6"].iter().map(|n| dir.join(n)).collect();
+        let hip: Vec<PathBuf> = ["libamdhip64.so", "libamdhip64.so.6"]
+            .iter()
+            .map(|n| dir.join(n))
+            .collect();
         let err = load(&hip, &[]).unwrap_err();
         assert!(err.contains("libamdhip64"), "{err}");
         for p in &hip {
-            assert!(err.contains(&p.display().to_string()), "{err} lacks {}", p.display());
+            assert!(
+                err.contains(&p.display().to_string()),
+                "{err} lacks {}",
+                p.display()
+            );
         }
     }
 }

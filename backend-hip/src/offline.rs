@@ -16,15 +16,24 @@ pub fn objdump_path() -> String {
 }
 
 fn tool_from_env(var: &str, default: &str) -> String {
-    std::env::var(var).ok().filter(|v| !v.is_empty()).unwrap_or_else(|| default.to_string())
+    std::env::var(var)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_string())
 }
 
 /// Compiles `source` for `target` (e.g. `gfx942`, feature flags allowed) with clang and no
 /// HIP headers or device libraries, returning the linked code object (an AMDGPU ELF that
 /// hipModuleLoadData accepts).
 pub fn compile_offline(source: &KernelSource, target: &str) -> Result<Vec<u8>> {
-    if target.is_empty() || target.chars().any(|c| !(c.is_ascii_alphanumeric() || matches!(c, ':' | '+' | '-' | '_'))) {
-        return Err(Error::unsupported(format!("{target:?} is not an AMD GPU target")));
+    if target.is_empty()
+        || target
+            .chars()
+            .any(|c| !(c.is_ascii_alphanumeric() || matches!(c, ':' | '+' | '-' | '_')))
+    {
+        return Err(Error::unsupported(format!(
+            "{target:?} is not an AMD GPU target"
+        )));
     }
     let dir = TempDir::new()?;
     let src = dir.path().join("kernel.hip");
@@ -33,9 +42,21 @@ pub fn compile_offline(source: &KernelSource, target: &str) -> Result<Vec<u8>> {
     let clang = clang_path();
     let output = run(
         Command::new(&clang)
-            .args(["-x", "hip", &format!("--offload-arch={target}"), "-nogpuinc", "-nogpulib"])
+            .args([
+                "-x",
+                "hip",
+                &format!("--offload-arch={target}"),
+                "-nogpuinc",
+                "-nogpulib",
+            ])
             // One linked code object instead of a clang offload bundle.
-            .args(["--cuda-device-only", "--no-gpu-bundle-output", "-O3", "-std=c++17", "-c"])
+            .args([
+                "--cuda-device-only",
+                "--no-gpu-bundle-output",
+                "-O3",
+                "-std=c++17",
+                "-c",
+            ])
             .arg(&src)
             .arg("-o")
             .arg(&out),
@@ -43,8 +64,13 @@ pub fn compile_offline(source: &KernelSource, target: &str) -> Result<Vec<u8>> {
         "CALICO_CLANG",
     )?;
     if !output.status.success() {
-        let log = String::from_utf8_lossy(&output.stderr).replace(&*src.to_string_lossy(), "kernel.hip");
-        return Err(Error::Compile { entry: source.entry.clone(), target: target.to_string(), log });
+        let log =
+            String::from_utf8_lossy(&output.stderr).replace(&*src.to_string_lossy(), "kernel.hip");
+        return Err(Error::Compile {
+            entry: source.entry.clone(),
+            target: target.to_string(),
+            log,
+        });
     }
     Ok(std::fs::read(&out)?)
 }
@@ -55,7 +81,11 @@ pub fn disassemble(code_object: &[u8]) -> Result<String> {
     let path = dir.path().join("kernel.co");
     std::fs::write(&path, code_object)?;
     let objdump = objdump_path();
-    let output = run(Command::new(&objdump).arg("-d").arg(&path), &objdump, "CALICO_LLVM_OBJDUMP")?;
+    let output = run(
+        Command::new(&objdump).arg("-d").arg(&path),
+        &objdump,
+        "CALICO_LLVM_OBJDUMP",
+    )?;
     if !output.status.success() {
         return Err(Error::Runtime {
             backend: "hip",
@@ -82,8 +112,15 @@ struct TempDir(PathBuf);
 impl TempDir {
     fn new() -> Result<TempDir> {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
-        let name = format!("calico-hip-{}-{}-{nanos}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "calico-hip-{}-{}-{nanos}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
         let path = std::env::temp_dir().join(name);
         std::fs::create_dir(&path)?;
         Ok(TempDir(path))

@@ -9,7 +9,11 @@ pub fn check(hip: &HipFns, code: HipError, call: &str) -> Result<()> {
     if code == sys::HIP_SUCCESS {
         return Ok(());
     }
-    Err(Error::Runtime { backend: "hip", call: call.to_string(), message: hip_message(hip, code) })
+    Err(Error::Runtime {
+        backend: "hip",
+        call: call.to_string(),
+        message: hip_message(hip, code),
+    })
 }
 
 /// The runtime's description of `code`, with the number.
@@ -38,5 +42,7 @@ fn static_str(ptr: *const std::ffi::c_char) -> String {
         return "unknown error".to_string();
     }
     // SAFETY: non-null pointers from the *GetErrorString calls are NUL-terminated statics.
-    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    unsafe { CStr::from_ptr(ptr) }
+        .to_string_lossy()
+        .into_owned()
 }

@@ -21,14 +21,23 @@ impl HipStorage {
     /// Allocates `bytes` zero-filled bytes (a zero-byte buffer allocates nothing).
     pub(crate) fn zeroed(ctx: Arc<Context>, bytes: usize) -> Result<HipStorage> {
         if bytes == 0 {
-            return Ok(HipStorage { ctx, ptr: Handle(std::ptr::null_mut()), bytes });
+            return Ok(HipStorage {
+                ctx,
+                ptr: Handle(std::ptr::null_mut()),
+                bytes,
+            });
         }
         ctx.bind()?;
         let hip = &ctx.rt.hip;
         let mut ptr: *mut c_void = std::ptr::null_mut();
         // SAFETY: `ptr` is a live out-pointer.
-        check(hip, unsafe { (hip.hipMalloc)(&mut ptr, bytes) }, &format!("hipMalloc({bytes} bytes)"))?;
-        let storage = HipStorage { ctx, ptr: Handle(ptr), bytes };
+        let code = unsafe { (hip.hipMalloc)(&mut ptr, bytes) };
+        check(hip, code, &format!("hipMalloc({bytes} bytes)"))?;
+        let storage = HipStorage {
+            ctx,
+            ptr: Handle(ptr),
+            bytes,
+        };
         // SAFETY: the allocation is `bytes` long; the stream belongs to this device.
         let code = unsafe { (hip.hipMemsetAsync)(ptr, 0, bytes, storage.ctx.stream()) };
         check(hip, code, "hipMemsetAsync")?;
@@ -51,7 +60,10 @@ impl HipStorage {
 
 impl Storage for HipStorage {
     fn device_id(&self) -> DeviceId {
-        DeviceId { kind: BackendKind::Hip, ordinal: self.ctx.ordinal as usize }
+        DeviceId {
+            kind: BackendKind::Hip,
+            ordinal: self.ctx.ordinal as usize,
+        }
     }
 
     fn size_bytes(&self) -> usize {
@@ -68,7 +80,13 @@ impl Storage for HipStorage {
         // SAFETY: the range was checked against the allocation; `src` stays borrowed until
         // the stream synchronisation below, so the runtime never reads freed host memory.
         let code = unsafe {
-            (hip.hipMemcpyAsync)(self.at(offset), src.as_ptr().cast(), src.len(), sys::HIP_MEMCPY_HOST_TO_DEVICE, self.ctx.stream())
+            (hip.hipMemcpyAsync)(
+                self.at(offset),
+                src.as_ptr().cast(),
+                src.len(),
+                sys::HIP_MEMCPY_HOST_TO_DEVICE,
+                self.ctx.stream(),
+            )
         };
         check(hip, code, "hipMemcpyAsync(host to device)")?;
         self.ctx.sync()
@@ -83,7 +101,13 @@ impl Storage for HipStorage {
         let hip = &self.ctx.rt.hip;
         // SAFETY: as in write_bytes; `dst` is exclusively borrowed until the copy completes.
         let code = unsafe {
-            (hip.hipMemcpyAsync)(dst.as_mut_ptr().cast(), self.at(offset), dst.len(), sys::HIP_MEMCPY_DEVICE_TO_HOST, self.ctx.stream())
+            (hip.hipMemcpyAsync)(
+                dst.as_mut_ptr().cast(),
+                self.at(offset),
+                dst.len(),
+                sys::HIP_MEMCPY_DEVICE_TO_HOST,
+                self.ctx.stream(),
+            )
         };
         check(hip, code, "hipMemcpyAsync(device to host)")?;
         self.ctx.sync()
@@ -129,7 +153,13 @@ pub(crate) fn copy_async(
     // SAFETY: both ranges lie inside live allocations of this device; the storages are kept
     // alive by their owners, and Drop waits for the stream before freeing.
     let code = unsafe {
-        (hip.hipMemcpyAsync)(dst.at(dst_offset), src.at(src_offset), bytes, sys::HIP_MEMCPY_DEVICE_TO_DEVICE, ctx.stream())
+        (hip.hipMemcpyAsync)(
+            dst.at(dst_offset),
+            src.at(src_offset),
+            bytes,
+            sys::HIP_MEMCPY_DEVICE_TO_DEVICE,
+            ctx.stream(),
+        )
     };
     check(hip, code, "hipMemcpyAsync(device to device)")
 }

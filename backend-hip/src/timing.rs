@@ -15,7 +15,8 @@ impl<'a> Event<'a> {
     fn new(ctx: &'a Context) -> Result<Self> {
         let mut raw: HipEvent = std::ptr::null_mut();
         // SAFETY: `raw` is a live out-pointer.
-        check(&ctx.rt.hip, unsafe { (ctx.rt.hip.hipEventCreate)(&mut raw) }, "hipEventCreate")?;
+        let code = unsafe { (ctx.rt.hip.hipEventCreate)(&mut raw) };
+        check(&ctx.rt.hip, code, "hipEventCreate")?;
         Ok(Event { ctx, raw })
     }
 
@@ -44,9 +45,11 @@ pub(crate) fn time_ms(ctx: &Context, work: &mut dyn FnMut() -> Result<()>) -> Re
     stop.record()?;
     let hip = &ctx.rt.hip;
     // SAFETY: `stop` was recorded on our stream.
-    check(hip, unsafe { (hip.hipEventSynchronize)(stop.raw) }, "hipEventSynchronize")?;
+    let code = unsafe { (hip.hipEventSynchronize)(stop.raw) };
+    check(hip, code, "hipEventSynchronize")?;
     let mut ms = 0.0f32;
     // SAFETY: both events were recorded and `stop` has completed; `ms` is a live out-pointer.
-    check(hip, unsafe { (hip.hipEventElapsedTime)(&mut ms, start.raw, stop.raw) }, "hipEventElapsedTime")?;
+    let code = unsafe { (hip.hipEventElapsedTime)(&mut ms, start.raw, stop.raw) };
+    check(hip, code, "hipEventElapsedTime")?;
     Ok(f64::from(ms))
 }

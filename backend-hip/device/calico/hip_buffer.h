@@ -1,0 +1,94 @@
+// CDNA buffer-resource loads and stores: 16-byte vector accesses with hardware bounds checks.
+// A buffer resource describes [base, base + bytes); loads past the end return zeros and stores
+// past it are dropped, so tile edges need no branches. The LLVM intrinsics are reached through
+// asm labels, which hipRTC and clang-19 both accept without HIP headers.
+#pragma once
+#include "calico/calico.h"
+
+#if !defined(__GFX9__) && defined(__HIP_DEVICE_COMPILE__)
+#error "calico/hip_buffer.h: buffer resource word 3 is only defined here for gfx9 (CDNA) targets"
+#endif
+
+namespace calico {
+namespace hip {
+
+typedef int i32x4 __attribute__((ext_vector_type(4)));
+typedef int i32x2 __attribute__((ext_vector_type(2)));
+
+// gfx9 word 3: DATA_FORMAT = 32 bits (bits 15..18 = 4), so raw loads are range-checked
+// against num_records; all other fields zero (untyped access, no swizzle, no index stride).
+constexpr int kBufferWord3 = 0x00020000;
+
+}  // namespace hip
+}  // namespace calico
+
+// Raw (offset-addressed) buffer intrinsics: (rsrc, byte offset, scalar byte offset, cache bits).
+__attribute__((device)) calico::hip::i32x4 calico_raw_buffer_load_v4i32(calico::hip::i32x4 rsrc, int voffset, int soffset,
+                                                                         int aux) __asm("llvm.amdgcn.raw.buffer.load.v4i32");
+__attribute__((device)) calico::hip::i32x2 calico_raw_buffer_load_v2i32(calico::hip::i32x4 rsrc, int voffset, int soffset,
+                                                                         int aux) __asm("llvm.amdgcn.raw.buffer.load.v2i32");
+__attribute__((device)) int calico_raw_buffer_load_i32(calico::hip::i32x4 rsrc, int voffset, int soffset,
+                                                        int aux) __asm("llvm.amdgcn.raw.buffer.load.i32");
+__attribute__((device)) void calico_raw_buffer_store_v4i32(calico::hip::i32x4 data, calico::hip::i32x4 rsrc, int voffset,
+                                                            int soffset, int aux) __asm("llvm.amdgcn.raw.buffer.store.v4i32");
+
+namespace calico {
+namespace hip {
+
+// A buffer resource (V#) over `bytes` bytes at `base` (at most 4 GiB - 1).
+struct buffer {
+    i32x4 rsrc;
+};
+
+CALICO_DEVICE buffer make_buffer(const void* base, unsigned bytes) {
+    unsigned long long a = reinterpret_cast<unsigned long long>(base);
+    buffer b;
+    b.rsrc.x = static_cast<int>(a & 0xffffffffu);
+    b.rsrc.y = static_cast<int>((a >> 32) & 0xffffu);  // stride 0: a raw byte-addressed buffer
+    b.rsrc.z = static_cast<int>(bytes);                // num_records, in bytes when stride is 0
+    b.rsrc.w = kBufferWord3;
+    // The descriptor is wave-uniform: keep it in scalar registers.
+    b.rsrc.x = __builtin_amdgcn_readfirstlane(b.rsrc.x);
+    b.rsrc.y = __builtin_amdgcn_readfirstlane(b.rsrc.y);
+    b.rsrc.z = __builtin_amdgcn_readfirstlane(b.rsrc.z);
+    return b;
+}
+
+// 16 bytes at `byte_offset`; out-of-range dwords read as zero.
+CALICO_DEVICE i32x4 load_16b(const buffer& b, unsigned byte_offset) {
+    return calico_raw_buffer_load_v4i32(b.rsrc, static_cast<int>(byte_offset), 0, 0);
+}
+CALICO_DEVICE i32x2 load_8b(const buffer& b, unsigned byte_offset) {
+    return calico_raw_buffer_load_v2i32(b.rsrc, static_cast<int>(byte_offset), 0, 0);
+}
+CALICO_DEVICE int load_4b(const buffer& b, unsigned byte_offset) {
+    return calico_raw_buffer_load_i32(b.rsrc, static_cast<int>(byte_offset), 0, 0);
+}
+CALICO_DEVICE void store_16b(const buffer& b, unsigned byte_offset, i32x4 v) {
+    calico_raw_buffer_store_v4i32(v, b.rsrc, static_cast<int>(byte_offset), 0, 0);
+}
+
+// 16 bytes of T starting at element `index`, widened to float; elements past the buffer's
+// end read as 0.
+template <class T>
+CALICO_DEVICE void buffer_load_float(float (&dst)[16 / sizeof(T)], const buffer& b, unsigned index) {
+    constexpr int N = 16 / sizeof(T);
+    i32x4 raw = load_16b(b, index * static_cast<unsigned>(sizeof(T)));
+    const vec<T, N> packed = __builtin_bit_cast(vec<T, N>, raw);
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_float(packed.v[i]);
+}
+
+// Narrows 16 bytes' worth of floats to T and stores them at element `index`; stores past
+// the end are dropped by the hardware.
+template <class T>
+CALICO_DEVICE void buffer_store_float(const buffer& b, unsigned index, const float (&src)[16 / sizeof(T)]) {
+    constexpr int N = 16 / sizeof(T);
+    vec<T, N> packed;
+#pragma unroll
+    for (int i = 0; i < N; ++i) packed.v[i] = from_float<T>(src[i]);
+    store_16b(b, index * static_cast<unsigned>(sizeof(T)), __builtin_bit_cast(i32x4, packed));
+}
+
+}  // namespace hip
+}  // namespace calico
