@@ -172,4 +172,25 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn an_installed_runtime_resolves_every_table() {
+        let Ok(rt) = runtime() else {
+            println!("skipped: no libamdhip64 here");
+            return;
+        };
+        println!("{} version {}", rt.hip_path, rt.version);
+        assert!(
+            rt.props.is_some(),
+            "no properties call with a known layout in {}",
+            rt.hip_path
+        );
+        if rt.version / 10_000_000 == 5 {
+            assert!(
+                rt.rtc.is_ok(),
+                "ROCm 5 carries hipRTC in libamdhip64: {:?}",
+                rt.rtc.as_ref().err()
+            );
+        }
+    }
 }
