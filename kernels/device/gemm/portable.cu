@@ -150,7 +150,9 @@ CALICO_DEVICE void tile(const In* __restrict__ a, i64 a_rs, i64 a_cs, const In* 
         }
         const float(*sa)[BM + PAD] = sh.slabs.a[cur];
         const float(*sb)[BN + PAD] = sh.slabs.b[cur];
-#pragma unroll
+// Unrolled by 4, not 16: a full unroll lets the AMDGPU scheduler hoist every shared read
+        // of the slab and spill.
+#pragma unroll 4
         for (int kk = 0; kk < BK; ++kk) {
             float av[TM];
             float bv[TN];
@@ -213,10 +215,19 @@ CALICO_DEVICE void tile(const In* __restrict__ a, i64 a_rs, i64 a_cs, const In* 
 }  // namespace gemm_portable
 }  // namespace calico
 
+// Tells the compiler the block size, so it may plan registers for it rather than for the
+// largest possible block (which halves the registers on CDNA and spills). Optional in the
+// vendor contract.
+#ifdef CALICO_MAX_THREADS
+#define CALICO_GEMM_PORTABLE_BOUNDS CALICO_MAX_THREADS((CALICO_GEMM_BM / 8) * (CALICO_GEMM_BN / 8))
+#else
+#define CALICO_GEMM_PORTABLE_BOUNDS
+#endif
+
 // Strides are in elements. Block (x, y) computes D[y*BM.., x*BN..] of batches z, z + grid_z,
 // ... (z = blockIdx.z), so any batch count fits the grid limit. c and bias may be null when
 // their defines are 0.
-CALICO_KERNEL void calico_gemm_portable(
+CALICO_KERNEL void CALICO_GEMM_PORTABLE_BOUNDS calico_gemm_portable(
     const CALICO_GEMM_IN* __restrict__ a, long long a_rs, long long a_cs, long long a_bs,
     const CALICO_GEMM_IN* __restrict__ b, long long b_rs, long long b_cs, long long b_bs,
     const CALICO_GEMM_OUT* __restrict__ c, long long c_rs, long long c_cs, long long c_bs,
