@@ -40,10 +40,10 @@
 //    the host only picks this kernel when that holds (and the inner dimension is contiguous).
 //
 // DEFINES (set by kernels/src/gemm/hopper.rs):
-//  CALICO_IN_T bf16|f16, CALICO_OUT_T bf16|f16|float, CALICO_BM 64|128,
-//  CALICO_BN 32..256 (multiple of 32 for K-major B; 128|256 for N-major, 64|128|256 when BM=128),
-//  CALICO_STAGES 2..8, CALICO_B_KMAJOR 0|1, CALICO_EPILOGUE 0 none|1 gelu|2 silu,
-//  CALICO_HAS_BIAS 0|1, CALICO_HAS_C 0|1.
+//  CALICO_GEMM_IN bf16|f16, CALICO_GEMM_OUT bf16|f16|float, CALICO_GEMM_BM 64|128,
+//  CALICO_GEMM_BN 32..256 (multiple of 32 for K-major B; 128|256 for N-major, 64|128|256 when BM=128),
+//  CALICO_GEMM_STAGES 2..8, CALICO_GEMM_B_KMAJOR 0|1, CALICO_GEMM_EPILOGUE 0 none|1 gelu|2 silu,
+//  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1.
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/tma.cuh"
@@ -54,14 +54,14 @@ namespace gemm_hopper {
 
 using calico::uint32_t;
 using calico::uint64_t;
-using in_t = CALICO_IN_T;
-using out_t = CALICO_OUT_T;
+using in_t = CALICO_GEMM_IN;
+using out_t = CALICO_GEMM_OUT;
 
-constexpr int BM = CALICO_BM;
-constexpr int BN = CALICO_BN;
+constexpr int BM = CALICO_GEMM_BM;
+constexpr int BN = CALICO_GEMM_BN;
 constexpr int BK = 64;  // one 128-byte swizzled row of 16-bit elements
-constexpr int STAGES = CALICO_STAGES;
-constexpr bool B_KMAJOR = CALICO_B_KMAJOR != 0;
+constexpr int STAGES = CALICO_GEMM_STAGES;
+constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr bool SPLIT_N = BM == 64;
@@ -106,9 +106,9 @@ CALICO_DEVICE tile_coord tile_at(int t, int m_tiles, int n_tiles, int group_m) {
 }
 
 CALICO_DEVICE float activate(float x) {
-#if CALICO_EPILOGUE == 1
+#if CALICO_GEMM_EPILOGUE == 1
     return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-#elif CALICO_EPILOGUE == 2
+#elif CALICO_GEMM_EPILOGUE == 2
     return x / (1.0f + expf(-x));
 #else
     return x;
@@ -143,7 +143,7 @@ CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row
         if (col >= e.n) continue;
         const bool has_second = col + 1 < e.n;
         float bias0 = 0.0f, bias1 = 0.0f;
-#if CALICO_HAS_BIAS
+#if CALICO_GEMM_HAS_BIAS
         bias0 = load_out(e.bias + col);
         if (has_second) bias1 = load_out(e.bias + col + 1);
 #endif
@@ -153,7 +153,7 @@ CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row
             if (row >= e.m) continue;
             float v0 = e.alpha * acc[4 * j + 2 * h];
             float v1 = e.alpha * acc[4 * j + 2 * h + 1];
-#if CALICO_HAS_C
+#if CALICO_GEMM_HAS_C
             const out_t* cp = e.c + (long long)row * e.c_row_stride + col;
             if (has_second && e.c_pairs) {
                 const calico::vec<out_t, 2> cv = *reinterpret_cast<const calico::vec<out_t, 2>*>(cp);
@@ -266,7 +266,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1)
         e.alpha = alpha;
         e.beta = beta;
         e.d_pairs = pairs_aligned(d, d_row_stride, d_batch_stride);
-        e.c_pairs = CALICO_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
+        e.c_pairs = CALICO_GEMM_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
 
         float acc[ACC];
         uint32_t it = 0;
@@ -299,7 +299,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1)
             if (prev_slot >= 0 && lane == 0) calico::arrive(empty[prev_slot]);
 
             e.d = d + tc.batch * d_batch_stride;
-            e.c = CALICO_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
+            e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
             const int row0 = tc.m * BM + (SPLIT_N ? 0 : consumer * 64) + warp * 16 + lane / 4;
             const int col0 = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0) + (lane % 4) * 2;
             store_tile(e, acc, row0, col0);
