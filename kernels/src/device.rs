@@ -78,14 +78,17 @@ impl Device {
 
     /// Tries the backends in `auto()`'s order and reports on each.
     pub fn discover() -> Discovery {
-        let forced = std::env::var("CALICO_BACKEND").ok().filter(|v| !v.is_empty());
-        let order: Vec<BackendKind> = match forced.as_deref().map(str::to_ascii_lowercase).as_deref() {
-            None => vec![BackendKind::Cuda, BackendKind::Hip, BackendKind::Cpu],
-            Some("cuda") => vec![BackendKind::Cuda],
-            Some("hip") => vec![BackendKind::Hip],
-            Some("cpu") => vec![BackendKind::Cpu],
-            Some(_) => vec![],
-        };
+        let forced = std::env::var("CALICO_BACKEND")
+            .ok()
+            .filter(|v| !v.is_empty());
+        let order: Vec<BackendKind> =
+            match forced.as_deref().map(str::to_ascii_lowercase).as_deref() {
+                None => vec![BackendKind::Cuda, BackendKind::Hip, BackendKind::Cpu],
+                Some("cuda") => vec![BackendKind::Cuda],
+                Some("hip") => vec![BackendKind::Hip],
+                Some("cpu") => vec![BackendKind::Cpu],
+                Some(_) => vec![],
+            };
         let mut attempts = Vec::new();
         let mut chosen = None;
         for kind in order {
@@ -100,7 +103,11 @@ impl Device {
                 break;
             }
         }
-        Discovery { chosen, attempts, forced }
+        Discovery {
+            chosen,
+            attempts,
+            forced,
+        }
     }
 
     /// Opens device `ordinal` of one backend.
@@ -109,7 +116,10 @@ impl Device {
             BackendKind::Cuda => CudaDevice::new(ordinal).map(Device::Cuda),
             BackendKind::Hip => HipDevice::new(ordinal).map(Device::Hip),
             BackendKind::Cpu if ordinal == 0 => Ok(Device::Cpu(CpuDevice::new())),
-            BackendKind::Cpu => Err(Error::BackendUnavailable { backend: "cpu", reason: format!("there is one CPU device, {ordinal} asked for") }),
+            BackendKind::Cpu => Err(Error::BackendUnavailable {
+                backend: "cpu",
+                reason: format!("there is one CPU device, {ordinal} asked for"),
+            }),
         }
     }
 

@@ -15,13 +15,14 @@
 
 mod device;
 use ops::check as ops_check;
+pub mod catalog;
 pub mod gemm;
 mod gpu;
 pub mod ops;
 
 pub use calico_core::{
-    Arch, AsyncCopy, Backend, BackendKind, DType, DeviceId, Element, Error, Fp8Flavour, GpuBackend, KernelSource, Layout,
-    MmaAtom, MmaKind, Result, Tensor, Vendor,
+    Arch, AsyncCopy, Backend, BackendKind, DType, DeviceId, Element, Error, Fp8Flavour, GpuBackend,
+    KernelSource, Layout, MmaAtom, MmaKind, Result, Tensor, Vendor,
 };
 pub use device::{AsBackend, Device, Discovery};
 pub use gemm::Epilogue;

@@ -36,6 +36,35 @@ static_assert(CALICO_LANES == 64 || CALICO_LANES == 32, "CALICO_LANES must be 32
 // Caps the block size the compiler plans registers for (HIP's default cap is 1024).
 #define CALICO_MAX_THREADS(n) __attribute__((amdgpu_flat_work_group_size(1, n)))
 
+// Float math for compiles with no HIP headers and no device libraries (clang -nogpuinc
+// -nogpulib, as in CI): the few functions kernels use, on hardware instructions or short
+// polynomials. Under hipRTC the real ones from the device libraries are used.
+#ifndef __HIPCC_RTC__
+#define CALICO_MATH_FN static __attribute__((device)) inline __attribute__((always_inline))
+CALICO_MATH_FN float fmaxf(float a, float b) { return __builtin_fmaxf(a, b); }
+CALICO_MATH_FN float fminf(float a, float b) { return __builtin_fminf(a, b); }
+CALICO_MATH_FN float fmaf(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+CALICO_MATH_FN float fabsf(float a) { return __builtin_fabsf(a); }
+CALICO_MATH_FN float sqrtf(float a) { return __builtin_sqrtf(a); }
+CALICO_MATH_FN float rsqrtf(float a) { return __builtin_amdgcn_rsqf(a); }
+CALICO_MATH_FN float exp2f(float a) { return __builtin_amdgcn_exp2f(a); }
+CALICO_MATH_FN float expf(float a) { return __builtin_amdgcn_exp2f(a * 1.4426950408889634f); }
+// erf by Abramowitz & Stegun 7.1.26 (absolute error < 1.5e-7), enough for GELU in f32.
+CALICO_MATH_FN float erff(float x) {
+    const float ax = __builtin_fabsf(x);
+    const float t = 1.0f / (1.0f + 0.3275911f * ax);
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    const float r = 1.0f - poly * __builtin_amdgcn_exp2f(-ax * ax * 1.4426950408889634f);
+    return x < 0.0f ? -r : r;
+}
+CALICO_MATH_FN float tanhf(float x) {
+    const float e = __builtin_amdgcn_exp2f(-2.0f * __builtin_fabsf(x) * 1.4426950408889634f);
+    const float r = (1.0f - e) / (1.0f + e);
+    return x < 0.0f ? -r : r;
+}
+#undef CALICO_MATH_FN
+#endif
+
 // ---- 16-bit floats (global namespace, as the contract asks).
 // bf16: raw bits; conversions below round to nearest even.
 struct alignas(2) bf16 {

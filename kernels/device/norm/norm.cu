@@ -5,11 +5,14 @@
 // minimum number of bytes. Rows too long for registers (STREAMING=1) are re-read from memory
 // (L2 usually), one pass per statistic.
 //
-// Defines: T (bf16|f16|float), VEC (elements per access), NV (vectors per thread), STREAMING,
+// Defines: ELEM (the element type, aliased T below) (bf16|f16|float), VEC (elements per access), NV (vectors per thread), STREAMING,
 // LAYER (0 = RMSNorm, 1 = LayerNorm), HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS.
 #include "calico/calico.h"
 
 using namespace calico;
+
+// ELEM, not T, comes in as a macro so that it cannot clash with template parameters.
+typedef ELEM T;
 
 struct NormArgs {
     const T* x; long long x_stride;

@@ -3,10 +3,13 @@
 // Each thread rotates P pairs of one (b, s, h) row: with HALF_SPLIT the pairs are (x[i], x[i+D/2])
 // for P consecutive i, read as two vectors; interleaved, the pairs are (x[2i], x[2i+1]) read as
 // one vector of 2P. cos/sin are f32 [positions, D/2]; position = pos_offset + s.
-// Defines: T, P (pairs per thread), HALF_SPLIT.
+// Defines: ELEM (the element type, aliased T below), P (pairs per thread), HALF_SPLIT.
 #include "calico/calico.h"
 
 using namespace calico;
+
+// ELEM, not T, comes in as a macro so that it cannot clash with template parameters.
+typedef ELEM T;
 
 template <int N>
 CALICO_DEVICE void load_vec(float (&v)[N], const T* p) {

@@ -2,10 +2,13 @@
 //
 // Same shape as the norm kernel: one block per row, the row held in registers (NV vectors of
 // VEC per thread) so it is read once and written once; STREAMING=1 re-reads long rows.
-// Defines: T, VEC, NV, STREAMING.
+// Defines: ELEM (the element type, aliased T below), VEC, NV, STREAMING.
 #include "calico/calico.h"
 
 using namespace calico;
+
+// ELEM, not T, comes in as a macro so that it cannot clash with template parameters.
+typedef ELEM T;
 
 #define LOG2E 1.4426950408889634f
 

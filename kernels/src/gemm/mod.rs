@@ -81,7 +81,13 @@ pub struct GemmOptions<'a> {
 
 impl Default for GemmOptions<'_> {
     fn default() -> Self {
-        GemmOptions { alpha: 1.0, beta: 0.0, c: None, bias: None, epilogue: Epilogue::None }
+        GemmOptions {
+            alpha: 1.0,
+            beta: 0.0,
+            c: None,
+            bias: None,
+            epilogue: Epilogue::None,
+        }
     }
 }
 
@@ -92,7 +98,13 @@ pub fn matmul(dev: &Device, a: &Tensor, b: &Tensor, d: &mut Tensor) -> Result<()
 }
 
 /// `D = epilogue(alpha * A @ B + beta * C + bias)`, accumulating in f32.
-pub fn gemm(dev: &Device, a: &Tensor, b: &Tensor, d: &mut Tensor, opts: &GemmOptions) -> Result<()> {
+pub fn gemm(
+    dev: &Device,
+    a: &Tensor,
+    b: &Tensor,
+    d: &mut Tensor,
+    opts: &GemmOptions,
+) -> Result<()> {
     let p = describe(dev, a, b, d, opts)?;
     if p.m == 0 || p.n == 0 || p.batch == 0 {
         return Ok(());
@@ -111,9 +123,14 @@ pub fn gemm(dev: &Device, a: &Tensor, b: &Tensor, d: &mut Tensor, opts: &GemmOpt
 }
 
 fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
-    let gpu = dev.as_gpu().ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
+    let gpu = dev
+        .as_gpu()
+        .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     let _ = gpu;
-    Err(Error::unsupported(format!("GEMM kernels for {} are not wired in yet ({p:?})", dev.arch().target)))
+    Err(Error::unsupported(format!(
+        "GEMM kernels for {} are not wired in yet ({p:?})",
+        dev.arch().target
+    )))
 }
 
 /// (batch, rows, cols, batch stride) of a rank-2 or rank-3 operand.
@@ -122,35 +139,74 @@ fn matrix(name: &str, t: &Tensor) -> Result<(usize, MatrixArg)> {
     let (batch, rows, cols, rs, cs, bs) = match *t.shape() {
         [r, c] => (1, r, c, s[0], s[1], 0),
         [b, r, c] => (b, r, c, s[1], s[2], s[0]),
-        _ => return Err(Error::shape(format!("`{name}` must be a matrix or a batch of matrices, got shape {:?}", t.shape()))),
+        _ => {
+            return Err(Error::shape(format!(
+                "`{name}` must be a matrix or a batch of matrices, got shape {:?}",
+                t.shape()
+            )))
+        }
     };
     let ptr = t.device_ptr().unwrap_or(0);
-    Ok((batch, MatrixArg { ptr, rows, cols, row_stride: rs, col_stride: cs, batch_stride: bs }))
+    Ok((
+        batch,
+        MatrixArg {
+            ptr,
+            rows,
+            cols,
+            row_stride: rs,
+            col_stride: cs,
+            batch_stride: bs,
+        },
+    ))
 }
 
-fn describe(dev: &Device, a: &Tensor, b: &Tensor, d: &Tensor, opts: &GemmOptions) -> Result<GemmProblem> {
+fn describe(
+    dev: &Device,
+    a: &Tensor,
+    b: &Tensor,
+    d: &Tensor,
+    opts: &GemmOptions,
+) -> Result<GemmProblem> {
     let mut all = vec![("a", a), ("b", b), ("d", d)];
     all.extend(opts.c.map(|c| ("c", c)));
     all.extend(opts.bias.map(|t| ("bias", t)));
     check::on_device(dev, &all)?;
     let in_dtype = a.dtype();
     if !matches!(in_dtype, DType::BF16 | DType::F16) {
-        return Err(Error::DType { expected: "bf16 or f16 for `a`".into(), got: in_dtype });
+        return Err(Error::DType {
+            expected: "bf16 or f16 for `a`".into(),
+            got: in_dtype,
+        });
     }
     check::dtype_is("b", b, in_dtype)?;
     let out_dtype = check::float_dtype("d", d)?;
     let (ba, am) = matrix("a", a)?;
     let (bb, bm) = matrix("b", b)?;
     let (bd, dm) = matrix("d", d)?;
-    if a.shape().len() != d.shape().len() || b.shape().len() != d.shape().len() || ba != bd || bb != bd {
-        return Err(Error::shape(format!("batched shapes disagree: a {:?}, b {:?}, d {:?}", a.shape(), b.shape(), d.shape())));
+    if a.shape().len() != d.shape().len()
+        || b.shape().len() != d.shape().len()
+        || ba != bd
+        || bb != bd
+    {
+        return Err(Error::shape(format!(
+            "batched shapes disagree: a {:?}, b {:?}, d {:?}",
+            a.shape(),
+            b.shape(),
+            d.shape()
+        )));
     }
     let (m, k, n) = (am.rows, am.cols, bm.cols);
     if bm.rows != k {
-        return Err(Error::shape(format!("a is {m}x{k} but b is {}x{n}", bm.rows)));
+        return Err(Error::shape(format!(
+            "a is {m}x{k} but b is {}x{n}",
+            bm.rows
+        )));
     }
     if dm.rows != m || dm.cols != n {
-        return Err(Error::shape(format!("d must be {m}x{n}, got {}x{}", dm.rows, dm.cols)));
+        return Err(Error::shape(format!(
+            "d must be {m}x{n}, got {}x{}",
+            dm.rows, dm.cols
+        )));
     }
     let c = match opts.c {
         Some(c) => {
@@ -158,7 +214,9 @@ fn describe(dev: &Device, a: &Tensor, b: &Tensor, d: &Tensor, opts: &GemmOptions
             check::shape_is("c", c, d.shape())?;
             Some(matrix("c", c)?.1)
         }
-        None if opts.beta != 0.0 => return Err(Error::shape("beta is non-zero but no `c` was given")),
+        None if opts.beta != 0.0 => {
+            return Err(Error::shape("beta is non-zero but no `c` was given"))
+        }
         None => None,
     };
     if let Some(bias) = opts.bias {
@@ -174,8 +232,14 @@ fn describe(dev: &Device, a: &Tensor, b: &Tensor, d: &Tensor, opts: &GemmOptions
     // overlap A, B or the bias.
     check::no_overlap(&[("d", d)], &inputs)?;
     if let Some(c) = opts.c {
-        if c.overlaps(d) && (c.strides() != d.strides() || c.device_ptr() != d.device_ptr() || !c.same_storage(d)) {
-            return Err(Error::Aliasing("`c` partly overlaps `d`; pass the same view for an in-place update".into()));
+        if c.overlaps(d)
+            && (c.strides() != d.strides()
+                || c.device_ptr() != d.device_ptr()
+                || !c.same_storage(d))
+        {
+            return Err(Error::Aliasing(
+                "`c` partly overlaps `d`; pass the same view for an in-place update".into(),
+            ));
         }
     }
     Ok(GemmProblem {
@@ -194,4 +258,13 @@ fn describe(dev: &Device, a: &Tensor, b: &Tensor, d: &Tensor, opts: &GemmOptions
         beta: opts.beta,
         epilogue: opts.epilogue,
     })
+}
+
+/// The GEMM kernel variants for `arch` (for `calico compile` and the compile checks).
+pub(crate) fn catalog(
+    arch: &calico_core::Arch,
+    vendor: calico_core::HeaderSet,
+) -> Result<Vec<crate::catalog::CatalogEntry>> {
+    let _ = (arch, vendor);
+    Ok(Vec::new())
 }

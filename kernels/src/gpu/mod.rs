@@ -2,21 +2,33 @@
 
 pub(crate) mod rows;
 
-use calico_core::{GpuBackend, HeaderSet, KernelSource, Result};
+use calico_core::{HeaderSet, KernelSource, Result};
 
-/// Assembles an op's source against the device's vendor headers and the shared vocabulary.
-pub(crate) fn assemble(gpu: &dyn GpuBackend, entry: &str, source: &str, defines: &[(&str, String)]) -> Result<KernelSource> {
-    let sets: [HeaderSet; 2] = [gpu.vendor_headers(), calico_core::device_headers()];
+/// Assembles an op's source against a vendor's headers and the shared vocabulary.
+pub(crate) fn assemble(
+    vendor: HeaderSet,
+    entry: &str,
+    source: &str,
+    defines: &[(&str, String)],
+) -> Result<KernelSource> {
+    let sets: [HeaderSet; 2] = [vendor, calico_core::device_headers()];
     KernelSource::assemble(entry, source, &sets, defines)
 }
 
 /// The largest vector width (elements, a power of two, at most 16 bytes per access) such that
 /// every address and every stride is a multiple of it and `len` is too.
-pub(crate) fn vector_width(elem_bytes: usize, addresses: &[u64], strides: &[usize], len: usize) -> usize {
+pub(crate) fn vector_width(
+    elem_bytes: usize,
+    addresses: &[u64],
+    strides: &[usize],
+    len: usize,
+) -> usize {
     let mut width = (16 / elem_bytes).max(1);
     while width > 1 {
         let bytes = (width * elem_bytes) as u64;
-        let ok = addresses.iter().all(|a| a % bytes == 0) && strides.iter().all(|s| s % width == 0) && len % width == 0;
+        let ok = addresses.iter().all(|a| a % bytes == 0)
+            && strides.iter().all(|s| s % width == 0)
+            && len % width == 0;
         if ok {
             break;
         }

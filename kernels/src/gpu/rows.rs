@@ -19,12 +19,23 @@ const TARGET_VECTORS: usize = 4;
 pub(crate) fn plan(cols: usize, vec: usize, arch: &Arch) -> RowPlan {
     let lanes = arch.lanes.max(1) as usize;
     let vectors = cols.div_ceil(vec);
-    let threads = vectors.div_ceil(TARGET_VECTORS).next_multiple_of(lanes).clamp(lanes, 1024);
+    let threads = vectors
+        .div_ceil(TARGET_VECTORS)
+        .next_multiple_of(lanes)
+        .clamp(lanes, 1024);
     let per_thread = vectors.div_ceil(threads);
     if per_thread > MAX_VECTORS {
-        return RowPlan { threads: 1024, vectors_per_thread: 0, streaming: true };
+        return RowPlan {
+            threads: 1024,
+            vectors_per_thread: 0,
+            streaming: true,
+        };
     }
-    RowPlan { threads: threads as u32, vectors_per_thread: per_thread.max(1) as u32, streaming: false }
+    RowPlan {
+        threads: threads as u32,
+        vectors_per_thread: per_thread.max(1) as u32,
+        streaming: false,
+    }
 }
 
 /// A grid of one block per row, capped (the kernels loop over rows).
@@ -45,13 +56,19 @@ mod tests {
                 let p = plan(cols, vec, &arch);
                 assert!(p.threads % 32 == 0 && p.threads <= 1024);
                 if !p.streaming {
-                    assert!(p.threads as usize * p.vectors_per_thread as usize * vec >= cols, "{cols} {vec} {p:?}");
+                    assert!(
+                        p.threads as usize * p.vectors_per_thread as usize * vec >= cols,
+                        "{cols} {vec} {p:?}"
+                    );
                     assert!(p.vectors_per_thread as usize <= MAX_VECTORS);
                 }
             }
         }
         let p = plan(4096, 8, &arch);
-        assert_eq!((p.threads, p.vectors_per_thread, p.streaming), (128, 4, false));
+        assert_eq!(
+            (p.threads, p.vectors_per_thread, p.streaming),
+            (128, 4, false)
+        );
     }
 
     #[test]

@@ -8,7 +8,10 @@ pub(crate) fn on_device(dev: &Device, tensors: &[(&str, &Tensor)]) -> Result<()>
     let id = dev.device_id();
     for (name, t) in tensors {
         if t.device_id() != id {
-            return Err(Error::DeviceMismatch(format!("`{name}` is on {}, the op was called on {id}", t.device_id())));
+            return Err(Error::DeviceMismatch(format!(
+                "`{name}` is on {}, the op was called on {id}",
+                t.device_id()
+            )));
         }
     }
     Ok(())
@@ -19,7 +22,10 @@ pub(crate) fn float_dtype(name: &str, t: &Tensor) -> Result<DType> {
     if t.dtype().is_standard_float() {
         Ok(t.dtype())
     } else {
-        Err(Error::DType { expected: format!("bf16, f16 or f32 for `{name}`"), got: t.dtype() })
+        Err(Error::DType {
+            expected: format!("bf16, f16 or f32 for `{name}`"),
+            got: t.dtype(),
+        })
     }
 }
 
@@ -28,7 +34,10 @@ pub(crate) fn dtype_is(name: &str, t: &Tensor, expected: DType) -> Result<()> {
     if t.dtype() == expected {
         Ok(())
     } else {
-        Err(Error::DType { expected: format!("{expected} for `{name}`"), got: t.dtype() })
+        Err(Error::DType {
+            expected: format!("{expected} for `{name}`"),
+            got: t.dtype(),
+        })
     }
 }
 
@@ -37,7 +46,10 @@ pub(crate) fn shape_is(name: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
     if t.shape() == shape {
         Ok(())
     } else {
-        Err(Error::shape(format!("`{name}` has shape {:?}, expected {shape:?}", t.shape())))
+        Err(Error::shape(format!(
+            "`{name}` has shape {:?}, expected {shape:?}",
+            t.shape()
+        )))
     }
 }
 
@@ -46,7 +58,9 @@ pub(crate) fn no_overlap(outputs: &[(&str, &Tensor)], inputs: &[(&str, &Tensor)]
     for (i, (oname, o)) in outputs.iter().enumerate() {
         for (iname, t) in inputs.iter().chain(&outputs[i + 1..]) {
             if o.overlaps(t) {
-                return Err(Error::Aliasing(format!("output `{oname}` overlaps `{iname}`")));
+                return Err(Error::Aliasing(format!(
+                    "output `{oname}` overlaps `{iname}`"
+                )));
             }
         }
     }

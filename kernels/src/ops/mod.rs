@@ -3,9 +3,9 @@
 //! kernel variant chosen for the device's architecture.
 
 pub(crate) mod check;
-mod norm;
-mod rope;
-mod softmax;
+pub(crate) mod norm;
+pub(crate) mod rope;
+pub(crate) mod softmax;
 
 pub use crate::gemm::{gemm, matmul, GemmOptions};
 pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm};

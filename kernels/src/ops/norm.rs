@@ -3,7 +3,7 @@
 use super::check;
 use crate::gpu::{self, rows};
 use crate::Device;
-use calico_core::{Error, KernelArg, Result, Tensor};
+use calico_core::{DType, Error, HeaderSet, KernelArg, KernelSource, Result, Tensor};
 
 /// What kind of normalisation, and which optional inputs and outputs take part.
 struct NormCall<'a> {
@@ -19,17 +19,68 @@ struct NormCall<'a> {
 
 /// `y = x / sqrt(mean(x²) + eps) * weight` over the last dimension.
 pub fn rms_norm(dev: &Device, x: &Tensor, weight: &Tensor, eps: f32, y: &mut Tensor) -> Result<()> {
-    run(dev, NormCall { layer: false, x, residual: None, weight: Some(weight), bias: None, eps, y, sum: None })
+    run(
+        dev,
+        NormCall {
+            layer: false,
+            x,
+            residual: None,
+            weight: Some(weight),
+            bias: None,
+            eps,
+            y,
+            sum: None,
+        },
+    )
 }
 
 /// `sum = x + residual` (rounded to the dtype), then `y = rms_norm(sum) * weight`.
-pub fn add_rms_norm(dev: &Device, x: &Tensor, residual: &Tensor, weight: &Tensor, eps: f32, y: &mut Tensor, sum: &mut Tensor) -> Result<()> {
-    run(dev, NormCall { layer: false, x, residual: Some(residual), weight: Some(weight), bias: None, eps, y, sum: Some(sum) })
+pub fn add_rms_norm(
+    dev: &Device,
+    x: &Tensor,
+    residual: &Tensor,
+    weight: &Tensor,
+    eps: f32,
+    y: &mut Tensor,
+    sum: &mut Tensor,
+) -> Result<()> {
+    run(
+        dev,
+        NormCall {
+            layer: false,
+            x,
+            residual: Some(residual),
+            weight: Some(weight),
+            bias: None,
+            eps,
+            y,
+            sum: Some(sum),
+        },
+    )
 }
 
 /// `y = (x - mean) / sqrt(var + eps) * weight + bias` over the last dimension.
-pub fn layer_norm(dev: &Device, x: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f32, y: &mut Tensor) -> Result<()> {
-    run(dev, NormCall { layer: true, x, residual: None, weight, bias, eps, y, sum: None })
+pub fn layer_norm(
+    dev: &Device,
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f32,
+    y: &mut Tensor,
+) -> Result<()> {
+    run(
+        dev,
+        NormCall {
+            layer: true,
+            x,
+            residual: None,
+            weight,
+            bias,
+            eps,
+            y,
+            sum: None,
+        },
+    )
 }
 
 /// `sum = x + residual` (rounded to the dtype), then `y = layer_norm(sum)`.
@@ -44,7 +95,19 @@ pub fn add_layer_norm(
     y: &mut Tensor,
     sum: &mut Tensor,
 ) -> Result<()> {
-    run(dev, NormCall { layer: true, x, residual: Some(residual), weight, bias, eps, y, sum: Some(sum) })
+    run(
+        dev,
+        NormCall {
+            layer: true,
+            x,
+            residual: Some(residual),
+            weight,
+            bias,
+            eps,
+            y,
+            sum: Some(sum),
+        },
+    )
 }
 
 fn validate(dev: &Device, c: &NormCall) -> Result<()> {
@@ -53,12 +116,20 @@ fn validate(dev: &Device, c: &NormCall) -> Result<()> {
         return Err(Error::shape("a norm needs at least one dimension"));
     }
     if !c.eps.is_finite() || c.eps < 0.0 {
-        return Err(Error::unsupported(format!("eps must be finite and >= 0, got {}", c.eps)));
+        return Err(Error::unsupported(format!(
+            "eps must be finite and >= 0, got {}",
+            c.eps
+        )));
     }
     let cols = *c.x.shape().last().expect("rank checked");
-    let like_x: Vec<(&str, &Tensor)> =
-        [("y", Some(c.y)), ("residual", c.residual), ("sum", c.sum)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
-    let vectors: Vec<(&str, &Tensor)> = [("weight", c.weight), ("bias", c.bias)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
+    let like_x: Vec<(&str, &Tensor)> = [("y", Some(c.y)), ("residual", c.residual), ("sum", c.sum)]
+        .into_iter()
+        .filter_map(|(n, t)| t.map(|t| (n, t)))
+        .collect();
+    let vectors: Vec<(&str, &Tensor)> = [("weight", c.weight), ("bias", c.bias)]
+        .into_iter()
+        .filter_map(|(n, t)| t.map(|t| (n, t)))
+        .collect();
     let mut all = vec![("x", c.x)];
     all.extend(like_x.iter().copied());
     all.extend(vectors.iter().copied());
@@ -74,9 +145,19 @@ fn validate(dev: &Device, c: &NormCall) -> Result<()> {
     for (_, t) in &all {
         t.layout().as_rows()?;
     }
-    let outputs: Vec<(&str, &Tensor)> = [("y", Some(c.y)), ("sum", c.sum)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
-    let inputs: Vec<(&str, &Tensor)> =
-        [("x", Some(c.x)), ("residual", c.residual), ("weight", c.weight), ("bias", c.bias)].into_iter().filter_map(|(n, t)| t.map(|t| (n, t))).collect();
+    let outputs: Vec<(&str, &Tensor)> = [("y", Some(c.y)), ("sum", c.sum)]
+        .into_iter()
+        .filter_map(|(n, t)| t.map(|t| (n, t)))
+        .collect();
+    let inputs: Vec<(&str, &Tensor)> = [
+        ("x", Some(c.x)),
+        ("residual", c.residual),
+        ("weight", c.weight),
+        ("bias", c.bias),
+    ]
+    .into_iter()
+    .filter_map(|(n, t)| t.map(|t| (n, t)))
+    .collect();
     check::no_overlap(&outputs, &inputs)
 }
 
@@ -99,31 +180,87 @@ fn run(dev: &Device, c: NormCall) -> Result<()> {
 }
 
 fn launch(dev: &Device, c: &NormCall) -> Result<()> {
-    let gpu = dev.as_gpu().ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
+    let gpu = dev
+        .as_gpu()
+        .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     let xr = c.x.layout().as_rows()?;
     let yr = c.y.layout().as_rows()?;
     let esz = c.x.dtype().size_bytes();
     let ptr = |t: Option<&Tensor>| t.map(|t| t.device_ptr().unwrap_or(0)).unwrap_or(0);
-    let stride = |t: Option<&Tensor>| -> Result<usize> { Ok(match t { Some(t) => t.layout().as_rows()?.row_stride, None => 0 }) };
+    let stride = |t: Option<&Tensor>| -> Result<usize> {
+        Ok(match t {
+            Some(t) => t.layout().as_rows()?.row_stride,
+            None => 0,
+        })
+    };
     let tensors = [Some(c.x), c.residual, c.weight, c.bias, Some(c.y), c.sum];
-    let addresses: Vec<u64> = tensors.iter().flatten().map(|t| t.device_ptr().unwrap_or(1)).collect();
-    let strides = [xr.row_stride, stride(c.residual)?, yr.row_stride, stride(c.sum)?];
+    let addresses: Vec<u64> = tensors
+        .iter()
+        .flatten()
+        .map(|t| t.device_ptr().unwrap_or(1))
+        .collect();
+    let strides = [
+        xr.row_stride,
+        stride(c.residual)?,
+        yr.row_stride,
+        stride(c.sum)?,
+    ];
     let vec = gpu::vector_width(esz, &addresses, &strides, xr.cols);
     let plan = rows::plan(xr.cols, vec, dev.arch());
-    let flag = |b: bool| if b { "1" } else { "0" }.to_string();
-    let defines = [
-        ("T", c.x.dtype().device_type().to_string()),
-        ("VEC", vec.to_string()),
-        ("NV", plan.vectors_per_thread.max(1).to_string()),
-        ("STREAMING", flag(plan.streaming)),
-        ("LAYER", flag(c.layer)),
-        ("HAS_RESIDUAL", flag(c.residual.is_some())),
-        ("HAS_WEIGHT", flag(c.weight.is_some())),
-        ("HAS_BIAS", flag(c.bias.is_some())),
-    ];
-    let src = gpu::assemble(gpu, "calico_norm", include_str!("../../device/norm/norm.cu"), &defines)?;
-    let args = norm_args(c, &ptr, &stride, xr.rows, xr.cols, xr.row_stride, yr.row_stride)?;
+    let variant = NormVariant {
+        dtype: c.x.dtype(),
+        vec,
+        plan,
+        layer: c.layer,
+        residual: c.residual.is_some(),
+        weight: c.weight.is_some(),
+        bias: c.bias.is_some(),
+    };
+    let src = variant.source(gpu.vendor_headers())?;
+    let args = norm_args(
+        c,
+        &ptr,
+        &stride,
+        xr.rows,
+        xr.cols,
+        xr.row_stride,
+        yr.row_stride,
+    )?;
     gpu.launch(&src, &rows::config(xr.rows, plan), &args)
+}
+
+/// One compiled form of the norm kernel.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NormVariant {
+    pub dtype: DType,
+    pub vec: usize,
+    pub plan: rows::RowPlan,
+    pub layer: bool,
+    pub residual: bool,
+    pub weight: bool,
+    pub bias: bool,
+}
+
+impl NormVariant {
+    pub(crate) fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+        let defines = [
+            ("ELEM", self.dtype.device_type().to_string()),
+            ("VEC", self.vec.to_string()),
+            ("NV", self.plan.vectors_per_thread.max(1).to_string()),
+            ("STREAMING", flag(self.plan.streaming)),
+            ("LAYER", flag(self.layer)),
+            ("HAS_RESIDUAL", flag(self.residual)),
+            ("HAS_WEIGHT", flag(self.weight)),
+            ("HAS_BIAS", flag(self.bias)),
+        ];
+        gpu::assemble(
+            vendor,
+            "calico_norm",
+            include_str!("../../device/norm/norm.cu"),
+            &defines,
+        )
+    }
 }
 
 /// The kernel's parameters, in the order of `calico_norm` in norm.cu (absent tensors are null).

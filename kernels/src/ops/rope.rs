@@ -3,7 +3,7 @@
 use super::check;
 use crate::gpu;
 use crate::Device;
-use calico_core::{DType, Error, KernelArg, LaunchConfig, Result, Tensor};
+use calico_core::{DType, Error, HeaderSet, KernelArg, KernelSource, LaunchConfig, Result, Tensor};
 
 /// Which elements form a rotated pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,7 +16,15 @@ pub enum RopeMode {
 
 /// Rotates `x` ([S, H, D] or [B, S, H, D]) by the angles in `cos`/`sin` (f32, [P, D/2]) at
 /// positions `pos_offset + s`, writing `y` (same shape and dtype as `x`).
-pub fn rope(dev: &Device, x: &Tensor, cos: &Tensor, sin: &Tensor, pos_offset: usize, mode: RopeMode, y: &mut Tensor) -> Result<()> {
+pub fn rope(
+    dev: &Device,
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    pos_offset: usize,
+    mode: RopeMode,
+    y: &mut Tensor,
+) -> Result<()> {
     let dtype = check::float_dtype("x", x)?;
     check::on_device(dev, &[("x", x), ("cos", cos), ("sin", sin), ("y", y)])?;
     check::dtype_is("y", y, dtype)?;
@@ -26,11 +34,17 @@ pub fn rope(dev: &Device, x: &Tensor, cos: &Tensor, sin: &Tensor, pos_offset: us
     let dims = bshd(x)?;
     let [_, seq, _, dim] = dims;
     if dim % 2 != 0 {
-        return Err(Error::shape(format!("rope needs an even head dimension, got {dim}")));
+        return Err(Error::shape(format!(
+            "rope needs an even head dimension, got {dim}"
+        )));
     }
     for (name, t) in [("cos", cos), ("sin", sin)] {
         if t.shape().len() != 2 || t.shape()[1] != dim / 2 || !t.layout().is_contiguous() {
-            return Err(Error::shape(format!("`{name}` must be contiguous [positions, {}], got {:?}", dim / 2, t.shape())));
+            return Err(Error::shape(format!(
+                "`{name}` must be contiguous [positions, {}], got {:?}",
+                dim / 2,
+                t.shape()
+            )));
         }
         if t.shape()[0] < pos_offset + seq {
             return Err(Error::shape(format!(
@@ -42,7 +56,9 @@ pub fn rope(dev: &Device, x: &Tensor, cos: &Tensor, sin: &Tensor, pos_offset: us
     }
     for (name, t) in [("x", x), ("y", &*y)] {
         if dim > 1 && t.strides()[t.strides().len() - 1] != 1 {
-            return Err(Error::stride(format!("the last dimension of `{name}` must be contiguous")));
+            return Err(Error::stride(format!(
+                "the last dimension of `{name}` must be contiguous"
+            )));
         }
     }
     check::no_overlap(&[("y", y)], &[("x", x), ("cos", cos), ("sin", sin)])?;
@@ -52,23 +68,42 @@ pub fn rope(dev: &Device, x: &Tensor, cos: &Tensor, sin: &Tensor, pos_offset: us
     let interleaved = mode == RopeMode::Interleaved;
     let gpu = match dev {
         Device::Cpu(_) => return calico_cpu::rope(x, cos, sin, pos_offset, interleaved, y),
-        _ => dev.as_gpu().ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
+        _ => dev
+            .as_gpu()
+            .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
     };
     let xs = bshd_strides(x);
     let ys = bshd_strides(y);
-    let (xp, yp, cp, sp) = (x.device_ptr().unwrap_or(1), y.device_ptr().unwrap_or(1), cos.device_ptr().unwrap_or(1), sin.device_ptr().unwrap_or(1));
+    let (xp, yp, cp, sp) = (
+        x.device_ptr().unwrap_or(1),
+        y.device_ptr().unwrap_or(1),
+        cos.device_ptr().unwrap_or(1),
+        sin.device_ptr().unwrap_or(1),
+    );
     let half = dim / 2;
     let esz = dtype.size_bytes();
     // Pairs per thread: a whole 16-byte vector of x per access where alignment allows.
-    let elems_per_vector = gpu::vector_width(esz, &[xp, yp], &[xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]], if interleaved { dim } else { half });
-    let mut pairs = if interleaved { (elems_per_vector / 2).max(1) } else { elems_per_vector };
+    let elems_per_vector = gpu::vector_width(
+        esz,
+        &[xp, yp],
+        &[xs[0], xs[1], xs[2], ys[0], ys[1], ys[2]],
+        if interleaved { dim } else { half },
+    );
+    let mut pairs = if interleaved {
+        (elems_per_vector / 2).max(1)
+    } else {
+        elems_per_vector
+    };
     // cos/sin rows must allow the same number of f32 at a time (at most 4 per 16 bytes, but
     // wider loads are split, so only alignment to min(16, 4*pairs) bytes matters).
-    while pairs > 1 && (half % pairs != 0 || !aligned(&[cp, sp], (4 * pairs).min(16) as u64, half * 4) || (interleaved && elems_per_vector < 2 * pairs)) {
+    while pairs > 1
+        && (half % pairs != 0
+            || !aligned(&[cp, sp], (4 * pairs).min(16) as u64, half * 4)
+            || (interleaved && elems_per_vector < 2 * pairs))
+    {
         pairs /= 2;
     }
-    let defines = [("T", dtype.device_type().to_string()), ("P", pairs.to_string()), ("HALF_SPLIT", if interleaved { "0" } else { "1" }.to_string())];
-    let src = gpu::assemble(gpu, "calico_rope", include_str!("../../device/rope/rope.cu"), &defines)?;
+    let src = source(gpu.vendor_headers(), dtype, pairs, mode)?;
     let [batch, seq, heads, dim] = dims;
     let work = batch * seq * heads * (half / pairs);
     let threads = 256u32;
@@ -102,7 +137,10 @@ fn bshd(t: &Tensor) -> Result<[usize; 4]> {
     match *t.shape() {
         [s, h, d] => Ok([1, s, h, d]),
         [b, s, h, d] => Ok([b, s, h, d]),
-        _ => Err(Error::shape(format!("rope takes [S, H, D] or [B, S, H, D], got {:?}", t.shape()))),
+        _ => Err(Error::shape(format!(
+            "rope takes [S, H, D] or [B, S, H, D], got {:?}",
+            t.shape()
+        ))),
     }
 }
 
@@ -113,4 +151,29 @@ fn bshd_strides(t: &Tensor) -> [usize; 3] {
         [b, s, h, _] => [b, s, h],
         _ => [0, 0, 0],
     }
+}
+
+/// The rope kernel for one dtype, pairs per thread and mode.
+pub(crate) fn source(
+    vendor: HeaderSet,
+    dtype: DType,
+    pairs: usize,
+    mode: RopeMode,
+) -> Result<KernelSource> {
+    let half_split = if mode == RopeMode::HalfSplit {
+        "1"
+    } else {
+        "0"
+    };
+    let defines = [
+        ("ELEM", dtype.device_type().to_string()),
+        ("P", pairs.to_string()),
+        ("HALF_SPLIT", half_split.to_string()),
+    ];
+    gpu::assemble(
+        vendor,
+        "calico_rope",
+        include_str!("../../device/rope/rope.cu"),
+        &defines,
+    )
 }

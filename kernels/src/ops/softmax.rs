@@ -3,7 +3,7 @@
 use super::check;
 use crate::gpu::{self, rows};
 use crate::Device;
-use calico_core::{Error, KernelArg, Result, Tensor};
+use calico_core::{DType, Error, HeaderSet, KernelArg, KernelSource, Result, Tensor};
 
 /// `y = exp(x - max) / sum(exp(x - max))` over the last dimension, in f32.
 pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
@@ -22,18 +22,19 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
     }
     let gpu = match dev {
         Device::Cpu(_) => return calico_cpu::softmax(x, y),
-        _ => dev.as_gpu().ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
+        _ => dev
+            .as_gpu()
+            .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
     };
     let (xp, yp) = (x.device_ptr().unwrap_or(1), y.device_ptr().unwrap_or(1));
-    let vec = gpu::vector_width(dtype.size_bytes(), &[xp, yp], &[xr.row_stride, yr.row_stride], xr.cols);
+    let vec = gpu::vector_width(
+        dtype.size_bytes(),
+        &[xp, yp],
+        &[xr.row_stride, yr.row_stride],
+        xr.cols,
+    );
     let plan = rows::plan(xr.cols, vec, dev.arch());
-    let defines = [
-        ("T", dtype.device_type().to_string()),
-        ("VEC", vec.to_string()),
-        ("NV", plan.vectors_per_thread.max(1).to_string()),
-        ("STREAMING", if plan.streaming { "1" } else { "0" }.to_string()),
-    ];
-    let src = gpu::assemble(gpu, "calico_softmax", include_str!("../../device/softmax/softmax.cu"), &defines)?;
+    let src = source(gpu.vendor_headers(), dtype, vec, plan)?;
     let args = [
         KernelArg::Ptr(xp),
         KernelArg::I64(xr.row_stride as i64),
@@ -43,4 +44,28 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         KernelArg::I64(xr.cols as i64),
     ];
     gpu.launch(&src, &rows::config(xr.rows, plan), &args)
+}
+
+/// The softmax kernel for one dtype, vector width and row plan.
+pub(crate) fn source(
+    vendor: HeaderSet,
+    dtype: DType,
+    vec: usize,
+    plan: rows::RowPlan,
+) -> Result<KernelSource> {
+    let defines = [
+        ("ELEM", dtype.device_type().to_string()),
+        ("VEC", vec.to_string()),
+        ("NV", plan.vectors_per_thread.max(1).to_string()),
+        (
+            "STREAMING",
+            if plan.streaming { "1" } else { "0" }.to_string(),
+        ),
+    ];
+    gpu::assemble(
+        vendor,
+        "calico_softmax",
+        include_str!("../../device/softmax/softmax.cu"),
+        &defines,
+    )
 }

@@ -1,0 +1,144 @@
+//! Every kernel variant Calico launches, for compiling and disassembling with no device
+//! present: `calico compile`, and the CI test that compiles every source for sm_80, sm_90a,
+//! gfx90a and gfx942.
+
+use crate::gpu::rows::{self, RowPlan};
+use crate::ops::norm::NormVariant;
+use crate::ops::RopeMode;
+use calico_core::{Arch, DType, Error, HeaderSet, KernelSource, Result, Vendor};
+
+/// The ops that have device kernels.
+pub const OPS: &[&str] = &["rms_norm", "layer_norm", "softmax", "rope", "gemm"];
+
+/// One variant of one op's kernel.
+#[derive(Debug, Clone)]
+pub struct CatalogEntry {
+    pub op: &'static str,
+    /// What distinguishes this variant (dtype, vector width, flags).
+    pub label: String,
+    pub source: KernelSource,
+}
+
+fn arch_for(target: &str) -> Result<Arch> {
+    Arch::for_target(target).ok_or_else(|| {
+        Error::unsupported(format!(
+            "unknown target `{target}` (expected sm_XY[a] or gfxNNN)"
+        ))
+    })
+}
+
+fn vendor_headers(arch: &Arch) -> HeaderSet {
+    match arch.vendor {
+        Vendor::Amd => calico_hip::hip_headers(),
+        _ => calico_cuda::device_headers(),
+    }
+}
+
+/// The kernel variants of `op` (or of every op) for `target`.
+pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
+    if let Some(op) = op {
+        if !OPS.contains(&op) {
+            return Err(Error::unsupported(format!(
+                "unknown op `{op}`; ops with kernels: {}",
+                OPS.join(", ")
+            )));
+        }
+    }
+    let arch = arch_for(target)?;
+    let vendor = vendor_headers(&arch);
+    let wanted = |name: &str| op.is_none_or(|o| o == name);
+    let mut out = Vec::new();
+    let dtypes = [DType::BF16, DType::F16, DType::F32];
+    // Register-resident rows (vectorised and scalar) and the streaming fallback.
+    let plans = |dtype: DType| -> Vec<(usize, RowPlan)> {
+        let vec = 16 / dtype.size_bytes();
+        vec![
+            (vec, rows::plan(4096, vec, &arch)),
+            (1, rows::plan(1000, 1, &arch)),
+            (vec, rows::plan(1 << 20, vec, &arch)),
+        ]
+    };
+    for (name, layer) in [("rms_norm", false), ("layer_norm", true)] {
+        if !wanted(name) {
+            continue;
+        }
+        for dtype in dtypes {
+            for (vec, plan) in plans(dtype) {
+                for residual in [false, true] {
+                    let v = NormVariant {
+                        dtype,
+                        vec,
+                        plan,
+                        layer,
+                        residual,
+                        weight: true,
+                        bias: layer,
+                    };
+                    let label = format!(
+                        "{dtype} vec{vec} nv{} streaming={} residual={residual}",
+                        plan.vectors_per_thread, plan.streaming
+                    );
+                    out.push(CatalogEntry {
+                        op: name,
+                        label,
+                        source: v.source(vendor)?,
+                    });
+                }
+            }
+        }
+    }
+    if wanted("softmax") {
+        for dtype in dtypes {
+            for (vec, plan) in plans(dtype) {
+                let label = format!(
+                    "{dtype} vec{vec} nv{} streaming={}",
+                    plan.vectors_per_thread, plan.streaming
+                );
+                out.push(CatalogEntry {
+                    op: "softmax",
+                    label,
+                    source: crate::ops::softmax::source(vendor, dtype, vec, plan)?,
+                });
+            }
+        }
+    }
+    if wanted("rope") {
+        for dtype in dtypes {
+            for mode in [RopeMode::HalfSplit, RopeMode::Interleaved] {
+                let wide = if mode == RopeMode::HalfSplit {
+                    16 / dtype.size_bytes()
+                } else {
+                    8 / dtype.size_bytes()
+                };
+                for pairs in [wide.max(1), 1] {
+                    let label = format!("{dtype} {mode:?} pairs{pairs}");
+                    out.push(CatalogEntry {
+                        op: "rope",
+                        label,
+                        source: crate::ops::rope::source(vendor, dtype, pairs, mode)?,
+                    });
+                }
+            }
+        }
+    }
+    if wanted("gemm") {
+        out.extend(crate::gemm::catalog(&arch, vendor)?);
+    }
+    Ok(out)
+}
+
+/// Compiles a source for `target` with no device: NVRTC for `sm_*`, clang for `gfx*`.
+pub fn compile(target: &str, source: &KernelSource) -> Result<Vec<u8>> {
+    match arch_for(target)?.vendor {
+        Vendor::Amd => calico_hip::compile_offline(source, target),
+        _ => calico_cuda::nvrtc::compile(source, target),
+    }
+}
+
+/// Disassembles a binary made by [`compile`]: SASS (cuobjdump) or AMDGCN (llvm-objdump).
+pub fn disassemble(target: &str, binary: &[u8]) -> Result<String> {
+    match arch_for(target)?.vendor {
+        Vendor::Amd => calico_hip::disassemble(binary),
+        _ => calico_cuda::disasm::sass(binary),
+    }
+}
