@@ -4,9 +4,15 @@
 
 const LANES: usize = 8;
 
-/// Reduces `v` with `f` over eight accumulators that start at `init`, then folds them.
+/// Reduces `v` with `f` over eight accumulators that start at `init`, then joins the
+/// accumulators with `join`.
 #[inline]
-fn reduce8(v: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
+fn reduce8(
+    v: &[f32],
+    init: f32,
+    f: impl Fn(f32, f32) -> f32,
+    join: impl Fn(f32, f32) -> f32,
+) -> f32 {
     let mut acc = [init; LANES];
     let chunks = v.chunks_exact(LANES);
     let tail = chunks.remainder();
@@ -19,34 +25,32 @@ fn reduce8(v: &[f32], init: f32, f: impl Fn(f32, f32) -> f32) -> f32 {
         *a = f(*a, x);
     }
     let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
-    f(f(f(a0, a4), f(a2, a6)), f(f(a1, a5), f(a3, a7)))
+    join(
+        join(join(a0, a4), join(a2, a6)),
+        join(join(a1, a5), join(a3, a7)),
+    )
 }
 
 /// Sum of the elements.
 pub(crate) fn sum(v: &[f32]) -> f32 {
-    reduce8(v, 0.0, |a, x| a + x)
+    reduce8(v, 0.0, |a, x| a + x, |a, b| a + b)
 }
 
 /// Sum of squares.
 pub(crate) fn sum_sq(v: &[f32]) -> f32 {
-    reduce8(v, 0.0, |a, x| a + x * x)
+    reduce8(v, 0.0, |a, x| a + x * x, |a, b| a + b)
 }
 
 /// Sum of squared deviations from `mean`.
 pub(crate) fn sum_sq_dev(v: &[f32], mean: f32) -> f32 {
-    reduce8(v, 0.0, |a, x| a + (x - mean) * (x - mean))
+    reduce8(v, 0.0, |a, x| a + (x - mean) * (x - mean), |a, b| a + b)
 }
 
 /// Largest element (`-inf` for an empty slice; NaN propagates).
 pub(crate) fn max(v: &[f32]) -> f32 {
     // `f32::max` ignores NaN; a NaN row must give NaN outputs, as the reference does.
-    reduce8(v, f32::NEG_INFINITY, |a, x| {
-        if x > a || x.is_nan() {
-            x
-        } else {
-            a
-        }
-    })
+    let pick = |a: f32, x: f32| if x > a || x.is_nan() { x } else { a };
+    reduce8(v, f32::NEG_INFINITY, pick, pick)
 }
 
 /// e^x to about 2 ulp (Cephes `expf` polynomial), 0 below the f32 range, inf above it.
@@ -56,7 +60,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     const HI: f32 = 88.722_83;
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a call.
     const ROUND: f32 = 12_582_912.0;
-    let xc = x.clamp(LO, 88.0);
+    let xc = x.clamp(LO, HI);
     let n = (xc * std::f32::consts::LOG2_E + ROUND) - ROUND;
     // ln 2 split in two so that n * ln2 is exact enough.
     let r = xc - n * 0.693_359_4 - n * -2.121_944_4e-4;
@@ -65,8 +69,12 @@ pub(crate) fn exp(x: f32) -> f32 {
         * r
         + 0.5;
     let p = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
-    let y = p * scale;
+    // 2^n in two factors: n reaches 128 near HI, past the largest f32 exponent.
+    let n = n as i32;
+    let half = n >> 1;
+    let y = p
+        * f32::from_bits(((half + 127) as u32) << 23)
+        * f32::from_bits(((n - half + 127) as u32) << 23);
     if x < LO {
         0.0
     } else if x > HI {
@@ -121,7 +129,7 @@ mod tests {
             let (got, want) = (exp(x), (x as f64).exp());
             if want < 1e-37 {
                 assert!(got < 1e-37, "exp({x}) = {got}");
-            } else if want > 3.4e38 {
+            } else if want > f32::MAX as f64 {
                 assert!(got.is_infinite(), "exp({x}) = {got}");
             } else {
                 assert!(

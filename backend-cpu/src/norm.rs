@@ -178,8 +178,12 @@ fn rms_row(row: &mut [f32], weight: Option<&[f32]>, eps: f32) {
 
 fn layer_row(row: &mut [f32], weight: Option<&[f32]>, bias: Option<&[f32]>, eps: f32) {
     let n = row.len() as f32;
-    // Two passes: the variance of values far from zero loses less than E[x^2] - E[x]^2.
+    // Statistics of x - row[0]: rows far from zero (1000 +- 0.01) keep their small spread,
+    // which a plain f32 sum of x, or x - mean rounded at 1000, would lose.
+    let shift = row.first().copied().unwrap_or(0.0);
+    row.iter_mut().for_each(|v| *v -= shift);
     let mean = math::sum(row) / n;
+    // Two passes: the variance from deviations loses less than E[x^2] - E[x]^2.
     let rstd = 1.0 / (math::sum_sq_dev(row, mean) / n + eps).sqrt();
     match (weight, bias) {
         (Some(w), Some(b)) => row

@@ -1,0 +1,9 @@
+//! The CPU ops against f64 references written independently here.
+
+mod common;
+mod device;
+mod errors;
+mod gemm;
+mod norm;
+mod rope;
+mod softmax;
