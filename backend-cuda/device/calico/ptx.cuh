@@ -1,6 +1,7 @@
 // Small pieces every CUDA tile header uses: fixed-width integers (NVRTC has no <cstdint>
 // without extra include paths) and shared-memory addresses for inline PTX.
 #pragma once
+#include "calico/vendor.h"
 
 namespace calico {
 

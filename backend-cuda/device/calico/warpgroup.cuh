@@ -9,8 +9,8 @@
 
 namespace calico {
 
-constexpr int WARPGROUP_THREADS = 128;
-constexpr int WARPGROUP_WARPS = 4;
+inline constexpr int WARPGROUP_THREADS = 128;
+inline constexpr int WARPGROUP_WARPS = 4;
 
 CALICO_DEVICE int warpgroup_id() { return static_cast<int>(threadIdx.x) / WARPGROUP_THREADS; }
 // Thread index within the warpgroup (0..127).

@@ -1,0 +1,172 @@
+// Register tiles, register vectors, shared tiles and global layouts for CUDA.
+//
+// REGISTER TILES  rt<T, R, C, L>: an R x C tile (multiples of 16) held by one warp as a grid of
+// 16x16 base tiles. With g = lane / 4 and t = lane % 4, each base tile is four registers of
+// two elements (`packed<T>`, a pair of bf16/f16 or a float2):
+//   row layout (row_l): reg 0 = (g, 2t..2t+1), reg 1 = (g+8, 2t..), reg 2 = (g, 2t+8..),
+//                       reg 3 = (g+8, 2t+8..)            -- pairs run along a row
+//   col layout (col_l): the transpose: reg 0 = (2t..2t+1, g), reg 1 = (2t.., g+8),
+//                       reg 2 = (2t+8.., g), reg 3 = (2t+8.., g+8)  -- pairs run down a column
+// row_l is mma.sync m16n8k16's A and C/D fragment and wgmma's A-register fragment and (for
+// float) its accumulator; col_l is mma.sync's B fragment (K x N with pairs along K). The Rust
+// lane maps in calico_core::lanes mirror these.
+//
+// REGISTER VECTORS  rv<T, N, Kind>: per_row vectors hold one value per tile row (for row_max,
+// broadcasts across columns): for each 16-row block, the values of rows g and g+8 (2 per
+// block). per_col vectors hold one value per tile column: for each 16-column block, columns
+// 2t, 2t+1, 2t+8, 2t+9 (4 per block).
+//
+// SHARED TILES  st<T, R, C>: R x C in shared memory, laid out the way TMA writes boxes of
+// {swizzle width, R} with the matching swizzle: columns are cut into chunks of W bytes
+// (W = 128, 64 or 32: the largest that divides a row), each chunk is R rows of W bytes, chunks
+// follow one another, and inside each 8-row x W block the 16-byte unit u of row r sits at
+// u ^ (r % (W/16)) -- TMA's 32/64/128B swizzle (address bits 4.. XOR bits 7..). 8 consecutive
+// rows of one 16-byte column then fall in 8 different bank groups, so ldmatrix-style accesses
+// are conflict-free. The tile base must be aligned to 8 * W bytes (1024 for 128B).
+//
+// GLOBAL LAYOUTS  gl<T>: a pointer with row and batch strides in elements (column stride 1).
+#pragma once
+#include "calico/ptx.cuh"
+
+namespace calico {
+
+struct row_l {};
+struct col_l {};
+
+template <class A, class B>
+struct same_type {
+    static constexpr bool value = false;
+};
+template <class A>
+struct same_type<A, A> {
+    static constexpr bool value = true;
+};
+
+template <class T>
+struct packed;
+template <>
+struct packed<bf16> {
+    typedef __nv_bfloat162 type;
+};
+template <>
+struct packed<f16> {
+    typedef __half2 type;
+};
+template <>
+struct packed<float> {
+    typedef float2 type;
+};
+
+template <class T>
+CALICO_DEVICE typename packed<T>::type pack(float a, float b);
+template <>
+CALICO_DEVICE __nv_bfloat162 pack<bf16>(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+}
+template <>
+CALICO_DEVICE __half2 pack<f16>(float a, float b) {
+    return __floats2half2_rn(a, b);
+}
+template <>
+CALICO_DEVICE float2 pack<float>(float a, float b) {
+    return make_float2(a, b);
+}
+CALICO_DEVICE float2 unpack(__nv_bfloat162 v) { return __bfloat1622float2(v); }
+CALICO_DEVICE float2 unpack(__half2 v) { return __half22float2(v); }
+CALICO_DEVICE float2 unpack(float2 v) { return v; }
+
+// The (row, col) of the first element of register `reg` of a base tile, for lane `lane`.
+template <class L>
+CALICO_DEVICE void base_coord(int lane, int reg, int& row, int& col) {
+    const int g = lane / 4, t = lane % 4;
+    const int r = g + 8 * (reg & 1), c = 2 * t + 8 * (reg >> 1);
+    if constexpr (same_type<L, col_l>::value) {
+        row = c;
+        col = r;
+    } else {
+        row = r;
+        col = c;
+    }
+}
+
+template <class T, int R, int C, class L = row_l>
+struct rt {
+    static_assert(R % 16 == 0 && C % 16 == 0, "register tiles are made of 16x16 base tiles");
+    typedef T dtype;
+    typedef L layout;
+    typedef typename packed<T>::type pair;
+    static constexpr int rows = R, cols = C, height = R / 16, width = C / 16;
+    pair data[R / 16][C / 16][4];
+};
+
+template <int R, int C, class L = row_l>
+using rt_fl = rt<float, R, C, L>;
+template <int R, int C, class L = row_l>
+using rt_bf = rt<bf16, R, C, L>;
+template <int R, int C, class L = row_l>
+using rt_hf = rt<f16, R, C, L>;
+
+struct per_row {};
+struct per_col {};
+
+template <int N, class Kind>
+struct rv {
+    static_assert(N % 16 == 0, "register vectors cover whole 16-element blocks");
+    static constexpr int blocks = N / 16;
+    static constexpr int per_block = same_type<Kind, per_row>::value ? 2 : 4;
+    float data[N / 16][per_block];
+};
+
+// One value per row / per column of a tile shaped like TILE (row layout).
+template <class TILE>
+using row_vec = rv<TILE::rows, per_row>;
+template <class TILE>
+using col_vec = rv<TILE::cols, per_col>;
+
+// Shared tile with a TMA-compatible swizzle (see the top of this file).
+template <class T, int R, int C>
+struct st {
+    typedef T dtype;
+    static constexpr int rows = R, cols = C;
+    static constexpr int row_bytes = C * (int)sizeof(T);
+    static constexpr int swizzle_bytes = row_bytes % 128 == 0 ? 128 : row_bytes % 64 == 0 ? 64 : 32;
+    static_assert(row_bytes % 32 == 0, "shared tile rows must be a multiple of 32 bytes");
+    static_assert(R % 8 == 0, "shared tiles hold whole 8-row swizzle blocks");
+    static constexpr int chunk_cols = swizzle_bytes / (int)sizeof(T);
+    static constexpr int chunk_bytes = R * swizzle_bytes;
+    static constexpr int bytes = R * row_bytes;
+    static constexpr int alignment = 8 * swizzle_bytes;
+    alignas(1024) unsigned char raw[bytes];
+
+    // Byte offset of element (r, c) from the tile base.
+    static CALICO_DEVICE uint32_t offset(int r, int c) {
+        const int chunk = c / chunk_cols;
+        const uint32_t linear = chunk * chunk_bytes + r * swizzle_bytes + (c % chunk_cols) * (int)sizeof(T);
+        constexpr uint32_t mask = swizzle_bytes / 16 - 1;
+        return linear ^ (((linear >> 7) & mask) << 4);
+    }
+    CALICO_DEVICE T* ptr(int r, int c) { return reinterpret_cast<T*>(raw + offset(r, c)); }
+    CALICO_DEVICE const T* ptr(int r, int c) const { return reinterpret_cast<const T*>(raw + offset(r, c)); }
+    CALICO_DEVICE uint32_t addr(int r, int c) const { return smem_addr(raw) + offset(r, c); }
+};
+
+template <int R, int C>
+using st_bf = st<bf16, R, C>;
+template <int R, int C>
+using st_hf = st<f16, R, C>;
+
+// A (batch of) row-major matrices in global memory; strides in elements.
+template <class T>
+struct gl {
+    T* ptr;
+    int rows, cols;
+    long long row_stride, batch_stride;
+    CALICO_DEVICE T* at(int batch, int r, int c) const { return ptr + batch * batch_stride + (long long)r * row_stride + c; }
+};
+
+// Tile coordinates: which R x C tile of a matrix (and which batch).
+struct coord {
+    int batch, row, col;
+};
+
+}  // namespace calico
