@@ -1,0 +1,261 @@
+// sm_80 GEMM: D = act(alpha * A @ B + beta * C + bias) with mma.sync m16n8k16 (bf16/f16 in,
+// f32 accumulators) fed by a multi-stage cp.async pipeline and ldmatrix.
+//
+// Block tile 128 x 128 x 32, 8 warps as 2 (M) x 4 (N), each warp 64 x 32 (4 x 4 mma tiles).
+// Layouts: A has K contiguous (M x K row-major, any row stride); B has K contiguous (an N x K
+// row-major weight, CALICO_GEMM_B_KMAJOR=1) or N contiguous (K x N row-major, =0). Base pointers,
+// row strides and batch strides of A and B must be multiples of 16 bytes. C, D and bias take
+// any strides. Any M, N, K: out-of-range 16-byte chunks are zero-filled by cp.async (src-size 0,
+// or the bytes left at a K or N tail).
+//
+// Defines:
+//   CALICO_GEMM_IN        bf16 | f16
+//   CALICO_GEMM_OUT       bf16 | f16 | float
+//   CALICO_GEMM_B_KMAJOR  1: B is N x K (K contiguous); 0: B is K x N (N contiguous)
+//   CALICO_GEMM_STAGES    pipeline depth, 2..5 (default 4; 16 KiB of shared memory per stage)
+//   and the epilogue defines of gemm/epilogue.cuh.
+// Dynamic shared memory: CALICO_GEMM_STAGES * 16384 bytes.
+#include "calico/calico.h"
+#include "gemm/epilogue.cuh"
+#include "gemm/sm80_helpers.cuh"
+
+#ifndef CALICO_GEMM_IN
+#define CALICO_GEMM_IN bf16
+#endif
+#ifndef CALICO_GEMM_OUT
+#define CALICO_GEMM_OUT bf16
+#endif
+#ifndef CALICO_GEMM_B_KMAJOR
+#define CALICO_GEMM_B_KMAJOR 1
+#endif
+#ifndef CALICO_GEMM_STAGES
+#define CALICO_GEMM_STAGES 4
+#endif
+
+namespace calico {
+namespace gemm_sm80 {
+
+using In = CALICO_GEMM_IN;
+using Out = CALICO_GEMM_OUT;
+typedef long long i64;
+
+constexpr int BM = 128;
+constexpr int BN = 128;
+constexpr int BK = 32;
+constexpr int THREADS = 256;
+constexpr int WARP_M = 64;  // rows per warp
+constexpr int WARP_N = 32;  // columns per warp
+constexpr int MI = WARP_M / 16;
+constexpr int NI = WARP_N / 8;
+constexpr int STAGES = CALICO_GEMM_STAGES;
+constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
+constexpr int CHUNK = 8;                     // elements per 16-byte chunk
+constexpr int A_BYTES = BM * BK * 2;         // one stage of A
+constexpr int B_BYTES = BN * BK * 2;         // one stage of B
+constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
+static_assert(STAGES >= 2 && STAGES <= 5, "CALICO_GEMM_STAGES must be 2..5");
+static_assert(sizeof(In) == 2, "16-bit inputs only");
+
+// Byte offset of chunk `c` of row `r` in a tile whose rows are K-contiguous, 4 chunks (64
+// bytes) long. XOR-ing the chunk with bits 1-2 of the row puts the 8 rows one ldmatrix reads in
+// 8 different 16-byte bank groups.
+CALICO_DEVICE unsigned k_rows_offset(int r, int c) { return unsigned(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
+
+// Byte offset of chunk `c` of row `k` in B stored K x N: 16 chunks (256 bytes) per row, chunk
+// XOR-ed with the row's low 3 bits for the same reason.
+CALICO_DEVICE unsigned n_rows_offset(int k, int c) { return unsigned(k * 256 + ((c ^ (k & 7)) << 4)); }
+
+// Bytes of a 16-byte chunk that lie inside a run of `left` elements (0..16).
+CALICO_DEVICE int chunk_bytes(i64 left) { return left >= CHUNK ? 16 : (left > 0 ? int(left) * 2 : 0); }
+
+// Issues the cp.async copies of K tile `kt` into stage memory `st` (shared-space address).
+CALICO_DEVICE void load_stage(unsigned st, const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, i64 m0, i64 n0,
+                              i64 m, i64 n, i64 k, i64 kt, unsigned tid) {
+    const i64 k0 = kt * BK;
+    // A: 128 rows x 4 chunks, two chunks per thread.
+#pragma unroll
+    for (int i = 0; i < (BM * BK / CHUNK) / THREADS; ++i) {
+        const int id = int(tid) + i * THREADS;
+        const int r = id / (BK / CHUNK);
+        const int c = id % (BK / CHUNK);
+        const i64 row = m0 + r;
+        const i64 kc = k0 + c * CHUNK;
+        const int bytes = row < m ? chunk_bytes(k - kc) : 0;
+        const In* src = bytes ? a + row * a_rs + kc : a;
+        sm80::cp_async_16(st + k_rows_offset(r, c), src, bytes);
+    }
+    const unsigned sb = st + A_BYTES;
+    if (B_KMAJOR) {
+        // B as N x K: 128 rows (n) x 4 chunks (k); b_rs == 1, b_cs is the row stride.
+#pragma unroll
+        for (int i = 0; i < (BN * BK / CHUNK) / THREADS; ++i) {
+            const int id = int(tid) + i * THREADS;
+            const int r = id / (BK / CHUNK);
+            const int c = id % (BK / CHUNK);
+            const i64 col = n0 + r;
+            const i64 kc = k0 + c * CHUNK;
+            const int bytes = col < n ? chunk_bytes(k - kc) : 0;
+            const In* src = bytes ? b + col * b_cs + kc : b;
+            sm80::cp_async_16(sb + k_rows_offset(r, c), src, bytes);
+        }
+    } else {
+        // B as K x N: 32 rows (k) x 16 chunks (n); b_cs == 1, b_rs is the row stride.
+#pragma unroll
+        for (int i = 0; i < (BN * BK / CHUNK) / THREADS; ++i) {
+            const int id = int(tid) + i * THREADS;
+            const int r = id / (BN / CHUNK);
+            const int c = id % (BN / CHUNK);
+            const i64 kr = k0 + r;
+            const i64 nc = n0 + c * CHUNK;
+            const int bytes = kr < k ? chunk_bytes(n - nc) : 0;
+            const In* src = bytes ? b + kr * b_rs + nc : b;
+            sm80::cp_async_16(sb + n_rows_offset(r, c), src, bytes);
+        }
+    }
+}
+
+// One BK slice of the stage at `st`: 2 k16 steps of MI x NI mma tiles per warp.
+CALICO_DEVICE void compute_stage(float (&acc)[MI][NI][4], unsigned st, int wm, int wn, int lane) {
+    const unsigned sb = st + A_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+        unsigned af[MI][4];
+        unsigned bf[NI][2];
+        // A: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) -> a0..a7 of the m16n8k16 A fragment.
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+            const int r = wm * WARP_M + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+            const int c = kk * 2 + (lane >> 4);
+            sm80::ldmatrix_x4(af[mi], st + k_rows_offset(r, c));
+        }
+        // B: one x4 covers two n8 tiles: (n tile j, k 0-7), (j, k 8-15), (j+1, k 0-7), (j+1, k 8-15).
+#pragma unroll
+        for (int nj = 0; nj < NI; nj += 2) {
+            unsigned r4[4];
+            if (B_KMAJOR) {
+                const int r = wn * WARP_N + nj * 8 + (lane & 7) + (lane >> 4) * 8;
+                const int c = kk * 2 + ((lane >> 3) & 1);
+                sm80::ldmatrix_x4(r4, sb + k_rows_offset(r, c));
+            } else {
+                const int kr = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int c = (wn * WARP_N + nj * 8) / CHUNK + (lane >> 4);
+                sm80::ldmatrix_x4_trans(r4, sb + n_rows_offset(kr, c));
+            }
+            bf[nj][0] = r4[0];
+            bf[nj][1] = r4[1];
+            bf[nj + 1][0] = r4[2];
+            bf[nj + 1][1] = r4[3];
+        }
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) sm80::mma_16816<In>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+    }
+}
+
+// Writes two adjacent outputs (row, col) and (row, col + 1); col + 1 may be past N.
+CALICO_DEVICE void store_pair(Out* d, i64 d_rs, i64 d_cs, const Out* c, i64 c_rs, i64 c_cs, const Out* bias, i64 row,
+                              i64 col, i64 n, float v0, float v1, float alpha, float beta, bool pairs) {
+    const Out* c0 = CALICO_GEMM_HAS_C ? c + row * c_rs + col * c_cs : nullptr;
+    const Out* c1 = CALICO_GEMM_HAS_C ? c0 + c_cs : nullptr;
+    const Out* b0 = CALICO_GEMM_HAS_BIAS ? bias + col : nullptr;
+    const Out* b1 = CALICO_GEMM_HAS_BIAS ? b0 + 1 : nullptr;
+    Out* p = d + row * d_rs + col * d_cs;
+    if (pairs && col + 1 < n) {
+        vec<Out, 2> o;
+        o.v[0] = gemm::finish<Out>(v0, alpha, beta, c0, b0);
+        o.v[1] = gemm::finish<Out>(v1, alpha, beta, c1, b1);
+        *reinterpret_cast<vec<Out, 2>*>(p) = o;
+        return;
+    }
+    p[0] = gemm::finish<Out>(v0, alpha, beta, c0, b0);
+    if (col + 1 < n) p[d_cs] = gemm::finish<Out>(v1, alpha, beta, c1, b1);
+}
+
+CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, const Out* c, i64 c_rs, i64 c_cs, Out* d,
+                        i64 d_rs, i64 d_cs, const Out* bias, i64 m, i64 n, i64 k, float alpha, float beta,
+                        unsigned char* smem) {
+    const unsigned tid = thread_x();
+    const int lane = int(tid % 32);
+    const int warp = int(tid / 32);
+    const int wm = warp / (BN / WARP_N);
+    const int wn = warp % (BN / WARP_N);
+    const i64 m0 = i64(block_y()) * BM;
+    const i64 n0 = i64(block_x()) * BN;
+    const unsigned base = sm80::smem_addr(smem);
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    const i64 k_tiles = (k + BK - 1) / BK;
+    // Prologue: STAGES - 1 tiles in flight. Every slot commits a group (possibly empty) so the
+    // wait counts below stay uniform.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < k_tiles) load_stage(base + s * STAGE_BYTES, a, a_rs, b, b_rs, b_cs, m0, n0, m, n, k, s, tid);
+        sm80::cp_async_commit();
+    }
+    for (i64 t = 0; t < k_tiles; ++t) {
+        sm80::cp_async_wait<STAGES - 2>();
+        // Tile t has landed for every thread, and every warp is done with tile t - 1, whose
+        // stage the next load reuses.
+        sync_threads();
+        const i64 next = t + STAGES - 1;
+        if (next < k_tiles)
+            load_stage(base + unsigned(next % STAGES) * STAGE_BYTES, a, a_rs, b, b_rs, b_cs, m0, n0, m, n, k, next,
+                       tid);
+        sm80::cp_async_commit();
+        compute_stage(acc, base + unsigned(t % STAGES) * STAGE_BYTES, wm, wn, lane);
+    }
+    sm80::cp_async_wait<0>();
+    // The next batch's prologue overwrites stages other warps may still be reading.
+    sync_threads();
+
+    // Accumulator (mi, ni): e0, e1 at row g, columns 2t and 2t+1; e2, e3 at row g + 8.
+    const bool pairs = d_cs == 1 && d_rs % 2 == 0 && is_aligned(d, 2 * sizeof(Out));
+    const int g = lane / 4;
+    const int t4 = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const i64 row = m0 + wm * WARP_M + mi * 16 + h * 8 + g;
+            if (row >= m) continue;
+#pragma unroll
+            for (int ni = 0; ni < NI; ++ni) {
+                const i64 col = n0 + wn * WARP_N + ni * 8 + t4 * 2;
+                if (col >= n) continue;
+                store_pair(d, d_rs, d_cs, c, c_rs, c_cs, bias, row, col, n, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1],
+                           alpha, beta, pairs);
+            }
+        }
+    }
+}
+
+}  // namespace gemm_sm80
+}  // namespace calico
+
+// Same parameters as calico_gemm_portable (strides in elements); a_cs must be 1, and b_rs
+// (B_KMAJOR) or b_cs (otherwise) must be 1. Block (x, y) computes D[y*128.., x*128..] of
+// batches z, z + grid_z, ...
+CALICO_KERNEL void __launch_bounds__(256, 2) calico_gemm_sm80(
+    const CALICO_GEMM_IN* __restrict__ a, long long a_rs, long long a_cs, long long a_bs,
+    const CALICO_GEMM_IN* __restrict__ b, long long b_rs, long long b_cs, long long b_bs,
+    const CALICO_GEMM_OUT* __restrict__ c, long long c_rs, long long c_cs, long long c_bs,
+    CALICO_GEMM_OUT* __restrict__ d, long long d_rs, long long d_cs, long long d_bs,
+    const CALICO_GEMM_OUT* __restrict__ bias, long long m, long long n, long long k, long long batch,
+    long long grid_z, float alpha, float beta) {
+    using namespace calico::gemm_sm80;
+    extern __shared__ __align__(128) unsigned char calico_gemm_smem[];
+    (void)a_cs;
+    for (i64 z = calico::block_z(); z < batch; z += grid_z) {
+        const CALICO_GEMM_OUT* cz = CALICO_GEMM_HAS_C ? c + z * c_bs : nullptr;
+        tile(a + z * a_bs, a_rs, b + z * b_bs, b_rs, b_cs, cz, c_rs, c_cs, d + z * d_bs, d_rs, d_cs, bias, m, n, k, alpha,
+             beta, calico_gemm_smem);
+    }
+}
