@@ -12,7 +12,7 @@
 //   CALICO_GEMM_IN        bf16 | f16
 //   CALICO_GEMM_OUT       bf16 | f16 | float
 //   CALICO_GEMM_B_KMAJOR  1: B is N x K (K contiguous); 0: B is K x N (N contiguous)
-//   CALICO_GEMM_STAGES    pipeline depth, 2..5 (default 4; 16 KiB of shared memory per stage)
+//   CALICO_GEMM_STAGES    pipeline depth, 3..5 (default 4; 16 KiB of shared memory per stage)
 //   and the epilogue defines of gemm/epilogue.cuh.
 // Dynamic shared memory: CALICO_GEMM_STAGES * 16384 bytes.
 #include "calico/calico.h"
@@ -53,7 +53,11 @@ constexpr int CHUNK = 8;                     // elements per 16-byte chunk
 constexpr int A_BYTES = BM * BK * 2;         // one stage of A
 constexpr int B_BYTES = BN * BK * 2;         // one stage of B
 constexpr int STAGE_BYTES = A_BYTES + B_BYTES;
-static_assert(STAGES >= 2 && STAGES <= 5, "CALICO_GEMM_STAGES must be 2..5");
+// The epilogue stages 64 x 128 floats in the pipeline's memory; the pitch (136) keeps the
+// 8-byte fragment stores of a half-warp on distinct banks.
+constexpr int OUT_PITCH = BN + 8;
+static_assert(STAGES >= 3 && STAGES <= 5, "CALICO_GEMM_STAGES must be 3..5");
+static_assert(WARP_M * OUT_PITCH * 4 <= STAGES * STAGE_BYTES, "epilogue staging must fit");
 static_assert(sizeof(In) == 2, "16-bit inputs only");
 
 // Byte offset of chunk `c` of row `r` in a tile whose rows are K-contiguous, 4 chunks (64
@@ -65,54 +69,85 @@ CALICO_DEVICE unsigned k_rows_offset(int r, int c) { return unsigned(r * 64 + ((
 // XOR-ed with the row's low 3 bits for the same reason.
 CALICO_DEVICE unsigned n_rows_offset(int k, int c) { return unsigned(k * 256 + ((c ^ (k & 7)) << 4)); }
 
-// Bytes of a 16-byte chunk that lie inside a run of `left` elements (0..16).
-CALICO_DEVICE int chunk_bytes(i64 left) { return left >= CHUNK ? 16 : (left > 0 ? int(left) * 2 : 0); }
+// Bytes of a 16-byte chunk that lie inside a run of `left` elements (0..16), without branches.
+CALICO_DEVICE int chunk_bytes(i64 left) { return int(left < 0 ? 0 : (left > CHUNK ? CHUNK : left)) * 2; }
 
-// Issues the cp.async copies of K tile `kt` into stage memory `st` (shared-space address).
-CALICO_DEVICE void load_stage(unsigned st, const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, i64 m0, i64 n0,
-                              i64 m, i64 n, i64 k, i64 kt, unsigned tid) {
-    const i64 k0 = kt * BK;
-    // A: 128 rows x 4 chunks, two chunks per thread.
+// The 16-byte chunks one thread copies per K tile: A_CHUNKS of A and B_CHUNKS of B. Rows, chunk
+// positions and shared offsets are fixed per thread; only the global pointers move along K.
+constexpr int A_CHUNKS = (BM * BK / CHUNK) / THREADS;
+constexpr int B_CHUNKS = (BN * BK / CHUNK) / THREADS;
+
+struct Loader {
+    const In* a_ptr[A_CHUNKS];  // this thread's chunks of the next A tile
+    const In* b_ptr[B_CHUNKS];
+    unsigned a_off[A_CHUNKS];   // byte offsets in a stage
+    unsigned b_off[B_CHUNKS];
+    int a_k[A_CHUNKS];          // K offset of the chunk within a tile
+    int b_k[B_CHUNKS];          // (B_KMAJOR) K offset of the chunk, else its K row
+    bool a_in[A_CHUNKS];        // row inside M
+    int b_fixed[B_CHUNKS];      // B_KMAJOR: column inside N (0/1); else the bytes inside N
+    i64 a_step, b_step;         // pointer advance per K tile
+    const In* a_base;           // a valid address for empty copies
+    const In* b_base;
+
+    CALICO_DEVICE void init(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, i64 m0, i64 n0, i64 m, i64 n,
+                            unsigned tid) {
+        a_base = a;
+        b_base = b;
 #pragma unroll
-    for (int i = 0; i < (BM * BK / CHUNK) / THREADS; ++i) {
-        const int id = int(tid) + i * THREADS;
-        const int r = id / (BK / CHUNK);
-        const int c = id % (BK / CHUNK);
-        const i64 row = m0 + r;
-        const i64 kc = k0 + c * CHUNK;
-        const int bytes = row < m ? chunk_bytes(k - kc) : 0;
-        const In* src = bytes ? a + row * a_rs + kc : a;
-        sm80::cp_async_16(st + k_rows_offset(r, c), src, bytes);
-    }
-    const unsigned sb = st + A_BYTES;
-    if (B_KMAJOR) {
-        // B as N x K: 128 rows (n) x 4 chunks (k); b_rs == 1, b_cs is the row stride.
-#pragma unroll
-        for (int i = 0; i < (BN * BK / CHUNK) / THREADS; ++i) {
+        for (int i = 0; i < A_CHUNKS; ++i) {
             const int id = int(tid) + i * THREADS;
             const int r = id / (BK / CHUNK);
             const int c = id % (BK / CHUNK);
-            const i64 col = n0 + r;
-            const i64 kc = k0 + c * CHUNK;
-            const int bytes = col < n ? chunk_bytes(k - kc) : 0;
-            const In* src = bytes ? b + col * b_cs + kc : b;
-            sm80::cp_async_16(sb + k_rows_offset(r, c), src, bytes);
+            a_in[i] = m0 + r < m;
+            a_ptr[i] = a + (a_in[i] ? (m0 + r) * a_rs : 0) + c * CHUNK;
+            a_off[i] = k_rows_offset(r, c);
+            a_k[i] = c * CHUNK;
         }
-    } else {
-        // B as K x N: 32 rows (k) x 16 chunks (n); b_cs == 1, b_rs is the row stride.
+        a_step = BK;
 #pragma unroll
-        for (int i = 0; i < (BN * BK / CHUNK) / THREADS; ++i) {
+        for (int i = 0; i < B_CHUNKS; ++i) {
             const int id = int(tid) + i * THREADS;
-            const int r = id / (BN / CHUNK);
-            const int c = id % (BN / CHUNK);
-            const i64 kr = k0 + r;
-            const i64 nc = n0 + c * CHUNK;
-            const int bytes = kr < k ? chunk_bytes(n - nc) : 0;
-            const In* src = bytes ? b + kr * b_rs + nc : b;
-            sm80::cp_async_16(sb + n_rows_offset(r, c), src, bytes);
+            if (B_KMAJOR) {
+                // B as N x K: 128 rows (n) x 4 chunks (k); b_rs == 1, b_cs is the row stride.
+                const int r = id / (BK / CHUNK);
+                const int c = id % (BK / CHUNK);
+                b_fixed[i] = n0 + r < n;
+                b_ptr[i] = b + (b_fixed[i] ? (n0 + r) * b_cs : 0) + c * CHUNK;
+                b_off[i] = A_BYTES + k_rows_offset(r, c);
+                b_k[i] = c * CHUNK;
+            } else {
+                // B as K x N: 32 rows (k) x 16 chunks (n); b_cs == 1, b_rs is the row stride.
+                const int r = id / (BN / CHUNK);
+                const int c = id % (BN / CHUNK);
+                b_fixed[i] = chunk_bytes(n - (n0 + c * CHUNK));
+                b_ptr[i] = b + r * b_rs + (b_fixed[i] ? n0 + c * CHUNK : 0);
+                b_off[i] = A_BYTES + n_rows_offset(r, c);
+                b_k[i] = r;
+            }
+        }
+        b_step = B_KMAJOR ? BK : BK * b_rs;
+    }
+
+    // Issues the copies of K tile `kt` (which must be the tile after the last one issued) into
+    // the stage at shared address `st`. Chunks outside the matrix read nothing and land as zeros.
+    CALICO_DEVICE void issue(unsigned st, i64 k, i64 kt) {
+        const i64 k0 = kt * BK;
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int bytes = a_in[i] ? chunk_bytes(k - k0 - a_k[i]) : 0;
+            sm80::cp_async_16(st + a_off[i], bytes ? a_ptr[i] : a_base, bytes);
+            a_ptr[i] += a_step;
+        }
+#pragma unroll
+        for (int i = 0; i < B_CHUNKS; ++i) {
+            const int bytes = B_KMAJOR ? (b_fixed[i] ? chunk_bytes(k - k0 - b_k[i]) : 0)
+                                       : (k0 + b_k[i] < k ? b_fixed[i] : 0);
+            sm80::cp_async_16(st + b_off[i], bytes ? b_ptr[i] : b_base, bytes);
+            b_ptr[i] += b_step;
         }
     }
-}
+};
 
 // One BK slice of the stage at `st`: 2 k16 steps of MI x NI mma tiles per warp.
 CALICO_DEVICE void compute_stage(float (&acc)[MI][NI][4], unsigned st, int wm, int wn, int lane) {
@@ -153,25 +188,6 @@ CALICO_DEVICE void compute_stage(float (&acc)[MI][NI][4], unsigned st, int wm, i
     }
 }
 
-// Writes two adjacent outputs (row, col) and (row, col + 1); col + 1 may be past N.
-CALICO_DEVICE void store_pair(Out* d, i64 d_rs, i64 d_cs, const Out* c, i64 c_rs, i64 c_cs, const Out* bias, i64 row,
-                              i64 col, i64 n, float v0, float v1, float alpha, float beta, bool pairs) {
-    const Out* c0 = CALICO_GEMM_HAS_C ? c + row * c_rs + col * c_cs : nullptr;
-    const Out* c1 = CALICO_GEMM_HAS_C ? c0 + c_cs : nullptr;
-    const Out* b0 = CALICO_GEMM_HAS_BIAS ? bias + col : nullptr;
-    const Out* b1 = CALICO_GEMM_HAS_BIAS ? b0 + 1 : nullptr;
-    Out* p = d + row * d_rs + col * d_cs;
-    if (pairs && col + 1 < n) {
-        vec<Out, 2> o;
-        o.v[0] = gemm::finish<Out>(v0, alpha, beta, c0, b0);
-        o.v[1] = gemm::finish<Out>(v1, alpha, beta, c1, b1);
-        *reinterpret_cast<vec<Out, 2>*>(p) = o;
-        return;
-    }
-    p[0] = gemm::finish<Out>(v0, alpha, beta, c0, b0);
-    if (col + 1 < n) p[d_cs] = gemm::finish<Out>(v1, alpha, beta, c1, b1);
-}
-
 CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, const Out* c, i64 c_rs, i64 c_cs, Out* d,
                         i64 d_rs, i64 d_cs, const Out* bias, i64 m, i64 n, i64 k, float alpha, float beta,
                         unsigned char* smem) {
@@ -192,12 +208,14 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
+    Loader ld;
+    ld.init(a, a_rs, b, b_rs, b_cs, m0, n0, m, n, tid);
     const i64 k_tiles = (k + BK - 1) / BK;
     // Prologue: STAGES - 1 tiles in flight. Every slot commits a group (possibly empty) so the
     // wait counts below stay uniform.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < k_tiles) load_stage(base + s * STAGE_BYTES, a, a_rs, b, b_rs, b_cs, m0, n0, m, n, k, s, tid);
+        if (s < k_tiles) ld.issue(base + s * STAGE_BYTES, k, s);
         sm80::cp_async_commit();
     }
     for (i64 t = 0; t < k_tiles; ++t) {
@@ -206,9 +224,7 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
         // stage the next load reuses.
         sync_threads();
         const i64 next = t + STAGES - 1;
-        if (next < k_tiles)
-            load_stage(base + unsigned(next % STAGES) * STAGE_BYTES, a, a_rs, b, b_rs, b_cs, m0, n0, m, n, k, next,
-                       tid);
+        if (next < k_tiles) ld.issue(base + unsigned(next % STAGES) * STAGE_BYTES, k, next);
         sm80::cp_async_commit();
         compute_stage(acc, base + unsigned(t % STAGES) * STAGE_BYTES, wm, wn, lane);
     }
@@ -216,24 +232,45 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
     // The next batch's prologue overwrites stages other warps may still be reading.
     sync_threads();
 
-    // Accumulator (mi, ni): e0, e1 at row g, columns 2t and 2t+1; e2, e3 at row g + 8.
-    const bool pairs = d_cs == 1 && d_rs % 2 == 0 && is_aligned(d, 2 * sizeof(Out));
+    // Epilogue, one warp row (64 x 128) per pass through shared memory, so that consecutive
+    // threads finish consecutive columns and C and D are accessed row by row. Accumulator
+    // (mi, ni) holds e0, e1 at row g, columns 2 t4 and + 1, and e2, e3 at row g + 8.
+    float* out = reinterpret_cast<float*>(smem);
     const int g = lane / 4;
     const int t4 = lane % 4;
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
+    for (int h = 0; h < BM / WARP_M; ++h) {
+        if (wm == h) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const i64 row = m0 + wm * WARP_M + mi * 16 + h * 8 + g;
-            if (row >= m) continue;
+            for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni) {
-                const i64 col = n0 + wn * WARP_N + ni * 8 + t4 * 2;
-                if (col >= n) continue;
-                store_pair(d, d_rs, d_cs, c, c_rs, c_cs, bias, row, col, n, acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1],
-                           alpha, beta, pairs);
+                for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        vec<float, 2> v2;
+                        v2.v[0] = acc[mi][ni][2 * e];
+                        v2.v[1] = acc[mi][ni][2 * e + 1];
+                        const int r = mi * 16 + e * 8 + g;
+                        const int cl = wn * WARP_N + ni * 8 + t4 * 2;
+                        *reinterpret_cast<vec<float, 2>*>(&out[r * OUT_PITCH + cl]) = v2;
+                    }
+        }
+        sync_threads();
+#pragma unroll 4
+        for (int q = 0; q < WARP_M * BN / THREADS; ++q) {
+            const int e = int(tid) + q * THREADS;
+            const int r = e / BN;
+            const int cl = e % BN;
+            const i64 row = m0 + h * WARP_M + r;
+            const i64 col = n0 + cl;
+            if (row < m && col < n) {
+                const Out* c_at = CALICO_GEMM_HAS_C ? c + row * c_rs + col * c_cs : nullptr;
+                const Out* bias_at = CALICO_GEMM_HAS_BIAS ? bias + col : nullptr;
+                d[row * d_rs + col * d_cs] = gemm::finish<Out>(out[r * OUT_PITCH + cl], alpha, beta, c_at, bias_at);
             }
         }
+        // The next pass (or the next batch's prologue) overwrites what was just read.
+        sync_threads();
     }
 }
 
