@@ -76,15 +76,22 @@ impl<const R: usize> TiledMap<R> {
     /// Checks every requirement of `cuTensorMapEncodeTiled` that can be checked on the host.
     pub fn validate(&self) -> Result<()> {
         if R == 0 || R > 5 {
-            return Err(Error::unsupported(format!("tensor maps have rank 1..=5, not {R}")));
+            return Err(Error::unsupported(format!(
+                "tensor maps have rank 1..=5, not {R}"
+            )));
         }
         if self.address % 16 != 0 {
-            return Err(Error::Alignment(format!("TMA needs a 16-byte aligned base address, got {:#x}", self.address)));
+            return Err(Error::Alignment(format!(
+                "TMA needs a 16-byte aligned base address, got {:#x}",
+                self.address
+            )));
         }
         let elem = self.dtype.size_bytes() as u64;
         for (i, &d) in self.dims.iter().enumerate() {
             if d == 0 || d > MAX_DIM {
-                return Err(Error::shape(format!("TMA dimension {i} has extent {d}; it must be in 1..=2^32")));
+                return Err(Error::shape(format!(
+                    "TMA dimension {i} has extent {d}; it must be in 1..=2^32"
+                )));
             }
         }
         for (i, &s) in self.strides_bytes.iter().enumerate().take(R - 1) {
@@ -97,12 +104,16 @@ impl<const R: usize> TiledMap<R> {
         }
         for (i, &b) in self.box_dims.iter().enumerate() {
             if b == 0 || b > MAX_BOX {
-                return Err(Error::unsupported(format!("TMA box dimension {i} is {b}; it must be in 1..=256")));
+                return Err(Error::unsupported(format!(
+                    "TMA box dimension {i} is {b}; it must be in 1..=256"
+                )));
             }
         }
         let inner_bytes = self.box_dims[0] as u64 * elem;
         if inner_bytes % 16 != 0 {
-            return Err(Error::unsupported(format!("TMA inner box extent is {inner_bytes} bytes; it must be a multiple of 16")));
+            return Err(Error::unsupported(format!(
+                "TMA inner box extent is {inner_bytes} bytes; it must be a multiple of 16"
+            )));
         }
         if let Some(span) = self.swizzle.span_bytes() {
             if inner_bytes > span as u64 {
@@ -160,7 +171,15 @@ pub fn encode_tiled_2d(
     box_dims: [u32; 2],
     swizzle: Swizzle,
 ) -> Result<OpaqueParam128> {
-    TiledMap { address, dtype, dims, strides_bytes: [row_stride_bytes, 0], box_dims, swizzle }.encode()
+    TiledMap {
+        address,
+        dtype,
+        dims,
+        strides_bytes: [row_stride_bytes, 0],
+        box_dims,
+        swizzle,
+    }
+    .encode()
 }
 
 /// A 3-D map (innermost first), e.g. {cols, rows, batch} with strides {row, batch} in bytes.
@@ -172,7 +191,15 @@ pub fn encode_tiled_3d(
     box_dims: [u32; 3],
     swizzle: Swizzle,
 ) -> Result<OpaqueParam128> {
-    TiledMap { address, dtype, dims, strides_bytes: [strides_bytes[0], strides_bytes[1], 0], box_dims, swizzle }.encode()
+    TiledMap {
+        address,
+        dtype,
+        dims,
+        strides_bytes: [strides_bytes[0], strides_bytes[1], 0],
+        box_dims,
+        swizzle,
+    }
+    .encode()
 }
 
 #[cfg(test)]
@@ -197,25 +224,54 @@ mod tests {
 
     #[test]
     fn unaligned_address_is_an_alignment_error() {
-        let m = TiledMap { address: 0x7f00_0000_0008, ..map() };
+        let m = TiledMap {
+            address: 0x7f00_0000_0008,
+            ..map()
+        };
         assert!(matches!(m.validate(), Err(Error::Alignment(_))));
     }
 
     #[test]
     fn stride_not_multiple_of_16_is_a_stride_error() {
-        let m = TiledMap { strides_bytes: [8190, 8192 * 4096, 0], ..map() };
+        let m = TiledMap {
+            strides_bytes: [8190, 8192 * 4096, 0],
+            ..map()
+        };
         assert!(matches!(m.validate(), Err(Error::Stride(_))));
     }
 
     #[test]
     fn box_over_256_or_wider_than_the_swizzle_is_refused() {
-        assert!(TiledMap { box_dims: [64, 512, 1], ..map() }.validate().is_err());
-        assert!(TiledMap { box_dims: [128, 64, 1], ..map() }.validate().is_err());
-        assert!(TiledMap { box_dims: [128, 64, 1], swizzle: Swizzle::None, ..map() }.validate().is_ok());
+        assert!(TiledMap {
+            box_dims: [64, 512, 1],
+            ..map()
+        }
+        .validate()
+        .is_err());
+        assert!(TiledMap {
+            box_dims: [128, 64, 1],
+            ..map()
+        }
+        .validate()
+        .is_err());
+        assert!(TiledMap {
+            box_dims: [128, 64, 1],
+            swizzle: Swizzle::None,
+            ..map()
+        }
+        .validate()
+        .is_ok());
     }
 
     #[test]
     fn empty_dimension_is_a_shape_error() {
-        assert!(matches!(TiledMap { dims: [0, 4, 1], ..map() }.validate(), Err(Error::Shape(_))));
+        assert!(matches!(
+            TiledMap {
+                dims: [0, 4, 1],
+                ..map()
+            }
+            .validate(),
+            Err(Error::Shape(_))
+        ));
     }
 }

@@ -3,7 +3,10 @@
 //! picks the tile shape, encodes the tensor maps and launches it.
 
 use super::{GemmProblem, MatrixArg};
-use calico_core::{Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, LaunchConfig, MmaKind, OpaqueParam128, Result};
+use calico_core::{
+    Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, LaunchConfig, MmaKind,
+    OpaqueParam128, Result,
+};
 use calico_cuda::tma::{Swizzle, TiledMap};
 
 const SOURCE: &str = include_str!("../../device/gemm/hopper.cu");
@@ -46,7 +49,9 @@ impl TileConfig {
 /// True when A is K-major (row-major M x K) in a TMA-compatible way.
 fn a_fits(p: &GemmProblem) -> bool {
     let a = &p.a;
-    (a.col_stride == 1 || p.k <= 1) && row_stride_ok(a.row_stride, p.m) && batch_stride_ok(a, p.batch)
+    (a.col_stride == 1 || p.k <= 1)
+        && row_stride_ok(a.row_stride, p.m)
+        && batch_stride_ok(a, p.batch)
 }
 
 /// Where B's contiguous dimension is: `Some(true)` for K (an N x K row-major weight),
@@ -82,9 +87,13 @@ fn output_fits(x: &MatrixArg, n: usize) -> bool {
 /// with either dimension contiguous, 16-byte aligned bases and strides, D and C with
 /// contiguous rows, sizes within 32-bit coordinates.
 pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
-    let arch_ok = arch.target.ends_with("90a") && arch.has_mma(MmaKind::Wgmma, p.in_dtype) && arch.has_async_copy(AsyncCopy::Tma);
-    let dtypes_ok = matches!(p.in_dtype, DType::BF16 | DType::F16) && matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32);
-    let sizes_ok = p.m <= MAX_EXTENT && p.n <= MAX_EXTENT && p.k <= MAX_EXTENT && p.batch <= MAX_EXTENT;
+    let arch_ok = arch.target.ends_with("90a")
+        && arch.has_mma(MmaKind::Wgmma, p.in_dtype)
+        && arch.has_async_copy(AsyncCopy::Tma);
+    let dtypes_ok = matches!(p.in_dtype, DType::BF16 | DType::F16)
+        && matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32);
+    let sizes_ok =
+        p.m <= MAX_EXTENT && p.n <= MAX_EXTENT && p.k <= MAX_EXTENT && p.batch <= MAX_EXTENT;
     let aligned = p.a.ptr % 16 == 0 && p.b.ptr % 16 == 0;
     let outputs_ok = output_fits(&p.d, p.n) && p.c.as_ref().is_none_or(|c| output_fits(c, p.n));
     arch_ok
@@ -101,7 +110,15 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
 /// GEMMs), else the first smaller shape that does (skinny M, small N), else the one with the
 /// most tiles. N-major B needs 64-column chunks per consumer warpgroup.
 fn pick(arch: &Arch, p: &GemmProblem, b_kmajor: bool) -> Option<TileConfig> {
-    const SHAPES: [(usize, usize); 7] = [(128, 256), (128, 128), (64, 256), (64, 128), (64, 64), (64, 32), (128, 64)];
+    const SHAPES: [(usize, usize); 7] = [
+        (128, 256),
+        (128, 128),
+        (64, 256),
+        (64, 128),
+        (64, 64),
+        (64, 32),
+        (128, 64),
+    ];
     let allowed = |&(bm, bn): &(usize, usize)| {
         let wg_n = if bm == 64 { bn / 2 } else { bn };
         b_kmajor || wg_n % N_CHUNK == 0
@@ -113,12 +130,21 @@ fn pick(arch: &Arch, p: &GemmProblem, b_kmajor: bool) -> Option<TileConfig> {
         (stages >= 2).then_some(TileConfig { bm, bn, stages })
     };
     let wave = (arch.compute_units as usize * 3 / 4).max(1);
-    let candidates: Vec<TileConfig> = SHAPES.iter().filter(|s| allowed(s)).filter_map(|&s| with_stages(s)).collect();
+    let candidates: Vec<TileConfig> = SHAPES
+        .iter()
+        .filter(|s| allowed(s))
+        .filter_map(|&s| with_stages(s))
+        .collect();
     let chosen = candidates
         .iter()
         .copied()
         .find(|c| c.tiles(p) >= wave)
-        .or_else(|| candidates.iter().copied().max_by_key(|c| (c.tiles(p), c.bm * c.bn)))?;
+        .or_else(|| {
+            candidates
+                .iter()
+                .copied()
+                .max_by_key(|c| (c.tiles(p), c.bm * c.bn))
+        })?;
     (chosen.tiles(p) <= MAX_EXTENT).then_some(chosen)
 }
 
@@ -149,7 +175,8 @@ fn operand_map(
     let broadcast = batch <= 1 || x.batch_stride == 0;
     let batch_dim = if broadcast { 1 } else { batch };
     let row_bytes = outer_stride_bytes(outer_stride, outer, inner * elem, elem);
-    let batch_bytes = outer_stride_bytes(x.batch_stride, batch_dim, row_bytes as usize * outer, elem);
+    let batch_bytes =
+        outer_stride_bytes(x.batch_stride, batch_dim, row_bytes as usize * outer, elem);
     let map = TiledMap {
         address: x.ptr,
         dtype,
@@ -163,7 +190,11 @@ fn operand_map(
 }
 
 fn as_i32(v: usize, what: &str) -> Result<i32> {
-    i32::try_from(v).map_err(|_| Error::unsupported(format!("{what} = {v} exceeds the Hopper GEMM's 32-bit range")))
+    i32::try_from(v).map_err(|_| {
+        Error::unsupported(format!(
+            "{what} = {v} exceeds the Hopper GEMM's 32-bit range"
+        ))
+    })
 }
 
 fn as_i64(v: usize, what: &str) -> Result<i64> {
@@ -174,15 +205,46 @@ fn as_i64(v: usize, what: &str) -> Result<i64> {
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let arch = gpu.arch();
     if !supports(arch, p) {
-        return Err(Error::unsupported("the Hopper GEMM does not support this problem (layout, alignment or device)"));
+        return Err(Error::unsupported(
+            "the Hopper GEMM does not support this problem (layout, alignment or device)",
+        ));
     }
     let b_kmajor = b_k_major(p) == Some(true);
-    let cfg = pick(arch, p, b_kmajor).ok_or_else(|| Error::unsupported("no Hopper GEMM tile fits this device's shared memory"))?;
-    let (map_a, a_step) = operand_map(&p.a, p.in_dtype, p.k, p.m, p.a.row_stride, p.batch, BK, cfg.bm)?;
+    let cfg = pick(arch, p, b_kmajor).ok_or_else(|| {
+        Error::unsupported("no Hopper GEMM tile fits this device's shared memory")
+    })?;
+    let (map_a, a_step) = operand_map(
+        &p.a,
+        p.in_dtype,
+        p.k,
+        p.m,
+        p.a.row_stride,
+        p.batch,
+        BK,
+        cfg.bm,
+    )?;
     let (map_b, b_step) = if b_kmajor {
-        operand_map(&p.b, p.in_dtype, p.k, p.n, p.b.col_stride, p.batch, BK, cfg.bn)?
+        operand_map(
+            &p.b,
+            p.in_dtype,
+            p.k,
+            p.n,
+            p.b.col_stride,
+            p.batch,
+            BK,
+            cfg.bn,
+        )?
     } else {
-        operand_map(&p.b, p.in_dtype, p.n, p.k, p.b.row_stride, p.batch, N_CHUNK, BK)?
+        operand_map(
+            &p.b,
+            p.in_dtype,
+            p.n,
+            p.k,
+            p.b.row_stride,
+            p.batch,
+            N_CHUNK,
+            BK,
+        )?
     };
 
     let has_c = p.c.is_some() && p.beta != 0.0;
@@ -194,10 +256,18 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         ("CALICO_GEMM_STAGES", cfg.stages.to_string()),
         ("CALICO_GEMM_B_KMAJOR", u8::from(b_kmajor).to_string()),
         ("CALICO_GEMM_EPILOGUE", p.epilogue.define().to_string()),
-        ("CALICO_GEMM_HAS_BIAS", u8::from(p.bias.is_some()).to_string()),
+        (
+            "CALICO_GEMM_HAS_BIAS",
+            u8::from(p.bias.is_some()).to_string(),
+        ),
         ("CALICO_GEMM_HAS_C", u8::from(has_c).to_string()),
     ];
-    let source = KernelSource::assemble(ENTRY, SOURCE, &[gpu.vendor_headers(), calico_core::device_headers()], &defines)?;
+    let source = KernelSource::assemble(
+        ENTRY,
+        SOURCE,
+        &[gpu.vendor_headers(), calico_core::device_headers()],
+        &defines,
+    )?;
 
     let tiles = cfg.tiles(p);
     let grid = tiles.min(arch.compute_units.max(1) as usize) as u32;
@@ -233,13 +303,41 @@ mod tests {
     use crate::gemm::Epilogue;
 
     fn problem(m: usize, n: usize, k: usize, b_kmajor: bool) -> GemmProblem {
-        let a = MatrixArg { ptr: 1 << 20, rows: m, cols: k, row_stride: k, col_stride: 1, batch_stride: 0 };
-        let b = if b_kmajor {
-            MatrixArg { ptr: 2 << 20, rows: k, cols: n, row_stride: 1, col_stride: k, batch_stride: 0 }
-        } else {
-            MatrixArg { ptr: 2 << 20, rows: k, cols: n, row_stride: n, col_stride: 1, batch_stride: 0 }
+        let a = MatrixArg {
+            ptr: 1 << 20,
+            rows: m,
+            cols: k,
+            row_stride: k,
+            col_stride: 1,
+            batch_stride: 0,
         };
-        let d = MatrixArg { ptr: 3 << 20, rows: m, cols: n, row_stride: n, col_stride: 1, batch_stride: 0 };
+        let b = if b_kmajor {
+            MatrixArg {
+                ptr: 2 << 20,
+                rows: k,
+                cols: n,
+                row_stride: 1,
+                col_stride: k,
+                batch_stride: 0,
+            }
+        } else {
+            MatrixArg {
+                ptr: 2 << 20,
+                rows: k,
+                cols: n,
+                row_stride: n,
+                col_stride: 1,
+                batch_stride: 0,
+            }
+        };
+        let d = MatrixArg {
+            ptr: 3 << 20,
+            rows: m,
+            cols: n,
+            row_stride: n,
+            col_stride: 1,
+            batch_stride: 0,
+        };
         GemmProblem {
             batch: 1,
             m,
@@ -297,7 +395,11 @@ mod tests {
 
     #[test]
     fn smem_layout_matches_the_kernel() {
-        let c = TileConfig { bm: 128, bn: 256, stages: 4 };
+        let c = TileConfig {
+            bm: 128,
+            bn: 256,
+            stages: 4,
+        };
         assert_eq!(c.smem_bytes(), 1024 + 4 * 49152 + 64);
     }
 }
