@@ -125,7 +125,8 @@ fn pick(arch: &Arch, p: &GemmProblem, b_kmajor: bool) -> Option<TileConfig> {
     };
     let with_stages = |(bm, bn): (usize, usize)| {
         let one = TileConfig { bm, bn, stages: 1 };
-        let budget = arch.shared_mem_per_block.saturating_sub(1024);
+        // 1024 bytes of alignment slack, and 1024 that ptxas reports as static shared memory.
+        let budget = arch.shared_mem_per_block.saturating_sub(2048);
         let stages = (budget / (one.stage_bytes() + 16)).min(MAX_STAGES);
         (stages >= 2).then_some(TileConfig { bm, bn, stages })
     };
