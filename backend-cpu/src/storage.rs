@@ -133,3 +133,27 @@ impl Storage for CpuStorage {
         self
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_zeroed_and_exact() {
+        for len in [0, 1, 63, 64, 65, 1000] {
+            let mut b = AlignedBytes::zeroed(len).unwrap();
+            assert_eq!(b.as_slice().len(), len);
+            assert_eq!(b.as_slice().as_ptr() as usize % 64, 0);
+            assert!(b.as_slice().iter().all(|&x| x == 0));
+            b.as_mut_slice().fill(1);
+            let c = AlignedBytes::copy_of(b.as_slice()).unwrap();
+            assert_eq!(c.as_slice(), b.as_slice());
+            assert_eq!(c.as_slice().as_ptr() as usize % 64, 0);
+        }
+    }
+
+    #[test]
+    fn impossible_allocation_is_an_error() {
+        assert!(CpuStorage::zeroed(usize::MAX - 1).is_err());
+    }
+}
