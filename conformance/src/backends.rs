@@ -1,0 +1,58 @@
+//! Which backends the suite runs on, and how it says which it could not.
+
+use calico::{BackendKind, Device};
+use std::io::Write;
+use std::sync::OnceLock;
+
+/// Every backend that opens (the CPU always does), and `"kind: reason"` for each that did not.
+/// Opened once per test binary: opening a GPU context per proptest case would dominate.
+pub fn backends() -> (Vec<Device>, Vec<String>) {
+    static FOUND: OnceLock<(Vec<Device>, Vec<String>)> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let mut devices = Vec::new();
+            let mut skipped = Vec::new();
+            for kind in [BackendKind::Cuda, BackendKind::Hip, BackendKind::Cpu] {
+                match Device::open(kind, 0) {
+                    Ok(dev) => devices.push(dev),
+                    Err(e) => skipped.push(format!("{kind}: {e}")),
+                }
+            }
+            (devices, skipped)
+        })
+        .clone()
+}
+
+/// Writes one line per skipped backend to stderr directly (not through `eprintln!`, which the
+/// test harness captures), so a run without a GPU never reads as if it covered one.
+pub fn report_skipped(test: &str) {
+    let (devices, skipped) = backends();
+    let names: Vec<&str> = devices.iter().map(|d| d.kind().name()).collect();
+    let mut err = std::io::stderr().lock();
+    let _ = writeln!(err, "[{test}] running on: {}", names.join(", "));
+    for s in &skipped {
+        let _ = writeln!(err, "[{test}] skipped backend {s}");
+    }
+}
+
+/// Runs `f` on every backend present; the first failure names its backend.
+pub fn for_each_backend(mut f: impl FnMut(&Device) -> Result<(), String>) -> Result<(), String> {
+    for dev in backends().0 {
+        f(&dev).map_err(|e| format!("backend {}: {e}", dev.kind()))?;
+    }
+    Ok(())
+}
+
+/// Proptest cases per property: `default`, or `CALICO_CONFORMANCE_CASES` when set.
+pub fn cases(default: u32) -> u32 {
+    std::env::var("CALICO_CONFORMANCE_CASES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &u32| n > 0)
+        .unwrap_or(default)
+}
+
+/// Short name of a device for messages.
+pub fn name(dev: &Device) -> &'static str {
+    dev.kind().name()
+}

@@ -1,0 +1,208 @@
+//! f64 references, written from docs/ops-spec.md and the GEMM docs (not from any backend).
+//! Inputs are the values as stored (already rounded to their dtype); every slice is
+//! row-major over its logical shape.
+
+use calico::ops::RopeMode;
+use calico::{DType, Epilogue};
+
+use crate::tensors::round;
+
+/// `y = x / sqrt(mean(x^2) + eps) * w`, row by row.
+pub fn rms_norm(x: &[f64], cols: usize, w: &[f64], eps: f64) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(cols) {
+        let ms = row.iter().map(|v| v * v).sum::<f64>() / cols as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        y.extend(row.iter().zip(w).map(|(v, w)| v * r * w));
+    }
+    y
+}
+
+/// `y = (x - mean) / sqrt(var + eps) * w + b` with the biased variance; w = 1, b = 0 if absent.
+pub fn layer_norm(
+    x: &[f64],
+    cols: usize,
+    w: Option<&[f64]>,
+    b: Option<&[f64]>,
+    eps: f64,
+) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(cols) {
+        let mean = row.iter().sum::<f64>() / cols as f64;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+        let r = 1.0 / (var + eps).sqrt();
+        for (j, v) in row.iter().enumerate() {
+            let wj = w.map_or(1.0, |w| w[j]);
+            let bj = b.map_or(0.0, |b| b[j]);
+            y.push((v - mean) * r * wj + bj);
+        }
+    }
+    y
+}
+
+/// The residual sum as the fused ops store it: `round_to_dtype(x + residual)`.
+pub fn rounded_sum(dtype: DType, x: &[f64], residual: &[f64]) -> Vec<f64> {
+    x.iter()
+        .zip(residual)
+        .map(|(a, b)| round(dtype, a + b))
+        .collect()
+}
+
+/// `exp(x - max) / sum(exp(x - max))`, row by row.
+pub fn softmax(x: &[f64], cols: usize) -> Vec<f64> {
+    let mut y = Vec::with_capacity(x.len());
+    for row in x.chunks(cols) {
+        let max = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v));
+        let e: Vec<f64> = row.iter().map(|v| (v - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        y.extend(e.iter().map(|v| v / sum));
+    }
+    y
+}
+
+/// Rotary embedding of x [B, S, H, D]; `cos`/`sin` are [P, D/2]; token s sits at position
+/// `pos_offset + s`.
+pub fn rope(
+    x: &[f64],
+    [batch, seq, heads, dim]: [usize; 4],
+    cos: &[f64],
+    sin: &[f64],
+    pos_offset: usize,
+    mode: RopeMode,
+) -> Vec<f64> {
+    let half = dim / 2;
+    let mut y = vec![0.0; x.len()];
+    for b in 0..batch {
+        for s in 0..seq {
+            let p = pos_offset + s;
+            for h in 0..heads {
+                let base = ((b * seq + s) * heads + h) * dim;
+                for i in 0..half {
+                    let (ia, ib) = match mode {
+                        RopeMode::Interleaved => (base + 2 * i, base + 2 * i + 1),
+                        RopeMode::HalfSplit => (base + i, base + i + half),
+                    };
+                    let (c, sn) = (cos[p * half + i], sin[p * half + i]);
+                    y[ia] = x[ia] * c - x[ib] * sn;
+                    y[ib] = x[ia] * sn + x[ib] * c;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// A GEMM problem over logical row-major host copies: a [batch, m, k], b [batch, k, n],
+/// c [batch, m, n] (when beta != 0), bias [n].
+#[derive(Debug, Clone)]
+pub struct Gemm<'a> {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub a: &'a [f64],
+    pub b: &'a [f64],
+    pub c: Option<&'a [f64]>,
+    pub bias: Option<&'a [f64]>,
+    pub alpha: f64,
+    pub beta: f64,
+    pub epilogue: Epilogue,
+}
+
+impl Gemm<'_> {
+    /// `epilogue(alpha * sum_k a*b + beta * c + bias)` at (batch q, row i, column j).
+    pub fn at(&self, q: usize, i: usize, j: usize) -> f64 {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let a = &self.a[(q * m + i) * k..][..k];
+        let b = &self.b[q * k * n..][..k * n];
+        let dot: f64 = (0..k).map(|l| a[l] * b[l * n + j]).sum();
+        let mut v = self.alpha * dot;
+        if self.beta != 0.0 {
+            let c = self.c.expect("beta != 0 needs c");
+            v += self.beta * c[(q * m + i) * n + j];
+        }
+        if let Some(bias) = self.bias {
+            v += bias[j];
+        }
+        match self.epilogue {
+            Epilogue::None => v,
+            Epilogue::Gelu => gelu(v),
+            Epilogue::Silu => silu(v),
+        }
+    }
+
+    /// Every output element, row-major [batch, m, n].
+    pub fn all(&self) -> Vec<f64> {
+        let mut d = Vec::with_capacity(self.batch * self.m * self.n);
+        for q in 0..self.batch {
+            for i in 0..self.m {
+                for j in 0..self.n {
+                    d.push(self.at(q, i, j));
+                }
+            }
+        }
+        d
+    }
+}
+
+/// GELU, exact form: `x * Phi(x)`.
+pub fn gelu(x: f64) -> f64 {
+    0.5 * x * (1.0 + erf(x / std::f64::consts::SQRT_2))
+}
+
+/// SiLU: `x * sigmoid(x)`.
+pub fn silu(x: f64) -> f64 {
+    x / (1.0 + (-x).exp())
+}
+
+/// erf to ~1e-14: Maclaurin series near zero, erfc's continued fraction in the tails.
+pub fn erf(x: f64) -> f64 {
+    let ax = x.abs();
+    let v = if ax < 2.5 {
+        // sum (-1)^n x^(2n+1) / (n! (2n+1))
+        let (mut term, mut sum) = (ax, ax);
+        for n in 1..80 {
+            term *= -ax * ax / n as f64;
+            let t = term / (2 * n + 1) as f64;
+            sum += t;
+            if t.abs() < 1e-17 * sum.abs() {
+                break;
+            }
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    } else {
+        // erfc(x) = exp(-x^2)/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))
+        let mut t = ax;
+        for k in (1..=80).rev() {
+            t = ax + (k as f64 / 2.0) / t;
+        }
+        1.0 - (-ax * ax).exp() / (std::f64::consts::PI.sqrt() * t)
+    };
+    v.copysign(x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn erf_matches_tabulated_values() {
+        for (x, want) in [
+            (0.5, 0.520_499_877_813_046_5),
+            (1.0, 0.842_700_792_949_714_9),
+            (2.0, 0.995_322_265_018_952_7),
+            (-2.4, -0.999_311_486_103_354_9),
+            (3.0, 1.0 - 2.209_049_699_858_544e-5),
+        ] {
+            assert!((erf(x) - want).abs() < 1e-13, "erf({x}) = {}", erf(x));
+        }
+    }
+
+    #[test]
+    fn softmax_rows_sum_to_one_and_norms_have_unit_rms() {
+        let y = softmax(&[1.0, 2.0, 3.0, -1.0, 0.0, 1.0], 3);
+        assert!((y[..3].iter().sum::<f64>() - 1.0).abs() < 1e-15);
+        let y = rms_norm(&[3.0, 4.0], 2, &[1.0, 1.0], 0.0);
+        assert!((y[0] * y[0] + y[1] * y[1] - 2.0).abs() < 1e-12);
+    }
+}

@@ -1,0 +1,196 @@
+//! Host <-> device helpers: rounding to a dtype, strided views on poisoned parents, and the
+//! check that an op wrote nothing outside its output view.
+
+use calico::{DType, Device, Result, Tensor};
+use half::{bf16, f16};
+
+/// Fills the storage around a view: a finite value, so it must survive bit-exactly.
+pub const SENTINEL: f64 = 12345.0;
+
+/// `v` rounded to `dtype` (round-to-nearest-even) and back.
+pub fn round(dtype: DType, v: f64) -> f64 {
+    match dtype {
+        DType::BF16 => bf16::from_f64(v).to_f64(),
+        DType::F16 => f16::from_f64(v).to_f64(),
+        DType::F32 => v as f32 as f64,
+        other => panic!("round: {other} is not a standard float"),
+    }
+}
+
+pub fn round_all(dtype: DType, v: &[f64]) -> Vec<f64> {
+    v.iter().map(|&x| round(dtype, x)).collect()
+}
+
+/// Writes `values` (row-major over the view) into `t`, converting to its dtype.
+pub fn write(t: &Tensor, values: &[f64]) -> Result<()> {
+    match t.dtype() {
+        DType::BF16 => t.copy_from_slice(
+            &values
+                .iter()
+                .map(|&v| bf16::from_f64(v))
+                .collect::<Vec<_>>(),
+        ),
+        DType::F16 => {
+            t.copy_from_slice(&values.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>())
+        }
+        DType::F32 => t.copy_from_slice(&values.iter().map(|&v| v as f32).collect::<Vec<_>>()),
+        other => Err(calico::Error::unsupported(format!("write: {other}"))),
+    }
+}
+
+/// A contiguous tensor of `dtype` holding `values`.
+pub fn upload(dev: &Device, dtype: DType, shape: &[usize], values: &[f64]) -> Result<Tensor> {
+    let t = dev.zeros(shape, dtype)?;
+    write(&t, values)?;
+    Ok(t)
+}
+
+/// A view and the flat buffer it lives in (so writes outside the view can be detected).
+#[derive(Debug, Clone)]
+pub struct View {
+    pub parent: Tensor,
+    pub view: Tensor,
+}
+
+/// Where a view sits in its parent: `pad` extra elements per innermost row and an element
+/// `offset` (an odd one breaks 16-byte alignment, pushing GPU kernels to their scalar path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Placement {
+    pub pad: usize,
+    pub offset: usize,
+}
+
+impl Placement {
+    pub fn is_dense(self) -> bool {
+        self.pad == 0 && self.offset == 0
+    }
+}
+
+/// Row-major strides for `shape` whose innermost rows are `pad` elements longer.
+pub fn padded_strides(shape: &[usize], pad: usize) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    let mut step = shape.last().map_or(1, |&c| c + pad);
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        strides[i] = step;
+        step *= shape[i].max(1);
+    }
+    strides
+}
+
+/// A view of `shape` with `strides` at `offset` in a parent filled with [`SENTINEL`]; the
+/// view's own elements are set to `fill` (NaN poisons an output: unwritten elements fail).
+pub fn view(
+    dev: &Device,
+    dtype: DType,
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
+    fill: f64,
+) -> Result<View> {
+    let numel: usize = shape.iter().product();
+    let end = if numel == 0 {
+        offset
+    } else {
+        offset
+            + 1
+            + shape
+                .iter()
+                .zip(strides)
+                .map(|(d, s)| (d - 1) * s)
+                .sum::<usize>()
+    };
+    let parent = upload(dev, dtype, &[end.max(1)], &vec![SENTINEL; end.max(1)])?;
+    let view = parent.as_strided(shape, strides, offset)?;
+    write(&view, &vec![fill; numel])?;
+    Ok(View { parent, view })
+}
+
+/// A row-major view of `shape` placed as `at` says, holding `values`.
+pub fn rows_view(
+    dev: &Device,
+    dtype: DType,
+    shape: &[usize],
+    at: Placement,
+    values: &[f64],
+) -> Result<View> {
+    let v = view(
+        dev,
+        dtype,
+        shape,
+        &padded_strides(shape, at.pad),
+        at.offset,
+        f64::NAN,
+    )?;
+    write(&v.view, values)?;
+    Ok(v)
+}
+
+/// A poisoned (NaN) output of `shape` placed as `at` says.
+pub fn poisoned_rows(dev: &Device, dtype: DType, shape: &[usize], at: Placement) -> Result<View> {
+    view(
+        dev,
+        dtype,
+        shape,
+        &padded_strides(shape, at.pad),
+        at.offset,
+        f64::NAN,
+    )
+}
+
+/// Storage elements of the view, in the parent's numbering.
+fn view_elements(t: &Tensor) -> Vec<usize> {
+    let (shape, strides) = (t.shape(), t.strides());
+    let offset = t.layout().offset();
+    let mut out = Vec::with_capacity(t.numel());
+    let mut idx = vec![0usize; shape.len()];
+    for _ in 0..t.numel() {
+        out.push(offset + idx.iter().zip(strides).map(|(i, s)| i * s).sum::<usize>());
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    out
+}
+
+/// Every element of the parent outside the view still holds [`SENTINEL`].
+pub fn untouched_outside(v: &View, what: &str) -> std::result::Result<(), String> {
+    let all = v
+        .parent
+        .to_f64_vec()
+        .map_err(|e| format!("reading `{what}`: {e}"))?;
+    let mut inside = vec![false; all.len()];
+    for e in view_elements(&v.view) {
+        inside[e] = true;
+    }
+    let want = round(v.view.dtype(), SENTINEL);
+    match (0..all.len()).find(|&i| !inside[i] && all[i].to_bits() != want.to_bits()) {
+        Some(i) => Err(format!(
+            "`{what}`: element {i} of the parent, outside the view, was overwritten with {} \
+             (shape {:?}, strides {:?}, offset {})",
+            all[i],
+            v.view.shape(),
+            v.view.strides(),
+            v.view.layout().offset()
+        )),
+        None => Ok(()),
+    }
+}
+
+/// An input view still holds `values` and its parent around it is untouched.
+pub fn intact(v: &View, values: &[f64], what: &str) -> std::result::Result<(), String> {
+    let now = v
+        .view
+        .to_f64_vec()
+        .map_err(|e| format!("reading `{what}`: {e}"))?;
+    if let Some(i) = (0..now.len()).find(|&i| now[i].to_bits() != values[i].to_bits()) {
+        return Err(format!(
+            "input `{what}` was modified: element {i} is {}, was {}",
+            now[i], values[i]
+        ));
+    }
+    untouched_outside(v, what)
+}

@@ -1,0 +1,215 @@
+//! rms_norm, add_rms_norm, layer_norm and add_layer_norm against the f64 reference.
+
+use calico::ops;
+use calico::{DType, Device};
+use calico_conformance::compare::{check_close, check_exact, row_tol};
+use calico_conformance::reference;
+use calico_conformance::rng::{Dist, Rng};
+use calico_conformance::strategies::{row_case, RowCase, EDGE_COLS};
+use calico_conformance::tensors::{
+    intact, poisoned_rows, round_all, rows_view, untouched_outside, upload, Placement,
+};
+use calico_conformance::{property, report_skipped, Ctx};
+use proptest::prelude::*;
+use proptest::sample::select;
+
+/// Which norm, and which optional inputs it gets.
+#[derive(Debug, Clone, Copy)]
+struct Norm {
+    layer: bool,
+    residual: bool,
+    weight: bool,
+    bias: bool,
+}
+
+const RMS: Norm = Norm {
+    layer: false,
+    residual: false,
+    weight: true,
+    bias: false,
+};
+const ADD_RMS: Norm = Norm {
+    residual: true,
+    ..RMS
+};
+
+fn eps() -> impl Strategy<Value = f32> {
+    select(vec![1e-6f32, 1e-5, 1e-3, 0.1])
+}
+
+fn layer(residual: bool) -> impl Strategy<Value = Norm> {
+    (any::<bool>(), any::<bool>()).prop_map(move |(weight, bias)| Norm {
+        layer: true,
+        residual,
+        weight,
+        bias,
+    })
+}
+
+/// Runs one norm on `dev` and compares `y` (and `sum`) with the reference.
+fn norm_case(dev: &Device, c: &RowCase, norm: Norm, eps: f32) -> Result<(), String> {
+    let (dt, cols, n) = (c.dtype, c.cols(), c.numel());
+    let mut rng = Rng::new(c.seed);
+    let x = round_all(dt, &c.dist.sample(&mut rng, n));
+    let r = round_all(dt, &c.dist.sample(&mut rng, n));
+    // Weights around 1 with either sign; bias like the inputs.
+    let w = round_all(
+        dt,
+        &Dist::Normal { scale: 1.0 }
+            .sample(&mut rng, cols)
+            .iter()
+            .map(|v| 1.0 + v)
+            .collect::<Vec<_>>(),
+    );
+    let b = round_all(dt, &Dist::Uniform { scale: 1.0 }.sample(&mut rng, cols));
+
+    let xv = rows_view(dev, dt, &c.shape, c.x_at, &x).ctx("allocating x")?;
+    let rv = rows_view(dev, dt, &c.shape, c.x_at, &r).ctx("allocating residual")?;
+    let wt = upload(dev, dt, &[cols], &w).ctx("allocating weight")?;
+    let bt = upload(dev, dt, &[cols], &b).ctx("allocating bias")?;
+    let mut y = poisoned_rows(dev, dt, &c.shape, c.out_at).ctx("allocating y")?;
+    let mut sum = poisoned_rows(dev, dt, &c.shape, c.out_at).ctx("allocating sum")?;
+    let (wo, bo) = (norm.weight.then_some(&wt), norm.bias.then_some(&bt));
+
+    let result = match (norm.layer, norm.residual) {
+        (false, false) => ops::rms_norm(dev, &xv.view, &wt, eps, &mut y.view),
+        (false, true) => ops::add_rms_norm(
+            dev,
+            &xv.view,
+            &rv.view,
+            &wt,
+            eps,
+            &mut y.view,
+            &mut sum.view,
+        ),
+        (true, false) => ops::layer_norm(dev, &xv.view, wo, bo, eps, &mut y.view),
+        (true, true) => ops::add_layer_norm(
+            dev,
+            &xv.view,
+            &rv.view,
+            wo,
+            bo,
+            eps,
+            &mut y.view,
+            &mut sum.view,
+        ),
+    };
+    result.ctx(&format!("{norm:?}"))?;
+
+    let s = if norm.residual {
+        reference::rounded_sum(dt, &x, &r)
+    } else {
+        x.clone()
+    };
+    if norm.residual {
+        check_exact("sum", &sum.view.to_f64_vec().ctx("reading sum")?, &s)?;
+        untouched_outside(&sum, "sum")?;
+        intact(&rv, &r, "residual")?;
+    }
+    let want = if norm.layer {
+        reference::layer_norm(
+            &s,
+            cols,
+            norm.weight.then_some(&w[..]),
+            norm.bias.then_some(&b[..]),
+            eps as f64,
+        )
+    } else {
+        reference::rms_norm(&s, cols, &w, eps as f64)
+    };
+    let got = y.view.to_f64_vec().ctx("reading y")?;
+    check_close("y", &got, &want, row_tol(dt, cols))?;
+    untouched_outside(&y, "y")?;
+    intact(&xv, &x, "x")
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    property("rms_norm", 24, (row_case(), eps()), |dev, (c, eps)| {
+        norm_case(dev, c, RMS, *eps)
+    });
+}
+
+#[test]
+fn add_rms_norm_matches_reference() {
+    property("add_rms_norm", 24, (row_case(), eps()), |dev, (c, eps)| {
+        norm_case(dev, c, ADD_RMS, *eps)
+    });
+}
+
+#[test]
+fn layer_norm_matches_reference() {
+    property(
+        "layer_norm",
+        24,
+        (row_case(), layer(false), eps()),
+        |dev, (c, n, eps)| norm_case(dev, c, *n, *eps),
+    );
+}
+
+#[test]
+fn add_layer_norm_matches_reference() {
+    property(
+        "add_layer_norm",
+        24,
+        (row_case(), layer(true), eps()),
+        |dev, (c, n, eps)| norm_case(dev, c, *n, *eps),
+    );
+}
+
+/// Every edge row length, every dtype, every norm, dense and misaligned: the sizes a random
+/// draw might miss.
+#[test]
+fn norms_at_every_edge_length() {
+    report_skipped("norms_at_every_edge_length");
+    let norms = [
+        RMS,
+        ADD_RMS,
+        Norm {
+            layer: true,
+            residual: false,
+            weight: true,
+            bias: true,
+        },
+        Norm {
+            layer: true,
+            residual: false,
+            weight: false,
+            bias: false,
+        },
+        Norm {
+            layer: true,
+            residual: true,
+            weight: true,
+            bias: false,
+        },
+    ];
+    for dev in calico_conformance::backends().0 {
+        for (i, &cols) in EDGE_COLS.iter().enumerate() {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                for (k, &norm) in norms.iter().enumerate() {
+                    let misaligned = Placement { pad: 3, offset: 1 };
+                    let c = RowCase {
+                        dtype,
+                        shape: vec![3, cols],
+                        x_at: if k % 2 == 0 {
+                            Placement::default()
+                        } else {
+                            misaligned
+                        },
+                        out_at: if (k + i) % 2 == 0 {
+                            misaligned
+                        } else {
+                            Placement::default()
+                        },
+                        dist: Dist::Normal { scale: 1.5 },
+                        seed: (i * 100 + k) as u64,
+                    };
+                    if let Err(e) = norm_case(&dev, &c, norm, 1e-5) {
+                        panic!("backend {}: {norm:?} {dtype} cols {cols}: {e}", dev.kind());
+                    }
+                }
+            }
+        }
+    }
+}
