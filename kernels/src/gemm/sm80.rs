@@ -72,11 +72,11 @@ impl Variant {
 
 /// A stride between 16-byte aligned rows (8 elements), or one that is never used (extent <= 1).
 fn row_stride_ok(stride: usize, extent: usize) -> bool {
-    extent <= 1 || stride % 8 == 0
+    extent <= 1 || (stride & 7) == 0
 }
 
 fn batch_stride_ok(x: &MatrixArg, batch: usize) -> bool {
-    batch <= 1 || x.batch_stride % 8 == 0
+    batch <= 1 || (x.batch_stride & 7) == 0
 }
 
 /// A as M x K with K contiguous.
@@ -85,14 +85,14 @@ fn a_fits(p: &GemmProblem) -> bool {
     (a.col_stride == 1 || p.k <= 1)
         && row_stride_ok(a.row_stride, p.m)
         && batch_stride_ok(a, p.batch)
-        && a.ptr % 16 == 0
+        && (a.ptr & 15) == 0
 }
 
 /// `Some(true)` when B is read as an N x K weight (K contiguous), `Some(false)` as K x N
 /// (N contiguous), `None` when neither fits.
 fn b_kmajor(p: &GemmProblem) -> Option<bool> {
     let b = &p.b;
-    if !batch_stride_ok(b, p.batch) || b.ptr % 16 != 0 {
+    if !batch_stride_ok(b, p.batch) || (b.ptr & 15) != 0 {
         return None;
     }
     if (b.row_stride == 1 || p.k <= 1) && row_stride_ok(b.col_stride, p.n) {
