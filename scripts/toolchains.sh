@@ -15,10 +15,10 @@ if [[ ! -x "$venv/bin/python" ]]; then
 fi
 site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 cuda="$site/nvidia/cu13"
-if [[ ! -f "$cuda/lib/libnvrtc.so.13" || ! -f "$cuda/include/cuda_bf16.h" || ! -x "$cuda/bin/cuobjdump" ]]; then
+if [[ ! -f "$cuda/lib/libnvrtc.so.13" || ! -f "$cuda/include/cuda_bf16.h" || ! -x "$cuda/bin/cuobjdump" || ! -x "$cuda/bin/nvdisasm" ]]; then
   log "installing NVRTC, CUDA headers and cuobjdump wheels"
   "$venv/bin/pip" install -q --disable-pip-version-check \
-    'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-runtime==13.0.*' 'nvidia-cuda-cccl==13.0.*' 'nvidia-cuda-cuobjdump>=13' >&2
+    'nvidia-cuda-nvrtc==13.0.*' 'nvidia-cuda-runtime==13.0.*' 'nvidia-cuda-cccl==13.0.*' 'nvidia-cuda-cuobjdump>=13' 'nvidia-cuda-nvdisasm>=13' >&2
 fi
 
 if ! command -v clang-19 >/dev/null || ! command -v llvm-objdump-19 >/dev/null || ! command -v ld.lld-19 >/dev/null; then

@@ -79,14 +79,32 @@ pub struct Arch {
 }
 
 const fn atom(kind: MmaKind, a: DType, acc: DType, m: u32, n: u32, k: u32) -> MmaAtom {
-    MmaAtom { kind, a, b: a, acc, m, n, k }
+    MmaAtom {
+        kind,
+        a,
+        b: a,
+        acc,
+        m,
+        n,
+        k,
+    }
 }
 
 impl Arch {
     /// An NVIDIA GPU of compute capability `major.minor`. Hopper (9.0) targets `sm_90a` so that
     /// wgmma and setmaxnreg are available.
-    pub fn nvidia(major: u32, minor: u32, sms: u32, shared_mem_per_block: usize, l2_bytes: usize) -> Arch {
-        let target = if major == 9 && minor == 0 { "sm_90a".to_string() } else { format!("sm_{major}{minor}") };
+    pub fn nvidia(
+        major: u32,
+        minor: u32,
+        sms: u32,
+        shared_mem_per_block: usize,
+        l2_bytes: usize,
+    ) -> Arch {
+        let target = if major == 9 && minor == 0 {
+            "sm_90a".to_string()
+        } else {
+            format!("sm_{major}{minor}")
+        };
         let mut mma = Vec::new();
         let mut async_copies = Vec::new();
         let mut fp8 = None;
@@ -126,7 +144,13 @@ impl Arch {
 
     /// An AMD GPU named by its gcn arch (`gfx942`, `gfx90a`, ...; feature suffixes such as
     /// `:sramecc+:xnack-` are dropped from the target).
-    pub fn amd(gcn_arch: &str, cus: u32, lds_bytes: usize, wavefront: u32, l2_bytes: usize) -> Arch {
+    pub fn amd(
+        gcn_arch: &str,
+        cus: u32,
+        lds_bytes: usize,
+        wavefront: u32,
+        l2_bytes: usize,
+    ) -> Arch {
         let target = gcn_arch.split(':').next().unwrap_or(gcn_arch).to_string();
         let cdna3 = target.starts_with("gfx94");
         let cdna4 = target.starts_with("gfx95");
@@ -142,7 +166,11 @@ impl Arch {
             async_copies.push(AsyncCopy::BufferLoadToLds);
         }
         if cdna3 || cdna4 {
-            fp8 = Some(if cdna4 { Fp8Flavour::Ocp } else { Fp8Flavour::Fnuz });
+            fp8 = Some(if cdna4 {
+                Fp8Flavour::Ocp
+            } else {
+                Fp8Flavour::Fnuz
+            });
             for t in [DType::F8E4M3, DType::F8E5M2] {
                 mma.push(atom(MmaKind::Mfma, t, DType::F32, 16, 16, 32));
             }
@@ -192,7 +220,11 @@ impl Arch {
             return Some(arch);
         }
         if target.starts_with("gfx") {
-            let (cus, l2) = if target.starts_with("gfx94") { (304, 4 << 20) } else { (110, 8 << 20) };
+            let (cus, l2) = if target.starts_with("gfx94") {
+                (304, 4 << 20)
+            } else {
+                (110, 8 << 20)
+            };
             return Some(Arch::amd(target, cus, 64 * 1024, 64, l2));
         }
         None

@@ -62,7 +62,9 @@ pub trait Storage: Send + Sync + fmt::Debug + Any {
 pub fn check_byte_range(size: usize, offset: usize, len: usize) -> Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
-        _ => Err(crate::Error::OutOfBounds(format!("bytes {offset}..{offset}+{len} outside a buffer of {size} bytes"))),
+        _ => Err(crate::Error::OutOfBounds(format!(
+            "bytes {offset}..{offset}+{len} outside a buffer of {size} bytes"
+        ))),
     }
 }
 
@@ -78,7 +80,14 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Waits until all queued work is done.
     fn synchronize(&self) -> Result<()>;
     /// Copies `bytes` bytes between two buffers of this device, asynchronously on GPUs.
-    fn copy_bytes(&self, dst: &dyn Storage, dst_offset: usize, src: &dyn Storage, src_offset: usize, bytes: usize) -> Result<()>;
+    fn copy_bytes(
+        &self,
+        dst: &dyn Storage,
+        dst_offset: usize,
+        src: &dyn Storage,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<()>;
     /// Runs `work` and returns the device time it took in milliseconds (device events on GPUs,
     /// the wall clock on the CPU).
     fn time_ms(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<f64>;
@@ -99,7 +108,11 @@ pub struct LaunchConfig {
 impl LaunchConfig {
     /// A 1-D grid of `blocks` blocks of `threads` threads.
     pub fn linear(blocks: u32, threads: u32, shared_mem_bytes: u32) -> Self {
-        LaunchConfig { grid: (blocks, 1, 1), block: (threads, 1, 1), shared_mem_bytes }
+        LaunchConfig {
+            grid: (blocks, 1, 1),
+            block: (threads, 1, 1),
+            shared_mem_bytes,
+        }
     }
 }
 
@@ -146,7 +159,12 @@ pub trait GpuBackend: Backend {
     fn compiler(&self) -> &CompilerInfo;
     /// Compiles (or fetches from the caches) and launches `source` with `args`. Args must
     /// match the kernel's parameters in order and type.
-    fn launch(&self, source: &KernelSource, config: &LaunchConfig, args: &[KernelArg]) -> Result<()>;
+    fn launch(
+        &self,
+        source: &KernelSource,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()>;
     /// Compiles `source` for this device (or fetches it from the disk cache) and returns the
     /// binary; used by `calico compile` and to warm caches.
     fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>>;

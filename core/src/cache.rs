@@ -28,14 +28,20 @@ impl DiskCache {
     pub fn from_env() -> DiskCache {
         match std::env::var_os("CALICO_CACHE_DIR") {
             Some(v) if v == "off" => DiskCache { dir: None },
-            Some(v) if !v.is_empty() => DiskCache { dir: Some(PathBuf::from(v)) },
-            _ => DiskCache { dir: dirs::cache_dir().map(|d| d.join("calico")) },
+            Some(v) if !v.is_empty() => DiskCache {
+                dir: Some(PathBuf::from(v)),
+            },
+            _ => DiskCache {
+                dir: dirs::cache_dir().map(|d| d.join("calico")),
+            },
         }
     }
 
     /// A cache in `dir`.
     pub fn at(dir: impl Into<PathBuf>) -> DiskCache {
-        DiskCache { dir: Some(dir.into()) }
+        DiskCache {
+            dir: Some(dir.into()),
+        }
     }
 
     /// A cache that stores nothing.
@@ -77,7 +83,9 @@ impl DiskCache {
     /// Stores `payload` under `key`. Failure to write is not an error for callers that can go
     /// on without a cache; it is returned so they can log it.
     pub fn put(&self, key: &str, payload: &[u8]) -> std::io::Result<()> {
-        let Some(path) = self.path(key) else { return Ok(()) };
+        let Some(path) = self.path(key) else {
+            return Ok(());
+        };
         let dir = path.parent().expect("cache entries live in a directory");
         fs::create_dir_all(dir)?;
         static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -99,7 +107,11 @@ impl DiskCache {
     }
 
     /// The cached payload for `key`, or `build()`'s result, which is then stored.
-    pub fn get_or_build<E>(&self, key: &str, build: impl FnOnce() -> Result<Vec<u8>, E>) -> Result<Vec<u8>, E> {
+    pub fn get_or_build<E>(
+        &self,
+        key: &str,
+        build: impl FnOnce() -> Result<Vec<u8>, E>,
+    ) -> Result<Vec<u8>, E> {
         if let Some(hit) = self.get(key) {
             return Ok(hit);
         }
@@ -136,7 +148,8 @@ mod tests {
     use super::*;
 
     fn temp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("calico-cache-test-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("calico-cache-test-{name}-{}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         d
     }
@@ -191,6 +204,9 @@ mod tests {
 
     #[test]
     fn key_separates_parts() {
-        assert_ne!(DiskCache::key(&[b"ab", b"c"]), DiskCache::key(&[b"a", b"bc"]));
+        assert_ne!(
+            DiskCache::key(&[b"ab", b"c"]),
+            DiskCache::key(&[b"a", b"bc"])
+        );
     }
 }

@@ -54,9 +54,15 @@ impl DType {
 
     /// Parses a name written by [`DType::name`].
     pub fn parse(name: &str) -> Option<DType> {
-        [DType::BF16, DType::F16, DType::F32, DType::F8E4M3, DType::F8E5M2]
-            .into_iter()
-            .find(|d| d.name() == name)
+        [
+            DType::BF16,
+            DType::F16,
+            DType::F32,
+            DType::F8E4M3,
+            DType::F8E5M2,
+        ]
+        .into_iter()
+        .find(|d| d.name() == name)
     }
 }
 
@@ -109,20 +115,31 @@ impl Element for f32 {
 /// Reads element `i` of a little-endian byte buffer of `dtype` as f32 (bf16/f16/f32 only).
 pub fn read_f32(dtype: DType, bytes: &[u8], i: usize) -> f32 {
     match dtype {
-        DType::BF16 => half::bf16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32(),
-        DType::F16 => half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32(),
+        DType::BF16 => {
+            half::bf16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+        }
+        DType::F16 => {
+            half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
+        }
         DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")),
-        DType::F8E4M3 | DType::F8E5M2 => unreachable!("fp8 storage is rejected before element access"),
+        DType::F8E4M3 | DType::F8E5M2 => {
+            unreachable!("fp8 storage is rejected before element access")
+        }
     }
 }
 
 /// Writes `v` as element `i` of a little-endian byte buffer of `dtype` (bf16/f16/f32 only).
 pub fn write_f32(dtype: DType, bytes: &mut [u8], i: usize, v: f32) {
     match dtype {
-        DType::BF16 => bytes[2 * i..2 * i + 2].copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes()),
-        DType::F16 => bytes[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes()),
+        DType::BF16 => bytes[2 * i..2 * i + 2]
+            .copy_from_slice(&half::bf16::from_f32(v).to_bits().to_le_bytes()),
+        DType::F16 => {
+            bytes[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
+        }
         DType::F32 => bytes[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
-        DType::F8E4M3 | DType::F8E5M2 => unreachable!("fp8 storage is rejected before element access"),
+        DType::F8E4M3 | DType::F8E5M2 => {
+            unreachable!("fp8 storage is rejected before element access")
+        }
     }
 }
 
@@ -132,7 +149,13 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for d in [DType::BF16, DType::F16, DType::F32, DType::F8E4M3, DType::F8E5M2] {
+        for d in [
+            DType::BF16,
+            DType::F16,
+            DType::F32,
+            DType::F8E4M3,
+            DType::F8E5M2,
+        ] {
             assert_eq!(DType::parse(d.name()), Some(d));
         }
         assert_eq!(DType::parse("f64"), None);

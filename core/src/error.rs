@@ -28,13 +28,24 @@ pub enum Error {
     Unsupported(String),
     /// A backend whose runtime library or device could not be found.
     #[error("{backend} backend unavailable: {reason}")]
-    BackendUnavailable { backend: &'static str, reason: String },
+    BackendUnavailable {
+        backend: &'static str,
+        reason: String,
+    },
     /// A kernel that failed to compile; carries the compiler's log.
     #[error("compiling `{entry}` for {target} failed:\n{log}")]
-    Compile { entry: String, target: String, log: String },
+    Compile {
+        entry: String,
+        target: String,
+        log: String,
+    },
     /// An error reported by the device runtime (CUDA driver, HIP runtime).
     #[error("{backend} runtime error in {call}: {message}")]
-    Runtime { backend: &'static str, call: String, message: String },
+    Runtime {
+        backend: &'static str,
+        call: String,
+        message: String,
+    },
     /// An index or range outside a tensor or buffer.
     #[error("out of bounds: {0}")]
     OutOfBounds(String),

@@ -26,7 +26,12 @@ impl KernelSource {
     /// Builds a source from `main` with `#define NAME VALUE` lines for `defines` in front, and
     /// every `#include "..."` resolved from `headers` (searched in order). Angle-bracket
     /// includes are left for the compiler.
-    pub fn assemble(entry: &str, main: &str, headers: &[HeaderSet], defines: &[(&str, String)]) -> Result<KernelSource> {
+    pub fn assemble(
+        entry: &str,
+        main: &str,
+        headers: &[HeaderSet],
+        defines: &[(&str, String)],
+    ) -> Result<KernelSource> {
         let mut text = String::with_capacity(main.len() * 2);
         for (name, value) in defines {
             text.push_str(&format!("#define {name} {value}\n"));
@@ -37,7 +42,11 @@ impl KernelSource {
         h.update(entry.as_bytes());
         h.update([0]);
         h.update(text.as_bytes());
-        Ok(KernelSource { entry: entry.to_string(), text, digest: h.finalize().into() })
+        Ok(KernelSource {
+            entry: entry.to_string(),
+            text,
+            digest: h.finalize().into(),
+        })
     }
 
     /// Hex of the digest, for logs and file names.
@@ -46,9 +55,18 @@ impl KernelSource {
     }
 }
 
-fn expand(src: &str, from: &str, headers: &[HeaderSet], seen: &mut HashSet<&'static str>, out: &mut String, depth: usize) -> Result<()> {
+fn expand(
+    src: &str,
+    from: &str,
+    headers: &[HeaderSet],
+    seen: &mut HashSet<&'static str>,
+    out: &mut String,
+    depth: usize,
+) -> Result<()> {
     if depth > 32 {
-        return Err(Error::unsupported(format!("include depth exceeded while expanding {from}")));
+        return Err(Error::unsupported(format!(
+            "include depth exceeded while expanding {from}"
+        )));
     }
     for line in src.lines() {
         let trimmed = line.trim_start();
@@ -60,7 +78,11 @@ fn expand(src: &str, from: &str, headers: &[HeaderSet], seen: &mut HashSet<&'sta
                 .iter()
                 .flat_map(|set| set.iter())
                 .find(|(k, _)| *k == name)
-                .ok_or_else(|| Error::unsupported(format!("{from} includes \"{name}\", which no header set provides")))?;
+                .ok_or_else(|| {
+                    Error::unsupported(format!(
+                        "{from} includes \"{name}\", which no header set provides"
+                    ))
+                })?;
             if seen.insert(key) {
                 out.push_str(&format!("// ---- {key}\n"));
                 expand(body, key, headers, seen, out, depth + 1)?;
@@ -89,7 +111,10 @@ mod tests {
     use super::*;
 
     const SET: HeaderSet = &[
-        ("calico/a.h", "#pragma once\n#include \"calico/b.h\"\nint a;\n"),
+        (
+            "calico/a.h",
+            "#pragma once\n#include \"calico/b.h\"\nint a;\n",
+        ),
         ("calico/b.h", "#pragma once\nint b;\n"),
     ];
 
@@ -110,7 +135,8 @@ mod tests {
 
     #[test]
     fn unknown_include_is_an_error() {
-        let err = KernelSource::assemble("k", "#include \"calico/missing.h\"\n", &[SET], &[]).unwrap_err();
+        let err = KernelSource::assemble("k", "#include \"calico/missing.h\"\n", &[SET], &[])
+            .unwrap_err();
         assert!(err.to_string().contains("calico/missing.h"));
     }
 

@@ -30,7 +30,11 @@ impl Layout {
             strides[i] = acc;
             acc = acc.saturating_mul(d.max(1));
         }
-        Layout { shape: shape.to_vec(), strides, offset: 0 }
+        Layout {
+            shape: shape.to_vec(),
+            strides,
+            offset: 0,
+        }
     }
 
     /// A layout with explicit strides and offset (elements). Use [`Layout::max_element`] to
@@ -43,7 +47,11 @@ impl Layout {
                 strides.len()
             )));
         }
-        Ok(Layout { shape: shape.to_vec(), strides: strides.to_vec(), offset })
+        Ok(Layout {
+            shape: shape.to_vec(),
+            strides: strides.to_vec(),
+            offset,
+        })
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -94,12 +102,16 @@ impl Layout {
 
     /// A sub-view: dimension `dim` restricted to `start..start + len`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Self> {
-        let d = *self
-            .shape
-            .get(dim)
-            .ok_or_else(|| Error::shape(format!("narrow: dim {dim} out of range for rank {}", self.rank())))?;
+        let d = *self.shape.get(dim).ok_or_else(|| {
+            Error::shape(format!(
+                "narrow: dim {dim} out of range for rank {}",
+                self.rank()
+            ))
+        })?;
         if start.checked_add(len).is_none_or(|end| end > d) {
-            return Err(Error::OutOfBounds(format!("narrow: {start}..{start}+{len} exceeds dim {dim} of size {d}")));
+            return Err(Error::OutOfBounds(format!(
+                "narrow: {start}..{start}+{len} exceeds dim {dim} of size {d}"
+            )));
         }
         let mut out = self.clone();
         out.shape[dim] = len;
@@ -110,7 +122,10 @@ impl Layout {
     /// Swaps two dimensions (no data moves).
     pub fn transpose(&self, a: usize, b: usize) -> Result<Self> {
         if a >= self.rank() || b >= self.rank() {
-            return Err(Error::shape(format!("transpose({a}, {b}) on rank {}", self.rank())));
+            return Err(Error::shape(format!(
+                "transpose({a}, {b}) on rank {}",
+                self.rank()
+            )));
         }
         let mut out = self.clone();
         out.shape.swap(a, b);
@@ -153,7 +168,12 @@ impl Layout {
             }
             rows *= d;
         }
-        Ok(Rows { rows, cols, row_stride: row_stride.unwrap_or(cols), offset: self.offset })
+        Ok(Rows {
+            rows,
+            cols,
+            row_stride: row_stride.unwrap_or(cols),
+            offset: self.offset,
+        })
     }
 }
 
@@ -173,14 +193,30 @@ mod tests {
     fn rows_of_a_narrowed_matrix_keep_the_parent_stride() {
         let l = Layout::contiguous(&[8, 10]).narrow(1, 2, 5).unwrap();
         let r = l.as_rows().unwrap();
-        assert_eq!(r, Rows { rows: 8, cols: 5, row_stride: 10, offset: 2 });
+        assert_eq!(
+            r,
+            Rows {
+                rows: 8,
+                cols: 5,
+                row_stride: 10,
+                offset: 2
+            }
+        );
         assert!(!l.is_contiguous());
     }
 
     #[test]
     fn rows_collapse_leading_dims() {
         let l = Layout::contiguous(&[2, 3, 4]);
-        assert_eq!(l.as_rows().unwrap(), Rows { rows: 6, cols: 4, row_stride: 4, offset: 0 });
+        assert_eq!(
+            l.as_rows().unwrap(),
+            Rows {
+                rows: 6,
+                cols: 4,
+                row_stride: 4,
+                offset: 0
+            }
+        );
         // A narrowed middle dimension cannot collapse.
         let n = l.narrow(1, 0, 2).unwrap();
         assert!(matches!(n.as_rows(), Err(Error::Stride(_))));

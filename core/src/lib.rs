@@ -17,8 +17,8 @@ pub mod tensor;
 
 pub use arch::{Arch, AsyncCopy, Fp8Flavour, MmaAtom, MmaKind, Vendor};
 pub use backend::{
-    check_byte_range, Backend, BackendKind, CompilerInfo, DeviceId, GpuBackend, KernelArg, LaunchConfig, OpaqueParam128,
-    Storage,
+    check_byte_range, Backend, BackendKind, CompilerInfo, DeviceId, GpuBackend, KernelArg,
+    LaunchConfig, OpaqueParam128, Storage,
 };
 pub use cache::DiskCache;
 pub use dtype::{DType, Element};

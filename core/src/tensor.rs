@@ -27,7 +27,11 @@ impl Tensor {
                 storage.size_bytes()
             )));
         }
-        Ok(Tensor { storage, dtype, layout })
+        Ok(Tensor {
+            storage,
+            dtype,
+            layout,
+        })
     }
 
     /// A zero-filled contiguous tensor on `backend`.
@@ -41,10 +45,17 @@ impl Tensor {
     }
 
     /// A contiguous tensor on `backend` holding `data` in row-major order.
-    pub fn from_slice<T: Element>(backend: &dyn Backend, data: &[T], shape: &[usize]) -> Result<Tensor> {
+    pub fn from_slice<T: Element>(
+        backend: &dyn Backend,
+        data: &[T],
+        shape: &[usize],
+    ) -> Result<Tensor> {
         let numel: usize = shape.iter().product();
         if numel != data.len() {
-            return Err(Error::shape(format!("shape {shape:?} holds {numel} elements, the slice has {}", data.len())));
+            return Err(Error::shape(format!(
+                "shape {shape:?} holds {numel} elements, the slice has {}",
+                data.len()
+            )));
         }
         let t = Tensor::zeros(backend, shape, T::DTYPE)?;
         t.storage.write_bytes(0, bytemuck::cast_slice(data))?;
@@ -87,7 +98,10 @@ impl Tensor {
 
     /// True when both views share storage and their byte spans intersect (conservative).
     pub fn overlaps(&self, other: &Tensor) -> bool {
-        if !std::ptr::addr_eq(Arc::as_ptr(&self.storage), Arc::as_ptr(&other.storage)) || self.numel() == 0 || other.numel() == 0 {
+        if !std::ptr::addr_eq(Arc::as_ptr(&self.storage), Arc::as_ptr(&other.storage))
+            || self.numel() == 0
+            || other.numel() == 0
+        {
             return false;
         }
         let (a0, a1) = self.byte_span();
@@ -102,12 +116,20 @@ impl Tensor {
 
     /// A view with dimension `dim` restricted to `start..start + len`.
     pub fn narrow(&self, dim: usize, start: usize, len: usize) -> Result<Tensor> {
-        Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, layout: self.layout.narrow(dim, start, len)? })
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            dtype: self.dtype,
+            layout: self.layout.narrow(dim, start, len)?,
+        })
     }
 
     /// A view with dimensions `a` and `b` swapped.
     pub fn transpose(&self, a: usize, b: usize) -> Result<Tensor> {
-        Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, layout: self.layout.transpose(a, b)? })
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            dtype: self.dtype,
+            layout: self.layout.transpose(a, b)?,
+        })
     }
 
     /// A view of the same elements with another shape (contiguous tensors only).
@@ -117,16 +139,27 @@ impl Tensor {
         }
         let numel: usize = shape.iter().product();
         if numel != self.numel() {
-            return Err(Error::shape(format!("cannot reshape {:?} into {shape:?}", self.shape())));
+            return Err(Error::shape(format!(
+                "cannot reshape {:?} into {shape:?}",
+                self.shape()
+            )));
         }
         let mut layout = Layout::contiguous(shape);
         layout = Layout::strided(layout.shape(), layout.strides(), self.layout.offset())?;
-        Ok(Tensor { storage: self.storage.clone(), dtype: self.dtype, layout })
+        Ok(Tensor {
+            storage: self.storage.clone(),
+            dtype: self.dtype,
+            layout,
+        })
     }
 
     /// A view with explicit shape, strides and element offset into the same storage.
     pub fn as_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Tensor> {
-        Tensor::from_storage(self.storage.clone(), self.dtype, Layout::strided(shape, strides, offset)?)
+        Tensor::from_storage(
+            self.storage.clone(),
+            self.dtype,
+            Layout::strided(shape, strides, offset)?,
+        )
     }
 
     /// Reads the bytes the view spans (blocking).
@@ -162,7 +195,10 @@ impl Tensor {
     /// Copies the view to the host in row-major order (blocking).
     pub fn to_vec<T: Element>(&self) -> Result<Vec<T>> {
         if T::DTYPE != self.dtype {
-            return Err(Error::DType { expected: T::DTYPE.name().into(), got: self.dtype });
+            return Err(Error::DType {
+                expected: T::DTYPE.name().into(),
+                got: self.dtype,
+            });
         }
         let (start, bytes) = self.read_span()?;
         let esz = self.dtype.size_bytes();
@@ -178,12 +214,17 @@ impl Tensor {
     /// Copies the view to the host as f64 values (bf16/f16/f32 tensors).
     pub fn to_f64_vec(&self) -> Result<Vec<f64>> {
         if !self.dtype.is_standard_float() {
-            return Err(Error::DType { expected: "bf16, f16 or f32".into(), got: self.dtype });
+            return Err(Error::DType {
+                expected: "bf16, f16 or f32".into(),
+                got: self.dtype,
+            });
         }
         let (start, bytes) = self.read_span()?;
         let first = start / self.dtype.size_bytes();
         let mut out = vec![0.0; self.numel()];
-        self.for_each_element(|i, e| out[i] = crate::dtype::read_f32(self.dtype, &bytes, e - first) as f64);
+        self.for_each_element(|i, e| {
+            out[i] = crate::dtype::read_f32(self.dtype, &bytes, e - first) as f64
+        });
         Ok(out)
     }
 
@@ -191,10 +232,17 @@ impl Tensor {
     /// storage between the view's elements keep their values.
     pub fn copy_from_slice<T: Element>(&self, data: &[T]) -> Result<()> {
         if T::DTYPE != self.dtype {
-            return Err(Error::DType { expected: T::DTYPE.name().into(), got: self.dtype });
+            return Err(Error::DType {
+                expected: T::DTYPE.name().into(),
+                got: self.dtype,
+            });
         }
         if data.len() != self.numel() {
-            return Err(Error::shape(format!("view holds {} elements, the slice has {}", self.numel(), data.len())));
+            return Err(Error::shape(format!(
+                "view holds {} elements, the slice has {}",
+                self.numel(),
+                data.len()
+            )));
         }
         if self.layout.is_contiguous() {
             let start = self.layout.offset() * self.dtype.size_bytes();

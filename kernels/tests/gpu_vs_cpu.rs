@@ -32,8 +32,18 @@ fn random(dev: &Device, shape: &[usize], dtype: DType, seed: u64) -> Tensor {
     let n: usize = shape.iter().product();
     let v: Vec<f64> = (0..n).map(|_| rng.next() * 3.0).collect();
     match dtype {
-        DType::BF16 => dev.tensor(&v.iter().map(|&x| half::bf16::from_f64(x)).collect::<Vec<_>>(), shape),
-        DType::F16 => dev.tensor(&v.iter().map(|&x| half::f16::from_f64(x)).collect::<Vec<_>>(), shape),
+        DType::BF16 => dev.tensor(
+            &v.iter()
+                .map(|&x| half::bf16::from_f64(x))
+                .collect::<Vec<_>>(),
+            shape,
+        ),
+        DType::F16 => dev.tensor(
+            &v.iter()
+                .map(|&x| half::f16::from_f64(x))
+                .collect::<Vec<_>>(),
+            shape,
+        ),
         _ => dev.tensor(&v.iter().map(|&x| x as f32).collect::<Vec<_>>(), shape),
     }
     .unwrap()
@@ -50,8 +60,20 @@ fn tolerance(dtype: DType) -> f64 {
 fn assert_close(what: &str, got: &Tensor, want: &Tensor, dtype: DType) {
     let (g, w) = (got.to_f64_vec().unwrap(), want.to_f64_vec().unwrap());
     let scale = w.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
-    let err = g.iter().zip(&w).map(|(a, b)| (a - b).abs()).fold(0.0f64, |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) }) / scale;
-    assert!(err <= tolerance(dtype), "{what}: max error {err:e} relative to max |ref| (tolerance {:e})", tolerance(dtype));
+    let err = g
+        .iter()
+        .zip(&w)
+        .map(|(a, b)| (a - b).abs())
+        .fold(
+            0.0f64,
+            |m, e| if e.is_nan() { f64::INFINITY } else { m.max(e) },
+        )
+        / scale;
+    assert!(
+        err <= tolerance(dtype),
+        "{what}: max error {err:e} relative to max |ref| (tolerance {:e})",
+        tolerance(dtype)
+    );
 }
 
 #[test]
@@ -59,7 +81,14 @@ fn row_ops_match_the_cpu_backend() {
     let cpu = Device::cpu();
     for gpu in gpus() {
         for dtype in [DType::BF16, DType::F16, DType::F32] {
-            for &(rows, cols) in &[(1usize, 1usize), (3, 7), (64, 4096), (5, 1000), (2, 70000), (33, 4097)] {
+            for &(rows, cols) in &[
+                (1usize, 1usize),
+                (3, 7),
+                (64, 4096),
+                (5, 1000),
+                (2, 70000),
+                (33, 4097),
+            ] {
                 let what = format!("{} {dtype} {rows}x{cols}", gpu.kind());
                 let seed = (rows * 1000 + cols) as u64;
                 let on = |d: &Device| {
@@ -67,8 +96,12 @@ fn row_ops_match_the_cpu_backend() {
                     let r = random(d, &[rows, cols], dtype, seed + 1);
                     let w = random(d, &[cols], dtype, seed + 2);
                     let b = random(d, &[cols], dtype, seed + 3);
-                    let mut outs: Vec<Tensor> = (0..6).map(|_| d.zeros(&[rows, cols], dtype).unwrap()).collect();
-                    let [y1, y2, y3, s3, y4, s4] = &mut outs[..] else { unreachable!() };
+                    let mut outs: Vec<Tensor> = (0..6)
+                        .map(|_| d.zeros(&[rows, cols], dtype).unwrap())
+                        .collect();
+                    let [y1, y2, y3, s3, y4, s4] = &mut outs[..] else {
+                        unreachable!()
+                    };
                     ops::rms_norm(d, &x, &w, 1e-5, y1).unwrap();
                     ops::layer_norm(d, &x, Some(&w), Some(&b), 1e-5, y2).unwrap();
                     ops::add_rms_norm(d, &x, &r, &w, 1e-5, y3, s3).unwrap();
@@ -79,7 +112,18 @@ fn row_ops_match_the_cpu_backend() {
                     outs
                 };
                 let (g, c) = (on(&gpu), on(&cpu));
-                for (i, name) in ["rms_norm", "layer_norm", "add_rms_norm", "sum", "add_layer_norm", "sum", "softmax"].iter().enumerate() {
+                for (i, name) in [
+                    "rms_norm",
+                    "layer_norm",
+                    "add_rms_norm",
+                    "sum",
+                    "add_layer_norm",
+                    "sum",
+                    "softmax",
+                ]
+                .iter()
+                .enumerate()
+                {
                     assert_close(&format!("{what} {name}"), &g[i], &c[i], dtype);
                 }
             }
@@ -111,7 +155,11 @@ fn rope_matches_the_cpu_backend() {
     for gpu in gpus() {
         for dtype in [DType::BF16, DType::F32] {
             for mode in [RopeMode::HalfSplit, RopeMode::Interleaved] {
-                for &(b, s, h, dim) in &[(2usize, 5usize, 3usize, 128usize), (1, 7, 2, 6), (1, 3, 1, 2)] {
+                for &(b, s, h, dim) in &[
+                    (2usize, 5usize, 3usize, 128usize),
+                    (1, 7, 2, 6),
+                    (1, 3, 1, 2),
+                ] {
                     let on = |d: &Device| {
                         let x = random(d, &[b, s, h, dim], dtype, 7);
                         let cos = random(d, &[s + 4, dim / 2], DType::F32, 8);
@@ -120,7 +168,12 @@ fn rope_matches_the_cpu_backend() {
                         ops::rope(d, &x, &cos, &sin, 3, mode, &mut y).unwrap();
                         y
                     };
-                    assert_close(&format!("rope {dtype} {mode:?} {b}x{s}x{h}x{dim}"), &on(&gpu), &on(&cpu), dtype);
+                    assert_close(
+                        &format!("rope {dtype} {mode:?} {b}x{s}x{h}x{dim}"),
+                        &on(&gpu),
+                        &on(&cpu),
+                        dtype,
+                    );
                 }
             }
         }
@@ -131,16 +184,31 @@ fn rope_matches_the_cpu_backend() {
 fn gemm_matches_the_cpu_backend() {
     let cpu = Device::cpu();
     for gpu in gpus() {
-        for &(m, n, k) in &[(1usize, 1usize, 1usize), (7, 33, 65), (128, 256, 64), (300, 129, 257), (1024, 1024, 1024)] {
+        for &(m, n, k) in &[
+            (1usize, 1usize, 1usize),
+            (7, 33, 65),
+            (128, 256, 64),
+            (300, 129, 257),
+            (1024, 1024, 1024),
+        ] {
             for weight_layout in [false, true] {
                 let on = |d: &Device| {
                     let a = random(d, &[m, k], DType::BF16, 11);
-                    let b = if weight_layout { random(d, &[n, k], DType::BF16, 12).transpose(0, 1).unwrap() } else { random(d, &[k, n], DType::BF16, 12) };
+                    let b = if weight_layout {
+                        random(d, &[n, k], DType::BF16, 12).transpose(0, 1).unwrap()
+                    } else {
+                        random(d, &[k, n], DType::BF16, 12)
+                    };
                     let mut out = d.zeros(&[m, n], DType::BF16).unwrap();
                     ops::matmul(d, &a, &b, &mut out).unwrap();
                     out
                 };
-                assert_close(&format!("gemm {m}x{n}x{k} weight_layout={weight_layout}"), &on(&gpu), &on(&cpu), DType::BF16);
+                assert_close(
+                    &format!("gemm {m}x{n}x{k} weight_layout={weight_layout}"),
+                    &on(&gpu),
+                    &on(&cpu),
+                    DType::BF16,
+                );
             }
         }
     }

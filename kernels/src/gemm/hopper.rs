@@ -203,6 +203,128 @@ fn as_i64(v: usize, what: &str) -> Result<i64> {
 }
 
 /// Launches the Hopper GEMM for `p` (call only when [`supports`] is true).
+/// One compiled form of the Hopper kernel.
+#[derive(Debug, Clone, Copy)]
+struct Variant {
+    in_dtype: DType,
+    out_dtype: DType,
+    tile: TileConfig,
+    b_kmajor: bool,
+    epilogue: super::Epilogue,
+    bias: bool,
+    c: bool,
+}
+
+impl Variant {
+    fn source(&self, vendor: calico_core::HeaderSet) -> Result<KernelSource> {
+        let defines = [
+            ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
+            ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
+            ("CALICO_GEMM_BM", self.tile.bm.to_string()),
+            ("CALICO_GEMM_BN", self.tile.bn.to_string()),
+            ("CALICO_GEMM_STAGES", self.tile.stages.to_string()),
+            ("CALICO_GEMM_B_KMAJOR", u8::from(self.b_kmajor).to_string()),
+            ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
+            ("CALICO_GEMM_HAS_BIAS", u8::from(self.bias).to_string()),
+            ("CALICO_GEMM_HAS_C", u8::from(self.c).to_string()),
+        ];
+        KernelSource::assemble(
+            ENTRY,
+            SOURCE,
+            &[vendor, calico_core::device_headers()],
+            &defines,
+        )
+    }
+}
+
+/// Representative Hopper variants for the compile checks and `calico compile`.
+pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catalog::CatalogEntry>> {
+    use super::Epilogue;
+    let big = TileConfig {
+        bm: 128,
+        bn: 256,
+        stages: 4,
+    };
+    let skinny = TileConfig {
+        bm: 64,
+        bn: 32,
+        stages: 8,
+    };
+    let mut out = Vec::new();
+    let cases = [
+        (
+            DType::BF16,
+            DType::BF16,
+            big,
+            true,
+            Epilogue::None,
+            false,
+            false,
+        ),
+        (
+            DType::BF16,
+            DType::BF16,
+            big,
+            false,
+            Epilogue::None,
+            false,
+            false,
+        ),
+        (
+            DType::F16,
+            DType::F32,
+            big,
+            true,
+            Epilogue::Gelu,
+            true,
+            true,
+        ),
+        (
+            DType::BF16,
+            DType::BF16,
+            skinny,
+            true,
+            Epilogue::Silu,
+            true,
+            false,
+        ),
+        (
+            DType::BF16,
+            DType::F16,
+            TileConfig {
+                bm: 128,
+                bn: 128,
+                stages: 6,
+            },
+            false,
+            Epilogue::None,
+            false,
+            true,
+        ),
+    ];
+    for (in_dtype, out_dtype, tile, b_kmajor, epilogue, bias, c) in cases {
+        let v = Variant {
+            in_dtype,
+            out_dtype,
+            tile,
+            b_kmajor,
+            epilogue,
+            bias,
+            c,
+        };
+        let label = format!(
+            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}",
+            tile.bm, tile.bn, tile.stages
+        );
+        out.push(crate::catalog::CatalogEntry {
+            op: "gemm",
+            label,
+            source: v.source(vendor)?,
+        });
+    }
+    Ok(out)
+}
+
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let arch = gpu.arch();
     if !supports(arch, p) {
@@ -249,26 +371,16 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     };
 
     let has_c = p.c.is_some() && p.beta != 0.0;
-    let defines = [
-        ("CALICO_GEMM_IN", p.in_dtype.device_type().to_string()),
-        ("CALICO_GEMM_OUT", p.out_dtype.device_type().to_string()),
-        ("CALICO_GEMM_BM", cfg.bm.to_string()),
-        ("CALICO_GEMM_BN", cfg.bn.to_string()),
-        ("CALICO_GEMM_STAGES", cfg.stages.to_string()),
-        ("CALICO_GEMM_B_KMAJOR", u8::from(b_kmajor).to_string()),
-        ("CALICO_GEMM_EPILOGUE", p.epilogue.define().to_string()),
-        (
-            "CALICO_GEMM_HAS_BIAS",
-            u8::from(p.bias.is_some()).to_string(),
-        ),
-        ("CALICO_GEMM_HAS_C", u8::from(has_c).to_string()),
-    ];
-    let source = KernelSource::assemble(
-        ENTRY,
-        SOURCE,
-        &[gpu.vendor_headers(), calico_core::device_headers()],
-        &defines,
-    )?;
+    let variant = Variant {
+        in_dtype: p.in_dtype,
+        out_dtype: p.out_dtype,
+        tile: cfg,
+        b_kmajor,
+        epilogue: p.epilogue,
+        bias: p.bias.is_some(),
+        c: has_c,
+    };
+    let source = variant.source(gpu.vendor_headers())?;
 
     let tiles = cfg.tiles(p);
     let grid = tiles.min(arch.compute_units.max(1) as usize) as u32;

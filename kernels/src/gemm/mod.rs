@@ -4,6 +4,10 @@
 //! device is chosen here: Hopper (TMA + wgmma), sm_80 (mma.sync + cp.async), or the portable
 //! tile kernel (HIP and odd strides); the CPU backend has its own implementation.
 
+mod hopper;
+mod portable;
+mod sm80;
+
 use crate::ops_check as check;
 use crate::Device;
 use calico_core::{DType, Error, Result, Tensor};
@@ -122,15 +126,24 @@ pub fn gemm(
     }
 }
 
+/// Picks the fastest variant that supports the problem on this device.
 fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
     let gpu = dev
         .as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
-    let _ = gpu;
-    Err(Error::unsupported(format!(
-        "GEMM kernels for {} are not wired in yet ({p:?})",
-        dev.arch().target
-    )))
+    let arch = gpu.arch();
+    if hopper::supports(arch, p) {
+        hopper::launch(gpu, p)
+    } else if sm80::supports(arch, p) {
+        sm80::launch(gpu, p)
+    } else if portable::supports(arch, p) {
+        portable::launch(gpu, p)
+    } else {
+        Err(Error::unsupported(format!(
+            "no GEMM kernel for this problem on {} ({p:?})",
+            arch.target
+        )))
+    }
 }
 
 /// (batch, rows, cols, batch stride) of a rank-2 or rank-3 operand.
@@ -265,6 +278,13 @@ pub(crate) fn catalog(
     arch: &calico_core::Arch,
     vendor: calico_core::HeaderSet,
 ) -> Result<Vec<crate::catalog::CatalogEntry>> {
-    let _ = (arch, vendor);
-    Ok(Vec::new())
+    let mut out = Vec::new();
+    if arch.has_mma(calico_core::MmaKind::Wgmma, DType::BF16) && arch.target.ends_with('a') {
+        out.extend(hopper::catalog(vendor)?);
+    }
+    if arch.has_mma(calico_core::MmaKind::MmaSync, DType::BF16) {
+        out.extend(sm80::catalog(vendor)?);
+    }
+    out.extend(portable::catalog(vendor)?);
+    Ok(out)
 }
