@@ -1,1 +1,458 @@
-//! (in progress)
+//! Calico's benchmark suite: device-event timings of every op against the device's own copy
+//! bandwidth, cuBLASLt and (merged from Python) torch, written as JSON, Markdown and SVG under
+//! `reports/<device>/`.
+//!
+//! ```no_run
+//! let dev = calico::Device::auto()?;
+//! let report = calico_benches::run(&dev, &calico_benches::BenchOptions::default())?;
+//! println!("{} memory-bound cases", report.memory.len());
+//! # Ok::<(), calico::Error>(())
+//! ```
+
+pub mod accounting;
+pub mod cases;
+pub mod cublaslt;
+pub mod peers;
+pub mod plots;
+pub mod report;
+pub mod rng;
+pub mod stats;
+pub mod timing;
+
+pub use cases::Profile;
+pub use report::Report;
+
+use calico::{Device, Result, Vendor};
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{DeviceInfo, Status, Timed};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use timing::Pad;
+
+/// What to run and where to write it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    /// Reports go to `<out>/<device-slug>/`.
+    pub out: PathBuf,
+    pub profile: Profile,
+    /// Only cases whose name contains this (the copy bandwidth always runs).
+    pub only: Option<String>,
+    /// JSON written by `benches/peers/peers.py`, merged as the "torch" column.
+    pub peers: Option<PathBuf>,
+    /// Write the report files (tests may turn this off).
+    pub write: bool,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            out: PathBuf::from("reports"),
+            profile: Profile::Full,
+            only: None,
+            peers: None,
+            write: true,
+        }
+    }
+}
+
+/// The command-line options shared by `calico-bench` and `calico bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Output directory; the report goes to <OUT>/<device-slug>/.
+    #[arg(long, default_value = "reports")]
+    pub out: PathBuf,
+    /// Fewer shapes and runs.
+    #[arg(long)]
+    pub quick: bool,
+    /// Only run cases whose name contains this substring (e.g. "rms_norm", "gemm llm").
+    #[arg(long)]
+    pub only: Option<String>,
+    /// Merge torch figures from this JSON (written by benches/peers/peers.py).
+    #[arg(long)]
+    pub peers: Option<PathBuf>,
+}
+
+impl BenchArgs {
+    pub fn options(&self) -> BenchOptions {
+        BenchOptions {
+            out: self.out.clone(),
+            profile: if self.quick {
+                Profile::Quick
+            } else {
+                Profile::Full
+            },
+            only: self.only.clone().filter(|s| !s.is_empty()),
+            peers: self.peers.clone(),
+            write: true,
+        }
+    }
+}
+
+/// A folder name for a device: lower case, runs of other characters as one `-`; the CPU's
+/// model is prefixed with `cpu-`.
+pub fn device_slug(name: &str, vendor: Vendor) -> String {
+    let mut slug = String::new();
+    for c in name.chars() {
+        if c.is_ascii_alphanumeric() {
+            slug.push(c.to_ascii_lowercase());
+        } else if !slug.is_empty() && !slug.ends_with('-') {
+            slug.push('-');
+        }
+    }
+    let slug = slug.trim_end_matches('-').to_string();
+    let slug = if slug.is_empty() {
+        "device".into()
+    } else {
+        slug
+    };
+    if vendor == Vendor::Cpu && !slug.starts_with("cpu") {
+        format!("cpu-{slug}")
+    } else {
+        slug
+    }
+}
+
+/// Dense bf16 peak for "% of peak", where known (TARGETS.md uses 989 for the H100 SXM).
+pub fn peak_bf16_tflops(name: &str) -> Option<f64> {
+    let n = name.to_ascii_uppercase();
+    if n.contains("H100") && n.contains("PCIE") {
+        Some(756.0)
+    } else if n.contains("H100") && n.contains("NVL") {
+        Some(835.0)
+    } else if n.contains("H100") || n.contains("H200") || n.contains("GH200") {
+        Some(989.0)
+    } else {
+        None
+    }
+}
+
+fn device_info(dev: &Device) -> DeviceInfo {
+    let a = dev.arch();
+    DeviceInfo {
+        name: dev.name().to_string(),
+        slug: device_slug(dev.name(), a.vendor),
+        backend: dev.kind().to_string(),
+        target: a.target.clone(),
+        lanes: a.lanes,
+        compute_units: a.compute_units,
+        shared_mem_per_block: a.shared_mem_per_block,
+        l2_bytes: a.l2_bytes,
+        peak_bf16_tflops: peak_bf16_tflops(dev.name()),
+    }
+}
+
+/// Prints a finished case above the bar, or plainly when the bar is hidden.
+struct Progress {
+    bar: ProgressBar,
+    visible: bool,
+}
+
+impl Progress {
+    fn new(len: usize) -> Progress {
+        let visible = std::io::stdout().is_terminal();
+        let bar = if visible {
+            let bar = ProgressBar::new(len as u64);
+            if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
+            {
+                bar.set_style(style);
+            }
+            bar
+        } else {
+            ProgressBar::hidden()
+        };
+        Progress { bar, visible }
+    }
+
+    fn start(&self, name: &str) {
+        self.bar.set_message(name.to_string());
+    }
+
+    fn done(&self, line: String) {
+        if self.visible {
+            self.bar.println(line);
+        } else {
+            println!("{line}");
+        }
+        self.bar.inc(1);
+    }
+}
+
+/// A rate with a few significant digits.
+fn rate(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
+    }
+}
+
+fn describe(t: &Timed, rate: Option<String>) -> String {
+    match (t.status, &t.stats) {
+        (Status::Ok, Some(s)) => format!(
+            "{:>9.4} ms (min {:.4}, p90 {:.4}, {} runs){}",
+            s.median_ms,
+            s.min_ms,
+            s.p90_ms,
+            s.runs,
+            rate.map_or_else(String::new, |r| format!("  {r}"))
+        ),
+        (Status::NotAvailable, _) => format!(
+            "not available: {}",
+            t.message
+                .as_deref()
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("")
+        ),
+        _ => format!(
+            "FAILED: {}",
+            t.message
+                .as_deref()
+                .unwrap_or("")
+                .lines()
+                .next()
+                .unwrap_or("")
+        ),
+    }
+}
+
+/// Runs the suite on `dev` and writes the report (unless `opts.write` is off).
+pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
+    let gpu = dev.as_gpu().is_some();
+    let profile = opts.profile;
+    let plan = cases::plan(gpu, profile);
+    let wanted = |name: &str| opts.only.as_deref().is_none_or(|o| name.contains(o));
+    let mem_specs: Vec<_> = cases::memory_specs(gpu, profile)
+        .into_iter()
+        .filter(|s| wanted(&s.name()))
+        .collect();
+    let gemm_specs: Vec<_> = cases::gemm_specs(gpu, profile)
+        .into_iter()
+        .filter(|s| wanted(&s.name()))
+        .collect();
+    let latency_name = "latency rms_norm";
+    let run_latency = wanted(latency_name);
+
+    let mut report = Report {
+        calico_version: env!("CARGO_PKG_VERSION").to_string(),
+        created_unix_s: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        profile: profile.name().to_string(),
+        only: opts.only.clone(),
+        device: device_info(dev),
+        copy: None,
+        memory: Vec::new(),
+        gemm: Vec::new(),
+        latency: None,
+        peers: None,
+        targets: Vec::new(),
+        notes: Vec::new(),
+    };
+    println!(
+        "calico-bench: {} ({}, {}), profile {}, {} memory-bound and {} GEMM cases",
+        report.device.name,
+        report.device.backend,
+        report.device.target,
+        profile.name(),
+        mem_specs.len(),
+        gemm_specs.len()
+    );
+    let progress = Progress::new(1 + usize::from(run_latency) + mem_specs.len() + gemm_specs.len());
+    let mut rng = rng::XorShift::new(0x00ca_11c0);
+
+    progress.start("copy bandwidth");
+    let copy_bytes = cases::copy_buffer_bytes(gpu, profile);
+    let copy = cases::copy::measure(dev, &plan, copy_bytes, &mut rng);
+    let copy_gbps = copy
+        .timed
+        .median_ms()
+        .map(|ms| accounting::gbps(copy.bytes_moved, ms));
+    progress.done(format!(
+        "{:<34} {}",
+        format!("copy {} MiB", copy_bytes >> 20),
+        describe(&copy.timed, copy_gbps.map(|g| format!("{} GB/s", rate(g))))
+    ));
+    report.copy = Some(copy);
+
+    if run_latency {
+        progress.start(latency_name);
+        let shape = if profile == Profile::Tiny {
+            [64, 256]
+        } else {
+            [1024, 4096]
+        };
+        let calls = if profile == Profile::Full { 50 } else { 10 };
+        let l = cases::latency::measure(dev, &shape, calls, &mut rng);
+        progress.done(format!(
+            "{:<34} first call {} ms, later calls {} ms (median){}",
+            latency_name,
+            l.first_call_ms.map_or("-".into(), |v| format!("{v:.1}")),
+            l.later_call
+                .as_ref()
+                .map_or("-".into(), |s| format!("{:.4}", s.median_ms)),
+            l.message
+                .as_ref()
+                .map_or_else(String::new, |m| format!(" ({m})"))
+        ));
+        report.latency = Some(l);
+    }
+
+    // The pad hides the host's launch cost on GPUs (see `timing::Pad`).
+    let pad = if gpu && profile != Profile::Tiny {
+        match Pad::new(dev, Pad::GPU_BYTES) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                report.notes.push(format!(
+                    "no launch-hiding pad copy (allocation failed: {e})"
+                ));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    for spec in &mem_specs {
+        progress.start(&spec.name());
+        let case = cases::memory::run_case(dev, spec, &plan, pad.as_ref(), &mut rng);
+        let rate = case.calico.median_ms().map(|ms| {
+            let g = accounting::gbps(case.bytes, ms);
+            match copy_gbps {
+                Some(c) if c > 0.0 => format!("{} GB/s, {:.1}% of copy", rate(g), 100.0 * g / c),
+                _ => format!("{} GB/s", rate(g)),
+            }
+        });
+        progress.done(format!(
+            "{:<34} {}",
+            case.name,
+            describe(&case.calico, rate)
+        ));
+        report.memory.push(case);
+    }
+
+    if !gemm_specs.is_empty() {
+        let baseline = cases::gemm::Baseline::new(dev);
+        for spec in &gemm_specs {
+            progress.start(&spec.name());
+            let case = cases::gemm::run_case(dev, spec, &plan, pad.as_ref(), &mut rng, &baseline);
+            let tf = |t: &Timed| {
+                t.median_ms()
+                    .map(|ms| format!("{:.1} TFLOP/s", accounting::tflops(case.flops, ms)))
+            };
+            let mut line = format!(
+                "{:<34} calico {}",
+                case.name,
+                describe(&case.calico, tf(&case.calico))
+            );
+            if let Some(lt) = &case.cublaslt {
+                line.push_str(&format!("\n{:<34} cuBLASLt {}", "", describe(lt, tf(lt))));
+            }
+            progress.done(line);
+            report.gemm.push(case);
+        }
+    }
+    progress.bar.finish_and_clear();
+    drop(pad);
+
+    if !gpu {
+        report.notes.push("CPU: small shapes and few runs; times are the host wall clock; the bf16 peak and cuBLASLt do not apply.".into());
+    }
+    report.derive();
+    if let Some(path) = &opts.peers {
+        if let Err(e) = peers::merge_file(&mut report, path) {
+            eprintln!("calico-bench: {e}");
+            report.notes.push(e);
+        }
+    }
+    if opts.write {
+        let dir = opts.out.join(&report.device.slug);
+        let written = report.write(&dir)?;
+        for p in written {
+            println!("wrote {}", p.display());
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs() {
+        assert_eq!(
+            device_slug("NVIDIA H100 80GB HBM3", Vendor::Nvidia),
+            "nvidia-h100-80gb-hbm3"
+        );
+        assert_eq!(
+            device_slug("Intel(R) Xeon(R) Platinum 8480+", Vendor::Cpu),
+            "cpu-intel-r-xeon-r-platinum-8480"
+        );
+        assert_eq!(device_slug("", Vendor::Cpu), "cpu-device");
+        assert_eq!(device_slug("CPU", Vendor::Cpu), "cpu");
+    }
+
+    #[test]
+    fn peaks() {
+        assert_eq!(peak_bf16_tflops("NVIDIA H100 80GB HBM3"), Some(989.0));
+        assert_eq!(peak_bf16_tflops("NVIDIA H100 PCIe"), Some(756.0));
+        assert_eq!(peak_bf16_tflops("AMD Instinct MI300X"), None);
+    }
+
+    /// The whole pipeline on the CPU, restricted to one tiny case.
+    #[test]
+    fn cpu_smoke_one_tiny_case() {
+        let dir = std::env::temp_dir().join(format!("calico-bench-smoke-{}", std::process::id()));
+        let opts = BenchOptions {
+            out: dir.clone(),
+            profile: Profile::Tiny,
+            only: Some("softmax bf16 64x256".into()),
+            peers: None,
+            write: true,
+        };
+        let report = run(&Device::cpu(), &opts).expect("suite runs");
+        assert_eq!(report.memory.len(), 1, "{:?}", report.memory);
+        assert!(report.gemm.is_empty());
+        assert!(report.latency.is_none());
+        let m = &report.memory[0];
+        assert_eq!(m.calico.status, Status::Ok, "{:?}", m.calico);
+        assert!(m.gbps.is_some_and(|g| g > 0.0));
+        assert!(report.copy.as_ref().and_then(|c| c.gbps).is_some());
+        let out = dir.join(&report.device.slug);
+        for f in ["report.json", "report.md", "memory.svg", "gemm.svg"] {
+            assert!(out.join(f).exists(), "{f}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn cpu_tiny_gemm_and_latency() {
+        let opts = BenchOptions {
+            profile: Profile::Tiny,
+            only: Some("gemm".into()),
+            write: false,
+            ..BenchOptions::default()
+        };
+        let report = run(&Device::cpu(), &opts).expect("suite runs");
+        assert_eq!(report.gemm.len(), 1);
+        assert_eq!(
+            report.gemm[0].calico.status,
+            Status::Ok,
+            "{:?}",
+            report.gemm[0].calico
+        );
+        assert!(report.gemm[0].cublaslt.is_none());
+        let opts = BenchOptions {
+            only: Some("latency".into()),
+            ..opts
+        };
+        let report = run(&Device::cpu(), &opts).expect("suite runs");
+        let l = report.latency.expect("latency measured");
+        assert!(l.first_call_ms.is_some(), "{:?}", l.message);
+        assert!(l.later_call.is_some());
+    }
+}

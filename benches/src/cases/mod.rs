@@ -1,0 +1,201 @@
+//! The suite's cases: which shapes run on which device class and profile.
+
+pub mod copy;
+pub mod gemm;
+pub mod latency;
+pub mod memory;
+
+use crate::accounting::MemOp;
+use crate::timing::Plan;
+use serde::{Deserialize, Serialize};
+
+/// How much of the suite to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Profile {
+    /// Every shape of TARGETS.md (on a GPU), with at least 20 timed runs each.
+    Full,
+    /// One or two shapes per op, fewer runs.
+    Quick,
+    /// Toy shapes and three runs: for tests.
+    Tiny,
+}
+
+impl Profile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Full => "full",
+            Profile::Quick => "quick",
+            Profile::Tiny => "tiny",
+        }
+    }
+}
+
+/// One memory-bound case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemSpec {
+    pub op: MemOp,
+    /// `[rows, cols]`, or `[B, S, H, D]` for rope.
+    pub shape: Vec<usize>,
+}
+
+impl MemSpec {
+    pub fn name(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(usize::to_string).collect();
+        format!("{} bf16 {}", self.op.name(), dims.join("x"))
+    }
+}
+
+/// One GEMM case.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GemmSpec {
+    pub group: &'static str,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+}
+
+impl GemmSpec {
+    pub fn name(&self) -> String {
+        format!("gemm {} {}x{}x{}", self.group, self.m, self.n, self.k)
+    }
+}
+
+const NORMS: [MemOp; 4] = [
+    MemOp::RmsNorm,
+    MemOp::LayerNorm,
+    MemOp::AddRmsNorm,
+    MemOp::AddLayerNorm,
+];
+
+/// The memory-bound cases for a GPU (`gpu`) or the CPU.
+pub fn memory_specs(gpu: bool, profile: Profile) -> Vec<MemSpec> {
+    let (rows, norm_cols, softmax_cols, rope): (usize, &[usize], &[usize], [usize; 4]) =
+        match (gpu, profile) {
+            (true, Profile::Full) => (
+                65536,
+                &[1024, 2048, 4096, 8192],
+                &[4096, 1024],
+                [16, 1024, 32, 128],
+            ),
+            (true, Profile::Quick) => (65536, &[4096], &[4096], [16, 1024, 32, 128]),
+            (false, Profile::Full) => (4096, &[1024, 4096], &[4096, 1024], [1, 512, 32, 128]),
+            (false, Profile::Quick) => (4096, &[1024], &[1024], [1, 128, 32, 128]),
+            (_, Profile::Tiny) => (64, &[256], &[256], [1, 8, 4, 64]),
+        };
+    let mut out = Vec::new();
+    for op in NORMS {
+        for &cols in norm_cols {
+            out.push(MemSpec {
+                op,
+                shape: vec![rows, cols],
+            });
+        }
+    }
+    for &cols in softmax_cols {
+        out.push(MemSpec {
+            op: MemOp::Softmax,
+            shape: vec![rows, cols],
+        });
+    }
+    out.push(MemSpec {
+        op: MemOp::Rope,
+        shape: rope.to_vec(),
+    });
+    out
+}
+
+/// The GEMM cases for a GPU or the CPU.
+pub fn gemm_specs(gpu: bool, profile: Profile) -> Vec<GemmSpec> {
+    let sq = |s| GemmSpec {
+        group: "square",
+        m: s,
+        n: s,
+        k: s,
+    };
+    let llm = |n, k| GemmSpec {
+        group: "llm",
+        m: 8192,
+        n,
+        k,
+    };
+    let skinny = |m| GemmSpec {
+        group: "skinny",
+        m,
+        n: 4096,
+        k: 4096,
+    };
+    match (gpu, profile) {
+        (true, Profile::Full) => vec![
+            sq(2048),
+            sq(4096),
+            sq(8192),
+            llm(4096, 4096),
+            llm(14336, 4096),
+            llm(4096, 14336),
+            llm(28672, 4096),
+            skinny(16),
+            skinny(64),
+            skinny(256),
+        ],
+        (true, Profile::Quick) => vec![sq(4096), llm(14336, 4096), skinny(64)],
+        (false, Profile::Full) => vec![sq(256), sq(512)],
+        (false, Profile::Quick) => vec![sq(256)],
+        (_, Profile::Tiny) => vec![sq(64)],
+    }
+}
+
+/// Runs per case.
+pub fn plan(gpu: bool, profile: Profile) -> Plan {
+    match (gpu, profile) {
+        (_, Profile::Tiny) => Plan::TINY,
+        (true, Profile::Full) => Plan::GPU,
+        (true, Profile::Quick) => Plan::GPU_QUICK,
+        (false, Profile::Full) => Plan::CPU,
+        (false, Profile::Quick) => Plan::CPU_QUICK,
+    }
+}
+
+/// Size of the buffer whose copy measures the bandwidth.
+pub fn copy_buffer_bytes(gpu: bool, profile: Profile) -> usize {
+    match (gpu, profile) {
+        (_, Profile::Tiny) => 1 << 20,
+        (true, _) => 1 << 30,
+        (false, _) => 256 << 20,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_gpu_suite_has_every_targets_shape() {
+        let mem = memory_specs(true, Profile::Full);
+        assert_eq!(mem.len(), 4 * 4 + 2 + 1);
+        assert!(mem
+            .iter()
+            .any(|m| m.name() == "add_layer_norm bf16 65536x8192"));
+        assert!(mem.iter().any(|m| m.name() == "rope bf16 16x1024x32x128"));
+        let g = gemm_specs(true, Profile::Full);
+        assert_eq!(g.len(), 10);
+        assert!(g.iter().any(|g| g.name() == "gemm llm 8192x28672x4096"));
+        assert!(g.iter().any(|g| g.name() == "gemm skinny 16x4096x4096"));
+    }
+
+    #[test]
+    fn cpu_suite_is_small() {
+        for p in [Profile::Full, Profile::Quick, Profile::Tiny] {
+            for m in memory_specs(false, p) {
+                assert!(
+                    m.shape.iter().product::<usize>() <= 16 << 20,
+                    "{}",
+                    m.name()
+                );
+            }
+            for g in gemm_specs(false, p) {
+                assert!(g.m <= 512);
+            }
+        }
+    }
+}

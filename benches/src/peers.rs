@@ -1,0 +1,100 @@
+//! Figures from Python peers (`benches/peers/peers.py`), merged into a report by shape.
+
+use crate::report::{PeersInfo, Report};
+use serde::Deserialize;
+use std::path::Path;
+
+/// The JSON `peers.py` writes.
+#[derive(Debug, Deserialize)]
+pub struct PeersFile {
+    pub torch_version: Option<String>,
+    pub device: Option<String>,
+    #[serde(default)]
+    pub results: Vec<PeerResult>,
+}
+
+/// One timed peer case. Memory-bound ops give `shape`; GEMMs give `m`, `n`, `k`.
+#[derive(Debug, Deserialize)]
+pub struct PeerResult {
+    pub op: String,
+    #[serde(default)]
+    pub shape: Vec<usize>,
+    pub m: Option<usize>,
+    pub n: Option<usize>,
+    pub k: Option<usize>,
+    pub median_ms: Option<f64>,
+}
+
+/// Reads `path` and merges its figures into `report` (then re-derives the rates).
+pub fn merge_file(report: &mut Report, path: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read peers file {}: {e}", path.display()))?;
+    let file: PeersFile = serde_json::from_str(&text)
+        .map_err(|e| format!("peers file {} is not valid: {e}", path.display()))?;
+    merge(report, &file, &path.display().to_string());
+    Ok(())
+}
+
+/// Puts each peer time next to the Calico case of the same op and shape.
+pub fn merge(report: &mut Report, file: &PeersFile, source: &str) {
+    let mut matched = 0;
+    for r in &file.results {
+        let Some(ms) = r.median_ms.filter(|ms| ms.is_finite() && *ms > 0.0) else {
+            continue;
+        };
+        if r.op == "gemm" || r.op == "matmul" {
+            if let Some(g) = report
+                .gemm
+                .iter_mut()
+                .find(|g| Some(g.m) == r.m && Some(g.n) == r.n && Some(g.k) == r.k)
+            {
+                g.torch_ms = Some(ms);
+                matched += 1;
+            }
+        } else if let Some(c) = report
+            .memory
+            .iter_mut()
+            .find(|c| c.op.name() == r.op && c.shape == r.shape)
+        {
+            c.torch_ms = Some(ms);
+            matched += 1;
+        }
+    }
+    report.peers = Some(PeersInfo {
+        file: source.to_string(),
+        torch_version: file.torch_version.clone(),
+        device: file.device.clone(),
+        matched,
+    });
+    report.derive();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merges_by_op_and_shape() {
+        let mut r = crate::report::tests::fake_report();
+        let json = r#"{"torch_version": "2.11", "device": "H100", "results": [
+            {"op": "rms_norm", "shape": [65536, 4096], "median_ms": 0.8},
+            {"op": "rms_norm", "shape": [65536, 1024], "median_ms": 0.1},
+            {"op": "gemm", "m": 4096, "n": 4096, "k": 4096, "median_ms": 0.25},
+            {"op": "softmax", "shape": [65536, 4096], "error": "boom"}
+        ]}"#;
+        let file: PeersFile = serde_json::from_str(json).expect("parse");
+        merge(&mut r, &file, "peers.json");
+        assert_eq!(r.peers.as_ref().map(|p| p.matched), Some(2));
+        assert_eq!(r.memory[0].torch_ms, Some(0.8));
+        assert!((r.memory[0].speedup_vs_torch.expect("ratio") - 2.0).abs() < 1e-9);
+        assert_eq!(r.gemm[0].torch_ms, Some(0.25));
+        assert!(r.gemm[0].torch_tflops.is_some());
+        assert!(r.memory[1].torch_ms.is_none());
+    }
+
+    #[test]
+    fn bad_file_is_an_error_not_a_panic() {
+        let mut r = crate::report::tests::fake_report();
+        assert!(merge_file(&mut r, Path::new("/nonexistent/peers.json")).is_err());
+    }
+}
