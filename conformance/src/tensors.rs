@@ -78,14 +78,15 @@ pub fn padded_strides(shape: &[usize], pad: usize) -> Vec<usize> {
 }
 
 /// A view of `shape` with `strides` at `offset` in a parent filled with [`SENTINEL`]; the
-/// view's own elements are set to `fill` (NaN poisons an output: unwritten elements fail).
+/// view's own elements are set to `fill` if given (NaN poisons an output: unwritten elements
+/// fail).
 pub fn view(
     dev: &Device,
     dtype: DType,
     shape: &[usize],
     strides: &[usize],
     offset: usize,
-    fill: f64,
+    fill: Option<f64>,
 ) -> Result<View> {
     let numel: usize = shape.iter().product();
     let end = if numel == 0 {
@@ -101,7 +102,9 @@ pub fn view(
     };
     let parent = upload(dev, dtype, &[end.max(1)], &vec![SENTINEL; end.max(1)])?;
     let view = parent.as_strided(shape, strides, offset)?;
-    write(&view, &vec![fill; numel])?;
+    if let Some(fill) = fill {
+        write(&view, &vec![fill; numel])?;
+    }
     Ok(View { parent, view })
 }
 
@@ -119,7 +122,7 @@ pub fn rows_view(
         shape,
         &padded_strides(shape, at.pad),
         at.offset,
-        f64::NAN,
+        None,
     )?;
     write(&v.view, values)?;
     Ok(v)
@@ -133,7 +136,7 @@ pub fn poisoned_rows(dev: &Device, dtype: DType, shape: &[usize], at: Placement)
         shape,
         &padded_strides(shape, at.pad),
         at.offset,
-        f64::NAN,
+        Some(f64::NAN),
     )
 }
 
