@@ -197,3 +197,49 @@ pub fn intact(v: &View, values: &[f64], what: &str) -> std::result::Result<(), S
     }
     untouched_outside(v, what)
 }
+
+/// How a matrix operand is stored: column-major (a transposed view of row-major memory),
+/// `pad` extra elements per stored line, and an element offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MatrixMemory {
+    pub col_major: bool,
+    pub pad: usize,
+    pub offset: usize,
+}
+
+/// Shape and strides of a `[batch?, rows, cols]` operand stored as `mem` says.
+pub fn matrix_layout(
+    batch: Option<usize>,
+    rows: usize,
+    cols: usize,
+    mem: MatrixMemory,
+) -> (Vec<usize>, Vec<usize>) {
+    let (rs, cs, bs) = if mem.col_major {
+        (1, rows + mem.pad, cols * (rows + mem.pad))
+    } else {
+        (cols + mem.pad, 1, rows * (cols + mem.pad))
+    };
+    match batch {
+        Some(b) => (vec![b, rows, cols], vec![bs, rs, cs]),
+        None => (vec![rows, cols], vec![rs, cs]),
+    }
+}
+
+/// A `[batch?, rows, cols]` operand stored as `mem` says, holding `values` (row-major over
+/// the logical shape), or poisoned with NaN when `values` is None.
+pub fn matrix(
+    dev: &Device,
+    dtype: DType,
+    batch: Option<usize>,
+    rows: usize,
+    cols: usize,
+    mem: MatrixMemory,
+    values: Option<&[f64]>,
+) -> Result<View> {
+    let (shape, strides) = matrix_layout(batch, rows, cols, mem);
+    let v = view(dev, dtype, &shape, &strides, mem.offset, Some(f64::NAN))?;
+    if let Some(values) = values {
+        write(&v.view, values)?;
+    }
+    Ok(v)
+}
