@@ -1,0 +1,131 @@
+//! `calico compile`: the catalog's kernel variants of one op for one target, as source and,
+//! optionally, disassembly with counts of the instructions the kernels exist for.
+
+use calico::{catalog, Error, Result};
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct CompileArgs {
+    /// Op name: rms_norm, layer_norm, softmax, rope, gemm.
+    #[arg(long)]
+    pub op: String,
+    /// Compile target: sm_80, sm_90a, gfx90a, gfx942, ...
+    #[arg(long)]
+    pub target: String,
+    /// Compile each variant (NVRTC or clang, no device needed) and print its disassembly.
+    #[arg(long)]
+    pub disasm: bool,
+    /// Only variants whose label contains this substring.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Skip printing the source text.
+    #[arg(long)]
+    pub no_source: bool,
+}
+
+/// The instructions worth counting per vendor.
+pub fn key_instructions(target: &str) -> &'static [&'static str] {
+    if target.starts_with("gfx") {
+        &["v_mfma", "buffer_load", "global_load_dwordx4"]
+    } else {
+        &["HGMMA", "UTMALDG", "HMMA", "LDGSTS"]
+    }
+}
+
+/// How many lines of `disasm` mention each of `keys`.
+pub fn count_instructions(disasm: &str, keys: &[&str]) -> Vec<usize> {
+    keys.iter()
+        .map(|k| disasm.lines().filter(|l| l.contains(k)).count())
+        .collect()
+}
+
+pub fn run(args: &CompileArgs) -> Result<bool> {
+    let entries = catalog::entries(&args.target, Some(&args.op))?;
+    let entries: Vec<_> = entries
+        .into_iter()
+        .filter(|e| args.label.as_deref().is_none_or(|l| e.label.contains(l)))
+        .collect();
+    if entries.is_empty() {
+        return Err(Error::unsupported(format!(
+            "no {} variant for {} matches the label filter {:?}",
+            args.op, args.target, args.label
+        )));
+    }
+    let keys = key_instructions(&args.target);
+    let mut summary = Vec::new();
+    let mut ok = true;
+    for e in &entries {
+        println!(
+            "==== {} [{}] entry {} ({} bytes of source)",
+            e.op,
+            e.label,
+            e.source.entry,
+            e.source.text.len()
+        );
+        if !args.no_source {
+            println!("{}", e.source.text);
+        }
+        if !args.disasm {
+            continue;
+        }
+        let result = catalog::compile(&args.target, &e.source)
+            .and_then(|bin| catalog::disassemble(&args.target, &bin));
+        match result {
+            Ok(text) => {
+                println!("---- disassembly of {} [{}]", e.op, e.label);
+                println!("{text}");
+                summary.push((e.label.clone(), Ok(count_instructions(&text, keys))));
+            }
+            Err(err) => {
+                ok = false;
+                eprintln!("---- {} [{}] failed: {err}", e.op, e.label);
+                summary.push((e.label.clone(), Err(err.to_string())));
+            }
+        }
+    }
+    if args.disasm {
+        println!(
+            "\n==== {} on {}: instruction counts (lines mentioning each)",
+            args.op, args.target
+        );
+        let width = summary
+            .iter()
+            .map(|(l, _)| l.len())
+            .max()
+            .unwrap_or(7)
+            .max(7);
+        let header: Vec<String> = keys.iter().map(|k| format!("{k:>20}")).collect();
+        println!("{:<width$} {}", "variant", header.join(""));
+        for (label, counts) in &summary {
+            match counts {
+                Ok(c) => {
+                    let cells: Vec<String> = c.iter().map(|n| format!("{n:>20}")).collect();
+                    println!("{label:<width$} {}", cells.join(""));
+                }
+                Err(e) => {
+                    let line: String = e.lines().next().unwrap_or("").chars().take(100).collect();
+                    println!("{label:<width$} FAILED: {line}")
+                }
+            }
+        }
+    }
+    Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_per_vendor() {
+        let sass = "  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4]\n  UTMALDG.2D [UR8], [UR10]\n  HGMMA.64x128x16 R24\n";
+        assert_eq!(
+            count_instructions(sass, key_instructions("sm_90a")),
+            vec![2, 1, 0, 0]
+        );
+        let gcn = "v_mfma_f32_16x16x16_bf16 a[0:3]\nbuffer_load_dwordx4 v[0:3]\nglobal_load_dwordx4 v[4:7]\n";
+        assert_eq!(
+            count_instructions(gcn, key_instructions("gfx942")),
+            vec![1, 1, 1]
+        );
+    }
+}
