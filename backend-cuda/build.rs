@@ -3,14 +3,20 @@ use std::fmt::Write;
 use std::path::Path;
 
 fn collect(dir: &Path, root: &Path, out: &mut Vec<String>) {
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
     let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
     entries.sort();
     for path in entries {
         if path.is_dir() {
             collect(&path, root, out);
         } else if matches!(path.extension().and_then(|e| e.to_str()), Some("h" | "cuh")) {
-            let rel = path.strip_prefix(root).expect("under root").to_string_lossy().replace('\\', "/");
+            let rel = path
+                .strip_prefix(root)
+                .expect("under root")
+                .to_string_lossy()
+                .replace('\\', "/");
             out.push(rel);
         }
     }

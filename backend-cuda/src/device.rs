@@ -4,8 +4,8 @@ use crate::error::{driver, driver_err};
 use crate::storage::{CudaStorage, Queue};
 use crate::{nvrtc, probe};
 use calico_core::{
-    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg, KernelSource, LaunchConfig,
-    Result, Storage, Tensor,
+    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg,
+    KernelSource, LaunchConfig, Result, Storage, Tensor,
 };
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, DevicePtr, DeviceRepr};
 use std::collections::HashMap;
@@ -43,7 +43,11 @@ struct Inner {
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaDevice").field("ordinal", &self.inner.queue.id.ordinal).field("name", &self.inner.name).field("arch", &self.inner.arch.target).finish()
+        f.debug_struct("CudaDevice")
+            .field("ordinal", &self.inner.queue.id.ordinal)
+            .field("name", &self.inner.name)
+            .field("arch", &self.inner.arch.target)
+            .finish()
     }
 }
 
@@ -52,13 +56,22 @@ impl CudaDevice {
     /// missing, naming what was searched.
     pub fn new(ordinal: usize) -> Result<CudaDevice> {
         probe::require_driver()?;
-        result::init().map_err(|e| Error::BackendUnavailable { backend: "cuda", reason: format!("cuInit failed: {}", driver("cuInit", e)) })?;
+        result::init().map_err(|e| Error::BackendUnavailable {
+            backend: "cuda",
+            reason: format!("cuInit failed: {}", driver("cuInit", e)),
+        })?;
         let count = result::device::get_count().map_err(driver_err("cuDeviceGetCount"))?;
         if count <= 0 {
-            return Err(Error::BackendUnavailable { backend: "cuda", reason: "the CUDA driver found no device".into() });
+            return Err(Error::BackendUnavailable {
+                backend: "cuda",
+                reason: "the CUDA driver found no device".into(),
+            });
         }
         if ordinal >= count as usize {
-            return Err(Error::BackendUnavailable { backend: "cuda", reason: format!("device {ordinal} requested, {count} present") });
+            return Err(Error::BackendUnavailable {
+                backend: "cuda",
+                reason: format!("device {ordinal} requested, {count} present"),
+            });
         }
         probe::require_nvrtc()?;
         let ctx = CudaContext::new(ordinal).map_err(driver_err("cuDevicePrimaryCtxRetain"))?;
@@ -76,10 +89,27 @@ impl CudaDevice {
         let l2 = attr(CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as usize;
         let name = ctx.name().map_err(driver_err("cuDeviceGetName"))?;
         let arch = Arch::nvidia(major, minor, sms, smem, l2);
-        let compiler = CompilerInfo { name: "nvrtc", version: nvrtc::version()? };
-        let queue = Arc::new(Queue { ctx, stream, id: DeviceId { kind: BackendKind::Cuda, ordinal } });
+        let compiler = CompilerInfo {
+            name: "nvrtc",
+            version: nvrtc::version()?,
+        };
+        let queue = Arc::new(Queue {
+            ctx,
+            stream,
+            id: DeviceId {
+                kind: BackendKind::Cuda,
+                ordinal,
+            },
+        });
         Ok(CudaDevice {
-            inner: Arc::new(Inner { queue, name, arch, compiler, disk: DiskCache::from_env(), kernels: Mutex::new(HashMap::new()) }),
+            inner: Arc::new(Inner {
+                queue,
+                name,
+                arch,
+                compiler,
+                disk: DiskCache::from_env(),
+                kernels: Mutex::new(HashMap::new()),
+            }),
         })
     }
 
@@ -102,18 +132,33 @@ impl CudaDevice {
 
     /// Wraps a cudarc `CudaSlice` as a tensor without copying; the tensor keeps the slice alive.
     /// Waits for the slice's stream first, so earlier work on it is visible to Calico's stream.
-    pub fn wrap_slice<T: DeviceRepr + Send + Sync + 'static>(&self, slice: CudaSlice<T>, dtype: calico_core::DType, shape: &[usize]) -> Result<Tensor> {
+    pub fn wrap_slice<T: DeviceRepr + Send + Sync + 'static>(
+        &self,
+        slice: CudaSlice<T>,
+        dtype: calico_core::DType,
+        shape: &[usize],
+    ) -> Result<Tensor> {
         if !Arc::ptr_eq(slice.context(), &self.inner.queue.ctx) {
-            return Err(Error::DeviceMismatch("the CudaSlice belongs to another CUDA context".into()));
+            return Err(Error::DeviceMismatch(
+                "the CudaSlice belongs to another CUDA context".into(),
+            ));
         }
-        slice.stream().synchronize().map_err(driver_err("cuStreamSynchronize"))?;
+        slice
+            .stream()
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))?;
         let bytes = slice.num_bytes();
         let (ptr, _sync) = slice.device_ptr(slice.stream());
         drop(_sync);
         // SAFETY: `ptr` addresses the `bytes` bytes owned by `slice`, which the storage keeps
         // alive; it belongs to this device's context (checked above).
-        let storage = unsafe { CudaStorage::borrowed(&self.inner.queue, ptr, bytes, Some(Box::new(slice))) };
-        Tensor::from_storage(Arc::new(storage), dtype, calico_core::Layout::contiguous(shape))
+        let storage =
+            unsafe { CudaStorage::borrowed(&self.inner.queue, ptr, bytes, Some(Box::new(slice))) };
+        Tensor::from_storage(
+            Arc::new(storage),
+            dtype,
+            calico_core::Layout::contiguous(shape),
+        )
     }
 
     /// Wraps a raw device pointer as a tensor without copying.
@@ -122,30 +167,53 @@ impl CudaDevice {
     /// `ptr` must address at least `bytes` bytes of device memory in this device's context,
     /// valid until every tensor viewing it is dropped, and not written by other streams while
     /// Calico's work on it is queued.
-    pub unsafe fn wrap_raw(&self, ptr: u64, bytes: usize, dtype: calico_core::DType, shape: &[usize]) -> Result<Tensor> {
+    pub unsafe fn wrap_raw(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        dtype: calico_core::DType,
+        shape: &[usize],
+    ) -> Result<Tensor> {
         // SAFETY: forwarded to the caller's contract above.
         let storage = unsafe { CudaStorage::borrowed(&self.inner.queue, ptr, bytes, None) };
-        Tensor::from_storage(Arc::new(storage), dtype, calico_core::Layout::contiguous(shape))
+        Tensor::from_storage(
+            Arc::new(storage),
+            dtype,
+            calico_core::Layout::contiguous(shape),
+        )
     }
 
     fn storage_ptr(&self, s: &dyn Storage) -> Result<u64> {
         if s.device_id() != self.inner.queue.id {
-            return Err(Error::DeviceMismatch(format!("buffer on {} used with {}", s.device_id(), self.inner.queue.id)));
+            return Err(Error::DeviceMismatch(format!(
+                "buffer on {} used with {}",
+                s.device_id(),
+                self.inner.queue.id
+            )));
         }
-        s.device_address().ok_or_else(|| Error::DeviceMismatch("not a device buffer".into()))
+        s.device_address()
+            .ok_or_else(|| Error::DeviceMismatch("not a device buffer".into()))
     }
 
     /// The loaded kernel for `source`, compiling (through the disk cache) and loading it once.
     fn kernel(&self, source: &KernelSource) -> Result<Arc<LoadedKernel>> {
-        if let Some(k) = self.inner.kernels.lock().map_err(|_| poisoned())?.get(&source.digest) {
+        if let Some(k) = self
+            .inner
+            .kernels
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(&source.digest)
+        {
             return Ok(k.clone());
         }
         let cubin = self.compile(source)?;
         self.inner.queue.bind()?;
         // The driver wants a pointer to the image; cubins need no NUL terminator.
         // SAFETY: `cubin` is a complete cubin produced by NVRTC for this device's target.
-        let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }.map_err(driver_err("cuModuleLoadData"))?;
-        let entry = CString::new(source.entry.as_str()).map_err(|_| Error::unsupported("kernel entry contains NUL"))?;
+        let module = unsafe { result::module::load_data(cubin.as_ptr() as *const c_void) }
+            .map_err(driver_err("cuModuleLoadData"))?;
+        let entry = CString::new(source.entry.as_str())
+            .map_err(|_| Error::unsupported("kernel entry contains NUL"))?;
         // SAFETY: `module` was just loaded; `entry` is a valid C string.
         let function = match unsafe { result::module::get_function(module, entry) } {
             Ok(f) => f,
@@ -155,14 +223,22 @@ impl CudaDevice {
                 return Err(driver("cuModuleGetFunction", e));
             }
         };
-        let loaded = Arc::new(LoadedKernel { module, function, smem_limit: Mutex::new(48 * 1024) });
+        let loaded = Arc::new(LoadedKernel {
+            module,
+            function,
+            smem_limit: Mutex::new(48 * 1024),
+        });
         let mut map = self.inner.kernels.lock().map_err(|_| poisoned())?;
         Ok(map.entry(source.digest).or_insert(loaded).clone())
     }
 }
 
 fn poisoned() -> Error {
-    Error::Runtime { backend: "cuda", call: "kernel cache".into(), message: "a thread panicked while holding the kernel cache lock".into() }
+    Error::Runtime {
+        backend: "cuda",
+        call: "kernel cache".into(),
+        message: "a thread panicked while holding the kernel cache lock".into(),
+    }
 }
 
 impl Drop for Inner {
@@ -197,7 +273,14 @@ impl Backend for CudaDevice {
     fn synchronize(&self) -> Result<()> {
         self.inner.queue.synchronize()
     }
-    fn copy_bytes(&self, dst: &dyn Storage, dst_offset: usize, src: &dyn Storage, src_offset: usize, bytes: usize) -> Result<()> {
+    fn copy_bytes(
+        &self,
+        dst: &dyn Storage,
+        dst_offset: usize,
+        src: &dyn Storage,
+        src_offset: usize,
+        bytes: usize,
+    ) -> Result<()> {
         calico_core::check_byte_range(dst.size_bytes(), dst_offset, bytes)?;
         calico_core::check_byte_range(src.size_bytes(), src_offset, bytes)?;
         let (d, s) = (self.storage_ptr(dst)?, self.storage_ptr(src)?);
@@ -206,8 +289,15 @@ impl Backend for CudaDevice {
         }
         self.inner.queue.bind()?;
         // SAFETY: both ranges are inside live buffers of this device (checked above).
-        unsafe { result::memcpy_dtod_async(d + dst_offset as u64, s + src_offset as u64, bytes, self.cu_stream()) }
-            .map_err(driver_err("cuMemcpyDtoDAsync"))
+        unsafe {
+            result::memcpy_dtod_async(
+                d + dst_offset as u64,
+                s + src_offset as u64,
+                bytes,
+                self.cu_stream(),
+            )
+        }
+        .map_err(driver_err("cuMemcpyDtoDAsync"))
     }
     fn time_ms(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
         self.inner.queue.bind()?;
@@ -219,7 +309,8 @@ impl Backend for CudaDevice {
         // SAFETY: both events are live and recorded on this device's stream.
         unsafe { result::event::synchronize(end.0) }.map_err(driver_err("cuEventSynchronize"))?;
         // SAFETY: as above; both events have completed.
-        let ms = unsafe { result::event::elapsed(start.0, end.0) }.map_err(driver_err("cuEventElapsedTime"))?;
+        let ms = unsafe { result::event::elapsed(start.0, end.0) }
+            .map_err(driver_err("cuEventElapsedTime"))?;
         Ok(ms as f64)
     }
     fn as_gpu(&self) -> Option<&dyn GpuBackend> {
@@ -232,7 +323,10 @@ struct Event(sys::CUevent);
 
 impl Event {
     fn new() -> Result<Event> {
-        Ok(Event(result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(driver_err("cuEventCreate"))?))
+        Ok(Event(
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)
+                .map_err(driver_err("cuEventCreate"))?,
+        ))
     }
     fn record(&self, stream: sys::CUstream) -> Result<()> {
         // SAFETY: the event is live and the stream belongs to the bound context.
@@ -257,15 +351,32 @@ impl GpuBackend for CudaDevice {
     fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>> {
         let target = self.inner.arch.target.as_str();
         let opts = nvrtc::options(target, &nvrtc::include_dirs()).join(" ");
-        let key = DiskCache::key(&[source.text.as_bytes(), source.entry.as_bytes(), target.as_bytes(), self.inner.compiler.version.as_bytes(), opts.as_bytes()]);
-        let cubin = self.inner.disk.get_or_build(&key, || nvrtc::compile(source, target))?;
+        let key = DiskCache::key(&[
+            source.text.as_bytes(),
+            source.entry.as_bytes(),
+            target.as_bytes(),
+            self.inner.compiler.version.as_bytes(),
+            opts.as_bytes(),
+        ]);
+        let cubin = self
+            .inner
+            .disk
+            .get_or_build(&key, || nvrtc::compile(source, target))?;
         Ok(Arc::new(cubin))
     }
-    fn launch(&self, source: &KernelSource, config: &LaunchConfig, args: &[KernelArg]) -> Result<()> {
+    fn launch(
+        &self,
+        source: &KernelSource,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
         let (gx, gy, gz) = config.grid;
         let (bx, by, bz) = config.block;
         if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024 {
-            return Err(Error::unsupported(format!("launch of `{}` with grid {:?} and block {:?}", source.entry, config.grid, config.block)));
+            return Err(Error::unsupported(format!(
+                "launch of `{}` with grid {:?} and block {:?}",
+                source.entry, config.grid, config.block
+            )));
         }
         if config.shared_mem_bytes as usize > self.inner.arch.shared_mem_per_block {
             return Err(Error::unsupported(format!(
@@ -295,8 +406,17 @@ impl GpuBackend for CudaDevice {
         // SAFETY: the function is loaded in this context; `params` points into `values`, which
         // lives until cuLaunchKernel has copied the parameters (it copies them before returning).
         // Callers build `args` to match the kernel's parameter list (the ops modules do).
-        unsafe { result::launch_kernel(kernel.function, config.grid, config.block, config.shared_mem_bytes, self.cu_stream(), &mut params) }
-            .map_err(|e| driver(&format!("cuLaunchKernel({})", source.entry), e))
+        unsafe {
+            result::launch_kernel(
+                kernel.function,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                self.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| driver(&format!("cuLaunchKernel({})", source.entry), e))
     }
 }
 

@@ -9,7 +9,11 @@ pub(crate) fn driver(call: &str, e: DriverError) -> Error {
         (Ok(name), Ok(text)) => format!("{} ({})", name.to_string_lossy(), text.to_string_lossy()),
         _ => format!("{:?}", e.0),
     };
-    Error::Runtime { backend: "cuda", call: call.to_string(), message }
+    Error::Runtime {
+        backend: "cuda",
+        call: call.to_string(),
+        message,
+    }
 }
 
 /// `.map_err(driver_err("cuXxx"))`.

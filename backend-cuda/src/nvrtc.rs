@@ -34,7 +34,12 @@ pub fn include_dirs() -> Vec<PathBuf> {
 fn searched_roots() -> String {
     let mut v: Vec<String> = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
-        .map(|k| format!("${k}={}", std::env::var(k).unwrap_or_else(|_| "<unset>".into())))
+        .map(|k| {
+            format!(
+                "${k}={}",
+                std::env::var(k).unwrap_or_else(|_| "<unset>".into())
+            )
+        })
         .collect();
     v.push("/usr/local/cuda".into());
     v.join(", ")
@@ -47,7 +52,11 @@ pub fn version() -> Result<String> {
     // SAFETY: NVRTC is present (probed above); the out-pointers are valid for writes.
     let rc = unsafe { nvrtc_sys::nvrtcVersion(&mut major, &mut minor) };
     if rc != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(Error::Runtime { backend: "cuda", call: "nvrtcVersion".into(), message: format!("{rc:?}") });
+        return Err(Error::Runtime {
+            backend: "cuda",
+            call: "nvrtcVersion".into(),
+            message: format!("{rc:?}"),
+        });
     }
     Ok(format!("nvrtc {major}.{minor}"))
 }
@@ -75,29 +84,47 @@ pub fn compile_with(source: &KernelSource, target: &str, extra: &[&str]) -> Resu
 }
 
 /// Compiles and also returns NVRTC's log (warnings, ptxas statistics).
-pub fn compile_with_log(source: &KernelSource, target: &str, extra: &[&str]) -> Result<(Vec<u8>, String)> {
+pub fn compile_with_log(
+    source: &KernelSource,
+    target: &str,
+    extra: &[&str],
+) -> Result<(Vec<u8>, String)> {
     probe::require_nvrtc()?;
     let includes = include_dirs();
     if includes.is_empty() {
         return Err(Error::Compile {
             entry: source.entry.clone(),
             target: target.into(),
-            log: format!("CUDA headers (cuda_bf16.h) not found; searched {}", searched_roots()),
+            log: format!(
+                "CUDA headers (cuda_bf16.h) not found; searched {}",
+                searched_roots()
+            ),
         });
     }
     let mut opts = options(target, &includes);
     opts.extend(extra.iter().map(|s| s.to_string()));
-    let compile_err = |log: String| Error::Compile { entry: source.entry.clone(), target: target.into(), log };
-    let text = CString::new(source.text.as_str()).map_err(|_| compile_err("source contains a NUL byte".into()))?;
-    let name = CString::new(format!("{}.cu", source.entry)).map_err(|_| compile_err("entry contains a NUL byte".into()))?;
-    let prog = nvrtc_result::create_program(&text, Some(&name)).map_err(|e| compile_err(format!("nvrtcCreateProgram: {e:?}")))?;
+    let compile_err = |log: String| Error::Compile {
+        entry: source.entry.clone(),
+        target: target.into(),
+        log,
+    };
+    let text = CString::new(source.text.as_str())
+        .map_err(|_| compile_err("source contains a NUL byte".into()))?;
+    let name = CString::new(format!("{}.cu", source.entry))
+        .map_err(|_| compile_err("entry contains a NUL byte".into()))?;
+    let prog = nvrtc_result::create_program(&text, Some(&name))
+        .map_err(|e| compile_err(format!("nvrtcCreateProgram: {e:?}")))?;
     let program = Program(prog);
     // SAFETY: `program` holds a live program created above; options are valid C strings.
     let compiled = unsafe { nvrtc_result::compile_program(program.0, &opts) };
     // SAFETY: as above; the log is read whether or not compilation succeeded.
     let log = unsafe { nvrtc_result::get_program_log(program.0) }
         .map(|raw| {
-            let bytes: Vec<u8> = raw.iter().map(|&c| c as u8).take_while(|&c| c != 0).collect();
+            let bytes: Vec<u8> = raw
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&c| c != 0)
+                .collect();
             String::from_utf8_lossy(&bytes).into_owned()
         })
         .unwrap_or_default();
@@ -108,7 +135,9 @@ pub fn compile_with_log(source: &KernelSource, target: &str, extra: &[&str]) -> 
     // SAFETY: the program compiled; `size` is a valid out-pointer.
     let rc = unsafe { nvrtc_sys::nvrtcGetCUBINSize(program.0, &mut size) };
     if rc != nvrtc_sys::nvrtcResult::NVRTC_SUCCESS || size == 0 {
-        return Err(compile_err(format!("nvrtcGetCUBINSize: {rc:?} (is `{target}` a real sm_XX target?)\n{log}")));
+        return Err(compile_err(format!(
+            "nvrtcGetCUBINSize: {rc:?} (is `{target}` a real sm_XX target?)\n{log}"
+        )));
     }
     let mut cubin = vec![0u8; size];
     // SAFETY: `cubin` has exactly the size NVRTC reported.
@@ -138,7 +167,11 @@ pub fn tool_path(tool: &str) -> Option<PathBuf> {
         .map(PathBuf::from)
         .collect();
     roots.push(PathBuf::from("/usr/local/cuda"));
-    roots.into_iter().map(|r| r.join("bin").join(tool)).find(|p| p.is_file()).or_else(|| which(tool))
+    roots
+        .into_iter()
+        .map(|r| r.join("bin").join(tool))
+        .find(|p| p.is_file())
+        .or_else(|| which(tool))
 }
 
 fn which(tool: &str) -> Option<PathBuf> {

@@ -16,14 +16,18 @@ pub(crate) struct Queue {
 
 impl Queue {
     pub(crate) fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(driver_err("cuCtxSetCurrent"))
+        self.ctx
+            .bind_to_thread()
+            .map_err(driver_err("cuCtxSetCurrent"))
     }
     pub(crate) fn cu_stream(&self) -> sys::CUstream {
         self.stream.cu_stream()
     }
     pub(crate) fn synchronize(&self) -> Result<()> {
         self.bind()?;
-        self.stream.synchronize().map_err(driver_err("cuStreamSynchronize"))
+        self.stream
+            .synchronize()
+            .map_err(driver_err("cuStreamSynchronize"))
     }
 }
 
@@ -32,7 +36,9 @@ enum Ownership {
     /// Allocated by Calico with cuMemAllocAsync; freed on drop.
     Owned,
     /// Borrowed (a cudarc `CudaSlice` or a raw pointer); `keep_alive` holds the owner, if any.
-    Borrowed { _keep_alive: Option<Box<dyn Any + Send + Sync>> },
+    Borrowed {
+        _keep_alive: Option<Box<dyn Any + Send + Sync>>,
+    },
 }
 
 /// A buffer of CUDA device memory.
@@ -45,7 +51,10 @@ pub struct CudaStorage {
 
 impl fmt::Debug for CudaStorage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CudaStorage").field("ptr", &format_args!("{:#x}", self.ptr)).field("bytes", &self.bytes).finish()
+        f.debug_struct("CudaStorage")
+            .field("ptr", &format_args!("{:#x}", self.ptr))
+            .field("bytes", &self.bytes)
+            .finish()
     }
 }
 
@@ -57,10 +66,17 @@ impl CudaStorage {
         let size = bytes.max(1);
         // SAFETY: the context is bound; the stream belongs to it and outlives the allocation
         // (the storage holds the queue).
-        let ptr = unsafe { result::malloc_async(queue.cu_stream(), size) }.map_err(driver_err("cuMemAllocAsync"))?;
+        let ptr = unsafe { result::malloc_async(queue.cu_stream(), size) }
+            .map_err(driver_err("cuMemAllocAsync"))?;
         // SAFETY: `ptr` points to `size` bytes just allocated on this stream.
-        unsafe { result::memset_d8_async(ptr, 0, size, queue.cu_stream()) }.map_err(driver_err("cuMemsetD8Async"))?;
-        Ok(CudaStorage { ptr, bytes, queue: queue.clone(), ownership: Ownership::Owned })
+        unsafe { result::memset_d8_async(ptr, 0, size, queue.cu_stream()) }
+            .map_err(driver_err("cuMemsetD8Async"))?;
+        Ok(CudaStorage {
+            ptr,
+            bytes,
+            queue: queue.clone(),
+            ownership: Ownership::Owned,
+        })
     }
 
     /// Wraps memory someone else owns.
@@ -69,8 +85,20 @@ impl CudaStorage {
     /// `ptr` must point to at least `bytes` bytes of device memory of this device's context,
     /// valid for as long as the storage (and every tensor viewing it) lives; `keep_alive`, if
     /// given, must own that memory.
-    pub(crate) unsafe fn borrowed(queue: &Arc<Queue>, ptr: u64, bytes: usize, keep_alive: Option<Box<dyn Any + Send + Sync>>) -> CudaStorage {
-        CudaStorage { ptr, bytes, queue: queue.clone(), ownership: Ownership::Borrowed { _keep_alive: keep_alive } }
+    pub(crate) unsafe fn borrowed(
+        queue: &Arc<Queue>,
+        ptr: u64,
+        bytes: usize,
+        keep_alive: Option<Box<dyn Any + Send + Sync>>,
+    ) -> CudaStorage {
+        CudaStorage {
+            ptr,
+            bytes,
+            queue: queue.clone(),
+            ownership: Ownership::Borrowed {
+                _keep_alive: keep_alive,
+            },
+        }
     }
 
     /// The raw device pointer.
