@@ -196,7 +196,8 @@ fn operands(dev: &Device, g: &GemmCase) -> Result<Operands, String> {
     })
 }
 
-fn run_gemm(dev: &Device, g: &GemmCase, via_matmul: bool) -> Result<(), String> {
+/// Runs the case; returns the operands and D as read back.
+fn execute(dev: &Device, g: &GemmCase, via_matmul: bool) -> Result<(Operands, Vec<f64>), String> {
     let mut o = operands(dev, g)?;
     let what = format!(
         "gemm {}x{}x{} {}->{}",
@@ -215,7 +216,12 @@ fn run_gemm(dev: &Device, g: &GemmCase, via_matmul: bool) -> Result<(), String> 
         };
         ops::gemm(dev, &o.av.view, &o.bv.view, &mut o.dv.view, &opts).ctx(&what)?;
     }
-    let reference = Gemm {
+    let got = o.dv.view.to_f64_vec().ctx("reading d")?;
+    Ok((o, got))
+}
+
+fn reference<'a>(g: &GemmCase, o: &'a Operands) -> Gemm<'a> {
+    Gemm {
         batch: g.batch.unwrap_or(1),
         m: g.m,
         n: g.n,
@@ -227,15 +233,46 @@ fn run_gemm(dev: &Device, g: &GemmCase, via_matmul: bool) -> Result<(), String> 
         alpha: g.alpha as f64,
         beta: g.beta as f64,
         epilogue: g.epilogue,
-    };
-    let want = reference.all();
-    let got = o.dv.view.to_f64_vec().ctx("reading d")?;
+    }
+}
+
+/// Every element of D against the reference, and nothing written outside D.
+fn run_gemm(dev: &Device, g: &GemmCase, via_matmul: bool) -> Result<(), String> {
+    let (o, got) = execute(dev, g, via_matmul)?;
+    let want = reference(g, &o).all();
     let (normwise, elementwise) = gemm_tol(g.out_dtype);
     check_normwise("d", &got, &want, normwise)?;
     check_close("d", &got, &want, elementwise)?;
     untouched_outside(&o.dv, "d")?;
     intact(&o.av, &o.a, "a")?;
     intact(&o.bv, &o.b, "b")
+}
+
+/// Large problems: every element must be written (D starts as NaN), and the first and last
+/// rows and columns of every batch plus random elements must match the reference (a full
+/// f64 reference would cost ~10^10 multiply-adds).
+fn run_gemm_sampled(dev: &Device, g: &GemmCase) -> Result<(), String> {
+    let (o, got) = execute(dev, g, false)?;
+    if let Some(i) = got.iter().position(|v| !v.is_finite()) {
+        return Err(format!("d[{i}] is {} (never written?)", got[i]));
+    }
+    let r = reference(g, &o);
+    let (bt, m, n) = (g.batch.unwrap_or(1), g.m, g.n);
+    let mut at: Vec<(usize, usize, usize)> = Vec::new();
+    for q in 0..bt {
+        at.extend((0..n).flat_map(|j| [(q, 0, j), (q, m - 1, j)]));
+        at.extend((0..m).flat_map(|i| [(q, i, 0), (q, i, n - 1)]));
+    }
+    let mut rng = Rng::new(g.seed ^ 0x5a5a);
+    at.extend((0..4096).map(|_| (rng.below(bt), rng.below(m), rng.below(n))));
+    let want: Vec<f64> = at.iter().map(|&(q, i, j)| r.at(q, i, j)).collect();
+    let got: Vec<f64> = at
+        .iter()
+        .map(|&(q, i, j)| got[(q * m + i) * n + j])
+        .collect();
+    let (normwise, elementwise) = gemm_tol(g.out_dtype);
+    check_normwise("d (sampled)", &got, &want, normwise)?;
+    check_close("d (sampled)", &got, &want, elementwise)
 }
 
 #[test]
@@ -305,6 +342,137 @@ fn gemm_tile_crossing_sizes() {
                     }
                 }
             }
+        }
+    }
+}
+
+/// GPU-sized problems (up to 2048 per dimension), on GPU backends only: the CPU is covered by
+/// the properties above and would take minutes in a debug build.
+#[test]
+fn gemm_large_on_gpu() {
+    report_skipped("gemm_large_on_gpu");
+    let gpus: Vec<Device> = backends()
+        .0
+        .into_iter()
+        .filter(|d| d.kind() != calico::BackendKind::Cpu)
+        .collect();
+    if gpus.is_empty() {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "[gemm_large_on_gpu] no GPU backend present: large GEMM checks not run"
+        );
+        return;
+    }
+    let row = MatrixMemory::default();
+    let col = MatrixMemory {
+        col_major: true,
+        ..row
+    };
+    let base = GemmCase {
+        in_dtype: DType::BF16,
+        out_dtype: DType::BF16,
+        batch: None,
+        m: 1024,
+        n: 1024,
+        k: 1024,
+        a_mem: row,
+        b_mem: row,
+        c_mem: row,
+        d_mem: row,
+        alpha: 1.0,
+        beta: 0.0,
+        c_mode: CMode::None,
+        bias: false,
+        epilogue: Epilogue::None,
+        seed: 1,
+    };
+    let cases = [
+        base.clone(),
+        GemmCase {
+            in_dtype: DType::F16,
+            out_dtype: DType::F32,
+            m: 2048,
+            n: 1024,
+            k: 512,
+            alpha: 0.5,
+            beta: 1.0,
+            c_mode: CMode::Separate,
+            bias: true,
+            epilogue: Epilogue::Gelu,
+            seed: 2,
+            ..base.clone()
+        },
+        GemmCase {
+            out_dtype: DType::F32,
+            batch: Some(2),
+            m: 768,
+            n: 1536,
+            k: 1024,
+            b_mem: col,
+            seed: 3,
+            ..base.clone()
+        },
+        GemmCase {
+            in_dtype: DType::F16,
+            out_dtype: DType::F16,
+            m: 1000,
+            n: 1000,
+            k: 1000,
+            a_mem: col,
+            bias: true,
+            seed: 4,
+            ..base.clone()
+        },
+        GemmCase {
+            m: 2048,
+            n: 2048,
+            k: 2048,
+            beta: -0.5,
+            c_mode: CMode::InPlace,
+            epilogue: Epilogue::Silu,
+            seed: 5,
+            ..base.clone()
+        },
+    ];
+    for dev in gpus {
+        for g in &cases {
+            if let Err(e) = run_gemm_sampled(&dev, g) {
+                panic!("backend {}: {g:?}: {e}", dev.kind());
+            }
+        }
+    }
+}
+
+/// The sampled check of `gemm_large_on_gpu`, on a problem small enough for every backend (so
+/// it is exercised even where no GPU is present).
+#[test]
+fn sampled_check_agrees_on_moderate_problem() {
+    report_skipped("sampled_check_agrees_on_moderate_problem");
+    let g = GemmCase {
+        in_dtype: DType::BF16,
+        out_dtype: DType::F32,
+        batch: Some(2),
+        m: 200,
+        n: 130,
+        k: 70,
+        a_mem: MatrixMemory::default(),
+        b_mem: MatrixMemory {
+            col_major: true,
+            ..Default::default()
+        },
+        c_mem: MatrixMemory::default(),
+        d_mem: MatrixMemory::default(),
+        alpha: 1.0,
+        beta: 1.0,
+        c_mode: CMode::Separate,
+        bias: true,
+        epilogue: Epilogue::Gelu,
+        seed: 9,
+    };
+    for dev in backends().0 {
+        if let Err(e) = run_gemm_sampled(&dev, &g) {
+            panic!("backend {}: {e}", dev.kind());
         }
     }
 }
