@@ -178,7 +178,7 @@ impl Progress {
 }
 
 /// A rate with a few significant digits.
-fn rate(v: f64) -> String {
+pub fn rate(v: f64) -> String {
     if v >= 100.0 {
         format!("{v:.0}")
     } else if v >= 1.0 {
@@ -341,7 +341,7 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
             let case = cases::gemm::run_case(dev, spec, &plan, pad.as_ref(), &mut rng, &baseline);
             let tf = |t: &Timed| {
                 t.median_ms()
-                    .map(|ms| format!("{:.1} TFLOP/s", accounting::tflops(case.flops, ms)))
+                    .map(|ms| format!("{} TFLOP/s", rate(accounting::tflops(case.flops, ms))))
             };
             let mut line = format!(
                 "{:<34} calico {}",

@@ -93,7 +93,8 @@ fn bar_chart(
         .iter()
         .flat_map(|g| g.values.iter().flatten().copied().chain(g.target))
         .fold(0.0f64, f64::max);
-    let x_max = if max > 0.0 { max * 1.1 } else { 1.0 };
+    // Headroom on the right for the legend.
+    let x_max = if max > 0.0 { max * 1.3 } else { 1.0 };
     let height = 120 + 14 * rows as u32;
     let mut svg = String::new();
     {
@@ -104,17 +105,20 @@ fn bar_chart(
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(260)
-            .build_cartesian_2d(0.0..x_max, (0..rows).into_segmented())
+            .build_cartesian_2d(0.0..x_max, (0..rows - 1).into_segmented())
             .map_err(|e| e.to_string())?;
+        // Row 0 is at the bottom; the first group goes at the top.
+        let row = |group: usize, series: usize| rows - 1 - (group as i32 * slots + series as i32);
         let label_at = |v: &SegmentValue<i32>| -> String {
             let i = match v {
                 SegmentValue::Exact(i) | SegmentValue::CenterOf(i) => *i,
                 SegmentValue::Last => return String::new(),
             };
             // Name each group on its first bar's row.
-            if i % slots == 0 {
+            let from_top = rows - 1 - i;
+            if from_top % slots == 0 {
                 groups
-                    .get((i / slots) as usize)
+                    .get((from_top / slots) as usize)
                     .map_or_else(String::new, |g| g.label.clone())
             } else {
                 String::new()
@@ -132,7 +136,7 @@ fn bar_chart(
             let colour = SERIES_COLOURS[s % SERIES_COLOURS.len()];
             let bars = groups.iter().enumerate().filter_map(move |(gi, g)| {
                 let v = g.values.get(s).copied().flatten()?;
-                let row = gi as i32 * slots + s as i32;
+                let row = row(gi, s);
                 Some(Rectangle::new(
                     [
                         (0.0, SegmentValue::Exact(row)),
@@ -149,13 +153,28 @@ fn bar_chart(
                     Rectangle::new([(x, y - 5), (x + 12, y + 5)], colour.filled())
                 });
         }
+        // The value at the end of each bar.
+        let values = groups.iter().enumerate().flat_map(|(gi, g)| {
+            g.values.iter().enumerate().filter_map(move |(s, v)| {
+                let v = (*v)?;
+                let text = if v >= 10.0 {
+                    format!("{v:.0}")
+                } else {
+                    format!("{v:.2}")
+                };
+                Some(
+                    EmptyElement::at((v, SegmentValue::CenterOf(row(gi, s))))
+                        + Text::new(text, (4, -5), ("sans-serif", 10).into_font()),
+                )
+            })
+        });
+        chart.draw_series(values).map_err(|e| e.to_string())?;
         let targets = groups.iter().enumerate().filter_map(|(gi, g)| {
             let t = g.target?;
-            let top = gi as i32 * slots;
             Some(PathElement::new(
                 vec![
-                    (t, SegmentValue::Exact(top)),
-                    (t, SegmentValue::Exact(top + slots - 1)),
+                    (t, SegmentValue::Exact(row(gi, series.len() - 1))),
+                    (t, SegmentValue::Exact(row(gi, 0) + 1)),
                 ],
                 BLACK.stroke_width(2),
             ))

@@ -341,7 +341,7 @@ impl Report {
                     s,
                     "Device-to-device copy of {} MiB, counting bytes read + written: **{}** (median of {} runs; {}).",
                     c.buffer_bytes >> 20,
-                    fmt_opt(c.gbps, 0, " GB/s"),
+                    c.gbps.map_or_else(|| "-".into(), |g| format!("{} GB/s", crate::rate(g))),
                     c.timed.stats.as_ref().map_or(0, |t| t.runs),
                     timing_summary(&c.timed)
                 );
@@ -367,9 +367,9 @@ impl Report {
                     fmt_opt(st.map(|t| t.min_ms), 4, ""),
                     fmt_opt(st.map(|t| t.p90_ms), 4, ""),
                     st.map_or("-".into(), |t| t.runs.to_string()),
-                    fmt_opt(m.gbps, 0, ""),
+                    fmt_rate(m.gbps),
                     fmt_opt(m.pct_of_copy, 1, "%"),
-                    fmt_opt(m.torch_gbps, 0, ""),
+                    fmt_rate(m.torch_gbps),
                     fmt_opt(m.speedup_vs_torch, 2, "x"),
                     m.target_pct,
                     met(m.pct_of_copy.map(|p| p >= m.target_pct)),
@@ -389,7 +389,7 @@ impl Report {
                 let st = g.calico.stats.as_ref();
                 let lt = match &g.cublaslt {
                     None => "-".to_string(),
-                    Some(t) => or_status(t, g.cublaslt_tflops.map(|v| format!("{v:.0}"))),
+                    Some(t) => or_status(t, g.cublaslt_tflops.map(crate::rate)),
                 };
                 let _ = writeln!(
                     s,
@@ -397,11 +397,11 @@ impl Report {
                     g.name,
                     or_status(&g.calico, st.map(|t| format!("{:.4}", t.median_ms))),
                     st.map_or("-".into(), |t| t.runs.to_string()),
-                    fmt_opt(g.calico_tflops, 0, ""),
+                    fmt_rate(g.calico_tflops),
                     fmt_opt(g.pct_of_peak, 1, "%"),
                     lt,
                     fmt_opt(g.ratio_cublaslt, 2, "x"),
-                    fmt_opt(g.torch_tflops, 0, ""),
+                    fmt_rate(g.torch_tflops),
                     fmt_opt(g.ratio_torch, 2, "x"),
                     g.target_ratio,
                     met(g.ratio_cublaslt.map(|r| r >= g.target_ratio)),
@@ -439,7 +439,11 @@ impl Report {
         let _ = writeln!(s, "\n## Targets (TARGETS.md)\n");
         let met_count = self.targets.iter().filter(|t| t.met == Some(true)).count();
         let measured = self.targets.iter().filter(|t| t.met.is_some()).count();
-        let _ = writeln!(s, "{met_count} of {measured} measured targets met.\n");
+        let _ = writeln!(s, "{met_count} of {measured} measured targets met.");
+        if d.peak_bf16_tflops.is_none() {
+            let _ = writeln!(s, "The targets are stated for the H100; on this device they are for orientation only.");
+        }
+        let _ = writeln!(s);
         let _ = writeln!(
             s,
             "| what | target | measured | met |\n| --- | --- | ---: | :---: |"
@@ -504,6 +508,10 @@ fn first_line(s: &str) -> &str {
 
 fn fmt_opt(v: Option<f64>, digits: usize, unit: &str) -> String {
     v.map_or_else(|| "-".to_string(), |v| format!("{v:.digits$}{unit}"))
+}
+
+fn fmt_rate(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_string(), crate::rate)
 }
 
 fn met(m: Option<bool>) -> &'static str {

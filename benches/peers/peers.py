@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Times torch peers of Calico's benchmark cases and writes JSON for `calico-bench --peers`.
+
+Usage (on the GPU machine):  python3 benches/peers/peers.py --out peers.json [--quick]
+Each case: bf16 inputs, median time from triton.testing.do_bench (CUDA events, L2 flushed
+between runs), or from torch.cuda.Event timing when triton is missing. A case that errors is
+recorded with its error and skipped.
+"""
+import argparse
+import json
+import sys
+
+import torch
+
+ROWS = 65536
+NORM_COLS = [1024, 2048, 4096, 8192]
+SOFTMAX_COLS = [4096, 1024]
+GEMMS = [(s, s, s) for s in (2048, 4096, 8192)]
+GEMMS += [(8192, n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (28672, 4096))]
+GEMMS += [(m, 4096, 4096) for m in (16, 64, 256)]
+
+
+def bench(fn):
+    try:
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    except ImportError:
+        pass
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(50):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def norm_cases(cols_list):
+    F = torch.nn.functional
+    for cols in cols_list:
+        shape = [ROWS, cols]
+
+        def make(cols=cols):
+            x = torch.randn(ROWS, cols, device="cuda", dtype=torch.bfloat16)
+            r = torch.randn_like(x)
+            w = torch.rand(cols, device="cuda", dtype=torch.bfloat16) + 0.5
+            b = torch.rand(cols, device="cuda", dtype=torch.bfloat16) - 0.5
+            return x, r, w, b
+
+        yield "rms_norm", shape, make, lambda x, r, w, b: F.rms_norm(x, (x.shape[-1],), w, 1e-6)
+        yield "layer_norm", shape, make, lambda x, r, w, b: F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+        # torch has no fused residual norm: add, then norm (two kernels).
+        yield "add_rms_norm", shape, make, lambda x, r, w, b: F.rms_norm(x + r, (x.shape[-1],), w, 1e-6)
+        yield "add_layer_norm", shape, make, lambda x, r, w, b: F.layer_norm(x + r, (x.shape[-1],), w, b, 1e-5)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="peers.json")
+    ap.add_argument("--quick", action="store_true", help="the shapes of calico-bench --quick")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("peers.py: no CUDA device", file=sys.stderr)
+        return 1
+    norm_cols, softmax_cols, gemms = NORM_COLS, SOFTMAX_COLS, GEMMS
+    if args.quick:
+        norm_cols, softmax_cols = [4096], [4096]
+        gemms = [(4096, 4096, 4096), (8192, 14336, 4096), (64, 4096, 4096)]
+    results = []
+
+    def record(entry, make, fn):
+        try:
+            inputs = make()
+            entry["median_ms"] = bench(lambda: fn(*inputs))
+        except Exception as e:  # noqa: BLE001 - a failing peer must not stop the others
+            entry["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            torch.cuda.empty_cache()
+        results.append(entry)
+        print(json.dumps(entry), flush=True)
+
+    for op, shape, make, fn in norm_cases(norm_cols):
+        record({"op": op, "shape": shape, "dtype": "bf16"}, make, fn)
+    for cols in softmax_cols:
+        make = lambda cols=cols: (torch.randn(ROWS, cols, device="cuda", dtype=torch.bfloat16) * 2,)
+        record({"op": "softmax", "shape": [ROWS, cols], "dtype": "bf16"}, make, lambda x: torch.softmax(x, -1))
+    for m, n, k in gemms:
+        # A [M, K] @ W[N, K]^T, as torch Linear and calico-bench do.
+        make = lambda m=m, n=n, k=k: (
+            torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16),
+        )
+        record({"op": "gemm", "m": m, "n": n, "k": k, "dtype": "bf16"}, make, lambda a, w: torch.matmul(a, w.t()))
+    out = {
+        "torch_version": torch.__version__,
+        "device": torch.cuda.get_device_name(),
+        "results": results,
+    }
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"peers.py: wrote {args.out} ({sum('median_ms' in r for r in results)} of {len(results)} cases timed)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
