@@ -35,14 +35,6 @@ pub fn report_skipped(test: &str) {
     }
 }
 
-/// Runs `f` on every backend present; the first failure names its backend.
-pub fn for_each_backend(mut f: impl FnMut(&Device) -> Result<(), String>) -> Result<(), String> {
-    for dev in backends().0 {
-        f(&dev).map_err(|e| format!("backend {}: {e}", dev.kind()))?;
-    }
-    Ok(())
-}
-
 /// Proptest cases per property: `default`, or `CALICO_CONFORMANCE_CASES` when set.
 pub fn cases(default: u32) -> u32 {
     std::env::var("CALICO_CONFORMANCE_CASES")
@@ -50,9 +42,4 @@ pub fn cases(default: u32) -> u32 {
         .and_then(|v| v.trim().parse().ok())
         .filter(|&n: &u32| n > 0)
         .unwrap_or(default)
-}
-
-/// Short name of a device for messages.
-pub fn name(dev: &Device) -> &'static str {
-    dev.kind().name()
 }

@@ -43,6 +43,12 @@ pub trait Ctx<T> {
 
 impl<T> Ctx<T> for calico::Result<T> {
     fn ctx(self, what: &str) -> Result<T, String> {
-        self.map_err(|e| format!("{what} returned Err: {e}"))
+        self.map_err(|e| match e {
+            calico::Error::Unsupported(_) => format!(
+                "{what} returned Err: {e} (Unsupported counts as a failure: every backend \
+                 present must implement every op)"
+            ),
+            e => format!("{what} returned Err: {e}"),
+        })
     }
 }

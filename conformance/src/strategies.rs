@@ -11,7 +11,7 @@ use proptest::sample::select;
 pub const EDGE_COLS: [usize; 10] = [1, 2, 3, 7, 17, 127, 1000, 4097, 16384, 70_000];
 
 /// Elements per row-op case: keeps a debug build of the CPU backend fast.
-pub const ROW_BUDGET: usize = 100_000;
+pub const ROW_BUDGET: usize = 150_000;
 
 pub fn dtype() -> impl Strategy<Value = DType> {
     select(vec![DType::BF16, DType::F16, DType::F32])
