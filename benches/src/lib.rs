@@ -14,6 +14,7 @@ pub mod cases;
 pub mod cublaslt;
 pub mod peers;
 pub mod plots;
+pub mod progress;
 pub mod report;
 pub mod rng;
 pub mod stats;
@@ -23,10 +24,10 @@ pub use cases::Profile;
 pub use report::Report;
 
 use calico::{Device, Result, Vendor};
-use indicatif::{ProgressBar, ProgressStyle};
+use progress::{Progress, Watchdog};
 use report::{DeviceInfo, Status, Timed};
-use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 use timing::Pad;
 
 /// What to run and where to write it.
@@ -41,6 +42,10 @@ pub struct BenchOptions {
     pub peers: Option<PathBuf>,
     /// Write the report files (tests may turn this off).
     pub write: bool,
+    /// Cases that would start after this much time are recorded as skipped.
+    pub budget: Option<Duration>,
+    /// End the process if no case finishes for this long (a hung kernel).
+    pub watchdog: Option<Duration>,
 }
 
 impl Default for BenchOptions {
@@ -51,6 +56,8 @@ impl Default for BenchOptions {
             only: None,
             peers: None,
             write: true,
+            budget: None,
+            watchdog: None,
         }
     }
 }
@@ -70,6 +77,12 @@ pub struct BenchArgs {
     /// Merge torch figures from this JSON (written by benches/peers/peers.py).
     #[arg(long)]
     pub peers: Option<PathBuf>,
+    /// Seconds after which remaining cases are skipped (recorded as such).
+    #[arg(long, default_value_t = 330)]
+    pub budget_s: u64,
+    /// Exit (code 3) if no case finishes for this many seconds: a hung kernel.
+    #[arg(long, default_value_t = 180)]
+    pub stall_s: u64,
 }
 
 impl BenchArgs {
@@ -84,6 +97,8 @@ impl BenchArgs {
             only: self.only.clone().filter(|s| !s.is_empty()),
             peers: self.peers.clone(),
             write: true,
+            budget: Some(Duration::from_secs(self.budget_s)),
+            watchdog: Some(Duration::from_secs(self.stall_s.max(10))),
         }
     }
 }
@@ -141,42 +156,6 @@ fn device_info(dev: &Device) -> DeviceInfo {
     }
 }
 
-/// Prints a finished case above the bar, or plainly when the bar is hidden.
-struct Progress {
-    bar: ProgressBar,
-    visible: bool,
-}
-
-impl Progress {
-    fn new(len: usize) -> Progress {
-        let visible = std::io::stdout().is_terminal();
-        let bar = if visible {
-            let bar = ProgressBar::new(len as u64);
-            if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
-            {
-                bar.set_style(style);
-            }
-            bar
-        } else {
-            ProgressBar::hidden()
-        };
-        Progress { bar, visible }
-    }
-
-    fn start(&self, name: &str) {
-        self.bar.set_message(name.to_string());
-    }
-
-    fn done(&self, line: String) {
-        if self.visible {
-            self.bar.println(line);
-        } else {
-            println!("{line}");
-        }
-        self.bar.inc(1);
-    }
-}
-
 /// A rate with a few significant digits.
 pub fn rate(v: f64) -> String {
     if v >= 100.0 {
@@ -219,8 +198,10 @@ fn describe(t: &Timed, rate: Option<String>) -> String {
     }
 }
 
-/// Runs the suite on `dev` and writes the report (unless `opts.write` is off).
+/// Runs the suite on `dev` and writes the report (unless `opts.write` is off). Per-case errors
+/// are recorded in the report, never returned; only writing the files can fail.
 pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
+    let started = Instant::now();
     let gpu = dev.as_gpu().is_some();
     let profile = opts.profile;
     let plan = cases::plan(gpu, profile);
@@ -235,6 +216,27 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         .collect();
     let latency_name = "latency rms_norm";
     let run_latency = wanted(latency_name);
+    let over_budget = || opts.budget.is_some_and(|b| started.elapsed() > b);
+    let skipped = || {
+        Timed::not_available(format!(
+            "skipped: the run's time budget of {} s was spent",
+            opts.budget.map_or(0, |b| b.as_secs())
+        ))
+    };
+    let out_dir = opts.out.join(device_slug(dev.name(), dev.arch().vendor));
+    // The files as they stand after each case, so a run cut short still leaves its results.
+    let save_partial = |report: &Report| {
+        if opts.write {
+            let mut r = report.clone();
+            r.derive();
+            r.notes.push("partial: the run had not finished".into());
+            let _ = std::fs::create_dir_all(&out_dir);
+            if let Ok(json) = serde_json::to_string_pretty(&r) {
+                let _ = std::fs::write(out_dir.join("report.json"), json);
+            }
+            let _ = std::fs::write(out_dir.join("report.md"), r.markdown());
+        }
+    };
 
     let mut report = Report {
         calico_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -262,6 +264,12 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         gemm_specs.len()
     );
     let progress = Progress::new(1 + usize::from(run_latency) + mem_specs.len() + gemm_specs.len());
+    let watchdog = opts.watchdog.map(Watchdog::start);
+    let tick = || {
+        if let Some(w) = &watchdog {
+            w.tick();
+        }
+    };
     let mut rng = rng::XorShift::new(0x00ca_11c0);
 
     progress.start("copy bandwidth");
@@ -277,6 +285,7 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         describe(&copy.timed, copy_gbps.map(|g| format!("{} GB/s", rate(g))))
     ));
     report.copy = Some(copy);
+    tick();
 
     if run_latency {
         progress.start(latency_name);
@@ -299,6 +308,8 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
                 .map_or_else(String::new, |m| format!(" ({m})"))
         ));
         report.latency = Some(l);
+        tick();
+        save_partial(&report);
     }
 
     // The pad hides the host's launch cost on GPUs (see `timing::Pad`).
@@ -318,33 +329,45 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
 
     for spec in &mem_specs {
         progress.start(&spec.name());
-        let case = cases::memory::run_case(dev, spec, &plan, pad.as_ref(), &mut rng);
-        let rate = case.calico.median_ms().map(|ms| {
+        let skip = over_budget();
+        let mut case = cases::memory::run_case(dev, spec, &plan, pad.as_ref(), &mut rng, skip);
+        if skip {
+            case.calico = skipped();
+        }
+        let rate_text = case.calico.median_ms().map(|ms| {
             let g = accounting::gbps(case.bytes, ms);
             match copy_gbps {
-                Some(c) if c > 0.0 => format!("{} GB/s, {:.1}% of copy", rate(g), 100.0 * g / c),
+                Some(c) if c > 0.0 => {
+                    format!("{} GB/s, {:.1}% of copy", rate(g), 100.0 * g / c)
+                }
                 _ => format!("{} GB/s", rate(g)),
             }
         });
         progress.done(format!(
             "{:<34} {}",
             case.name,
-            describe(&case.calico, rate)
+            describe(&case.calico, rate_text)
         ));
         report.memory.push(case);
+        tick();
+        save_partial(&report);
     }
 
     if !gemm_specs.is_empty() {
         let baseline = cases::gemm::Baseline::new(dev);
         for spec in &gemm_specs {
             progress.start(&spec.name());
-            let case = cases::gemm::run_case(dev, spec, &plan, pad.as_ref(), &mut rng, &baseline);
+            let case = if over_budget() {
+                cases::gemm::skipped_case(spec, skipped())
+            } else {
+                cases::gemm::run_case(dev, spec, &plan, pad.as_ref(), &mut rng, &baseline)
+            };
             let tf = |t: &Timed| {
                 t.median_ms()
                     .map(|ms| format!("{} TFLOP/s", rate(accounting::tflops(case.flops, ms))))
             };
             let mut line = format!(
-                "{:<34} calico {}",
+                "{:<34} calico   {}",
                 case.name,
                 describe(&case.calico, tf(&case.calico))
             );
@@ -353,14 +376,21 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
             }
             progress.done(line);
             report.gemm.push(case);
+            tick();
+            save_partial(&report);
         }
     }
-    progress.bar.finish_and_clear();
+    progress.finish();
     drop(pad);
+    drop(watchdog);
 
     if !gpu {
         report.notes.push("CPU: small shapes and few runs; times are the host wall clock; the bf16 peak and cuBLASLt do not apply.".into());
     }
+    report.notes.push(format!(
+        "the suite took {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
     report.derive();
     if let Some(path) = &opts.peers {
         if let Err(e) = peers::merge_file(&mut report, path) {
@@ -369,8 +399,7 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         }
     }
     if opts.write {
-        let dir = opts.out.join(&report.device.slug);
-        let written = report.write(&dir)?;
+        let written = report.write(&out_dir)?;
         for p in written {
             println!("wrote {}", p.display());
         }
@@ -413,6 +442,8 @@ mod tests {
             only: Some("softmax bf16 64x256".into()),
             peers: None,
             write: true,
+            budget: None,
+            watchdog: None,
         };
         let report = run(&Device::cpu(), &opts).expect("suite runs");
         assert_eq!(report.memory.len(), 1, "{:?}", report.memory);
@@ -427,6 +458,22 @@ mod tests {
             assert!(out.join(f).exists(), "{f}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn spent_budget_skips_cases() {
+        let opts = BenchOptions {
+            profile: Profile::Tiny,
+            only: Some("softmax".into()),
+            write: false,
+            budget: Some(Duration::ZERO),
+            ..BenchOptions::default()
+        };
+        let report = run(&Device::cpu(), &opts).expect("suite runs");
+        assert_eq!(report.memory.len(), 1);
+        let t = &report.memory[0].calico;
+        assert_eq!(t.status, Status::NotAvailable);
+        assert!(t.message.as_deref().is_some_and(|m| m.contains("budget")));
     }
 
     #[test]

@@ -50,25 +50,8 @@ pub fn run_case(
     } else {
         rotation_copies(set_bytes, dev.arch().l2_bytes)
     };
-    let mut case = GemmCase {
-        name: spec.name(),
-        group: spec.group.to_string(),
-        m,
-        n,
-        k,
-        flops: gemm_flops(m, n, k),
-        rotation_copies: copies,
-        calico: Timed::not_available("not run"),
-        calico_tflops: None,
-        pct_of_peak: None,
-        cublaslt: None,
-        cublaslt_tflops: None,
-        ratio_cublaslt: None,
-        target_ratio: gemm_target_ratio(spec.group, m, n, k),
-        torch_ms: None,
-        torch_tflops: None,
-        ratio_torch: None,
-    };
+    let mut case = skipped_case(spec, Timed::not_available("not run"));
+    case.rotation_copies = copies;
     let mut sets = match make_sets(dev, spec, copies, rng) {
         Ok(sets) => sets,
         Err(e) => {
@@ -93,6 +76,30 @@ pub fn run_case(
         }),
     };
     case
+}
+
+/// A case that was not timed, with `why` as Calico's entry.
+pub fn skipped_case(spec: &GemmSpec, why: Timed) -> GemmCase {
+    let (m, n, k) = (spec.m, spec.n, spec.k);
+    GemmCase {
+        name: spec.name(),
+        group: spec.group.to_string(),
+        m,
+        n,
+        k,
+        flops: gemm_flops(m, n, k),
+        rotation_copies: 0,
+        calico: why,
+        calico_tflops: None,
+        pct_of_peak: None,
+        cublaslt: None,
+        cublaslt_tflops: None,
+        ratio_cublaslt: None,
+        target_ratio: gemm_target_ratio(spec.group, m, n, k),
+        torch_ms: None,
+        torch_tflops: None,
+        ratio_torch: None,
+    }
 }
 
 fn timed(r: Result<crate::stats::Stats>) -> Timed {

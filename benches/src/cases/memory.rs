@@ -16,20 +16,25 @@ struct Set {
     outs: Vec<Tensor>,
 }
 
-/// Times one case; errors become a "not available" or "failed" entry.
+/// Times one case (unless `skip`); errors become a "not available" or "failed" entry.
 pub fn run_case(
     dev: &Device,
     spec: &MemSpec,
     plan: &Plan,
     pad: Option<&Pad>,
     rng: &mut XorShift,
+    skip: bool,
 ) -> MemCase {
     let bytes = mem_bytes(spec.op, &spec.shape, 2);
     let copies = rotation_copies(bytes, dev.arch().l2_bytes);
     let copies = if *plan == Plan::TINY { 2 } else { copies };
-    let calico = match time_case(dev, spec, plan, pad, rng, copies) {
-        Ok(stats) => Timed::ok(stats),
-        Err(e) => Timed::from_error(&e),
+    let calico = if skip {
+        Timed::not_available("skipped")
+    } else {
+        match time_case(dev, spec, plan, pad, rng, copies) {
+            Ok(stats) => Timed::ok(stats),
+            Err(e) => Timed::from_error(&e),
+        }
     };
     MemCase {
         name: spec.name(),
