@@ -20,7 +20,7 @@ const EDGES: [usize; 19] = [
 ];
 
 /// Multiply-adds per property case: keeps a debug build of the CPU backend fast.
-const MAC_BUDGET: usize = 3_000_000;
+const MAC_BUDGET: usize = 8_000_000;
 
 /// Where C comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
