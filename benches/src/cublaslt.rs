@@ -9,6 +9,7 @@ use calico::backends::cuda::{probe, CudaDevice};
 use calico::{DType, Device, Tensor};
 use cudarc::cublaslt::{result, sys};
 use std::ffi::c_void;
+use std::path::{Path, PathBuf};
 
 /// cuBLASLt's workspace: 32 MiB, NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
@@ -17,6 +18,8 @@ const WORKSPACE_BYTES: usize = 32 << 20;
 #[derive(Debug)]
 pub struct CublasLt {
     handle: sys::cublasLtHandle_t,
+    /// Where the library was found when it was not on the loader path.
+    pub source: Option<PathBuf>,
     device: calico::DeviceId,
     workspace: Tensor,
     stream: sys::cudaStream_t,
@@ -29,9 +32,7 @@ impl CublasLt {
         let Device::Cuda(cuda) = dev else {
             return Ok(None);
         };
-        if !probe::cublaslt_present() {
-            return Err("libcublasLt was not found on the loader path".into());
-        }
+        let source = find_library()?;
         bind(cuda)?;
         let workspace = dev
             .zeros(&[WORKSPACE_BYTES / 2], DType::BF16)
@@ -39,6 +40,7 @@ impl CublasLt {
         let handle = result::create_handle().map_err(|e| format!("cublasLtCreate: {e}"))?;
         Ok(Some(CublasLt {
             handle,
+            source,
             device: dev.device_id(),
             workspace,
             stream: cuda.cu_stream() as sys::cudaStream_t,
@@ -133,6 +135,77 @@ impl Drop for CublasLt {
         // SAFETY: created by cublasLtCreate and destroyed once; errors at teardown are ignored.
         let _ = unsafe { result::destroy_handle(self.handle) };
     }
+}
+
+/// Makes libcublasLt loadable by cudarc: present on the loader path already (`Ok(None)`), or
+/// preloaded by full path from a CUDA toolkit or the nvidia-cublas wheel of a Python venv
+/// (`Ok(Some(path))`). Once a library is loaded, dlopen by its soname finds it, so cudarc's own
+/// lookup by name then succeeds.
+fn find_library() -> Result<Option<PathBuf>, String> {
+    if probe::cublaslt_present() {
+        return Ok(None);
+    }
+    let names = cudarc::get_lib_name_candidates("cublasLt");
+    let dirs = candidate_dirs();
+    for dir in &dirs {
+        for name in &names {
+            let path = dir.join(name);
+            if !path.is_file() {
+                continue;
+            }
+            // SAFETY: loading libcublasLt runs only its own initialisers; it is kept loaded
+            // for the life of the process (forgotten below), as cudarc expects of its libraries.
+            let lib = unsafe {
+                libloading::os::unix::Library::open(
+                    Some(&path),
+                    libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_GLOBAL,
+                )
+            };
+            if let Ok(lib) = lib {
+                std::mem::forget(lib);
+                if probe::cublaslt_present() {
+                    return Ok(Some(path));
+                }
+            }
+        }
+    }
+    Err(format!(
+        "libcublasLt was not found on the loader path nor in {} (set LD_LIBRARY_PATH to its directory)",
+        dirs.iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// Directories where CUDA toolkits and NVIDIA's Python wheels put libcublasLt.
+fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for var in ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"] {
+        if let Some(root) = std::env::var_os(var) {
+            dirs.push(Path::new(&root).join("lib64"));
+            dirs.push(Path::new(&root).join("lib"));
+        }
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    dirs.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
+    // The nvidia-cublas wheel: nvidia/cu13/lib (CUDA 13 wheels) or nvidia/cublas/lib.
+    let mut venvs = Vec::new();
+    if let Some(v) = std::env::var_os("VIRTUAL_ENV") {
+        venvs.push(PathBuf::from(v));
+    }
+    venvs.push(PathBuf::from("/opt/torch/.venv"));
+    for venv in venvs {
+        let Ok(entries) = std::fs::read_dir(venv.join("lib")) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let site = e.path().join("site-packages").join("nvidia");
+            dirs.push(site.join("cu13").join("lib"));
+            dirs.push(site.join("cublas").join("lib"));
+        }
+    }
+    dirs
 }
 
 fn bind(cuda: &CudaDevice) -> Result<(), String> {

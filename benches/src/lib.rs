@@ -355,6 +355,19 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
 
     if !gemm_specs.is_empty() {
         let baseline = cases::gemm::Baseline::new(dev);
+        match &baseline {
+            cases::gemm::Baseline::Ready(lt) => {
+                if let Some(p) = &lt.source {
+                    report
+                        .notes
+                        .push(format!("cuBLASLt preloaded from {}", p.display()));
+                }
+            }
+            cases::gemm::Baseline::Unavailable(why) => {
+                report.notes.push(format!("cuBLASLt unavailable: {why}"));
+            }
+            cases::gemm::Baseline::Absent => {}
+        }
         for spec in &gemm_specs {
             progress.start(&spec.name());
             let case = if over_budget() {
