@@ -16,7 +16,9 @@ pub struct Progress {
 
 impl Progress {
     pub fn new(len: usize) -> Progress {
-        let visible = std::io::stdout().is_terminal();
+        // The bar draws on stderr and case lines go above it; when either stream is not a
+        // terminal the bar is hidden and lines go plainly to stdout.
+        let visible = std::io::stdout().is_terminal() && std::io::stderr().is_terminal();
         let bar = if visible {
             let bar = ProgressBar::new(len as u64);
             if let Ok(style) = ProgressStyle::with_template("{bar:30} {pos}/{len} {elapsed} {msg}")
