@@ -6,18 +6,23 @@ use cudarc::nvrtc::{result as nvrtc_result, sys as nvrtc_sys};
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
-/// Directories searched for the CUDA headers (`cuda_bf16.h`), in order: `$CUDA_HOME`,
-/// `$CUDA_PATH`, `/usr/local/cuda`; each contributes `include/` and, if present, `include/cccl/`.
-pub fn include_dirs() -> Vec<PathBuf> {
+/// `$CUDA_HOME`, `$CUDA_PATH` (when set and not empty) and `/usr/local/cuda`, in that order.
+fn cuda_roots() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
         .iter()
-        .filter_map(|v| std::env::var_os(v))
+        .filter_map(std::env::var_os)
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .collect();
     roots.push(PathBuf::from("/usr/local/cuda"));
+    roots
+}
+
+/// Directories searched for the CUDA headers (`cuda_bf16.h`), in order: `$CUDA_HOME`,
+/// `$CUDA_PATH`, `/usr/local/cuda`; each contributes `include/` and, if present, `include/cccl/`.
+pub fn include_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    for root in roots {
+    for root in cuda_roots() {
         let inc = root.join("include");
         if inc.join("cuda_bf16.h").is_file() {
             let cccl = inc.join("cccl");
@@ -161,13 +166,7 @@ impl Drop for Program {
 /// The directory of the CUDA tools (`cuobjdump`), if any: `$CUDA_HOME/bin`, `$CUDA_PATH/bin`,
 /// `/usr/local/cuda/bin`.
 pub fn tool_path(tool: &str) -> Option<PathBuf> {
-    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
-        .iter()
-        .filter_map(|v| std::env::var_os(v))
-        .map(PathBuf::from)
-        .collect();
-    roots.push(PathBuf::from("/usr/local/cuda"));
-    roots
+    cuda_roots()
         .into_iter()
         .map(|r| r.join("bin").join(tool))
         .find(|p| p.is_file())

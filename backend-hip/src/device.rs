@@ -12,9 +12,14 @@ use calico_core::{
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::Arc;
 
-/// An AMD GPU driven through the HIP runtime, with one stream.
+/// An AMD GPU driven through the HIP runtime, with one stream. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct HipDevice {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug, Clone)]
+struct Inner {
     ctx: Arc<Context>,
     id: DeviceId,
     name: String,
@@ -93,31 +98,33 @@ impl HipDevice {
             Err(_) => "unavailable".to_string(),
         };
         Ok(HipDevice {
-            ctx,
-            id: DeviceId {
-                kind: BackendKind::Hip,
-                ordinal,
-            },
-            name: info.name,
-            gcn_arch: info.gcn_arch,
-            arch,
-            max_threads_per_block: info.max_threads_per_block,
-            compiler: CompilerInfo {
-                name: "hiprtc",
-                version,
-            },
-            cache: DiskCache::from_env(),
+            inner: Arc::new(Inner {
+                ctx,
+                id: DeviceId {
+                    kind: BackendKind::Hip,
+                    ordinal,
+                },
+                name: info.name,
+                gcn_arch: info.gcn_arch,
+                arch,
+                max_threads_per_block: info.max_threads_per_block,
+                compiler: CompilerInfo {
+                    name: "hiprtc",
+                    version,
+                },
+                cache: DiskCache::from_env(),
+            }),
         })
     }
 
     /// The full gcnArchName, feature flags included.
     pub fn gcn_arch_name(&self) -> &str {
-        &self.gcn_arch
+        &self.inner.gcn_arch
     }
 
     /// Uses `cache` instead of `DiskCache::from_env()` for compiled code objects.
     pub fn with_cache(mut self, cache: DiskCache) -> Self {
-        self.cache = cache;
+        Arc::make_mut(&mut self.inner).cache = cache;
         self
     }
 
@@ -126,14 +133,14 @@ impl HipDevice {
             Error::DeviceMismatch(format!(
                 "{role} buffer lives on {}, not {}",
                 s.device_id(),
-                self.id
+                self.inner.id
             ))
         })?;
-        if hip.ordinal() != self.ctx.ordinal {
+        if hip.ordinal() != self.inner.ctx.ordinal {
             return Err(Error::DeviceMismatch(format!(
                 "{role} buffer lives on {}, not {}",
                 s.device_id(),
-                self.id
+                self.inner.id
             )));
         }
         Ok(hip)
@@ -141,6 +148,7 @@ impl HipDevice {
 
     fn code_object(&self, source: &KernelSource) -> Result<Vec<u8>> {
         let rtc = self
+            .inner
             .ctx
             .rt
             .rtc
@@ -151,12 +159,13 @@ impl HipDevice {
             })?;
         let key = compile::cache_key(
             source,
-            &self.gcn_arch,
-            &self.compiler.version,
-            &compile::options(&self.gcn_arch),
+            &self.inner.gcn_arch,
+            &self.inner.compiler.version,
+            &compile::options(&self.inner.gcn_arch),
         );
-        self.cache
-            .get_or_build(&key, || compile::compile(rtc, source, &self.gcn_arch))
+        self.inner
+            .cache
+            .get_or_build(&key, || compile::compile(rtc, source, &self.inner.gcn_arch))
     }
 }
 
@@ -256,23 +265,23 @@ impl Backend for HipDevice {
     }
 
     fn device_id(&self) -> DeviceId {
-        self.id
+        self.inner.id
     }
 
     fn name(&self) -> &str {
-        &self.name
+        &self.inner.name
     }
 
     fn arch(&self) -> &Arch {
-        &self.arch
+        &self.inner.arch
     }
 
     fn alloc(&self, bytes: usize) -> Result<Arc<dyn Storage>> {
-        Ok(Arc::new(HipStorage::zeroed(self.ctx.clone(), bytes)?))
+        Ok(Arc::new(HipStorage::zeroed(self.inner.ctx.clone(), bytes)?))
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.ctx.sync()
+        self.inner.ctx.sync()
     }
 
     fn copy_bytes(
@@ -285,11 +294,11 @@ impl Backend for HipDevice {
     ) -> Result<()> {
         let dst = self.storage(dst, "destination")?;
         let src = self.storage(src, "source")?;
-        storage::copy_async(&self.ctx, dst, dst_offset, src, src_offset, bytes)
+        storage::copy_async(&self.inner.ctx, dst, dst_offset, src, src_offset, bytes)
     }
 
     fn time_ms(&self, work: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
-        timing::time_ms(&self.ctx, work)
+        timing::time_ms(&self.inner.ctx, work)
     }
 
     fn as_gpu(&self) -> Option<&dyn GpuBackend> {
@@ -303,7 +312,7 @@ impl GpuBackend for HipDevice {
     }
 
     fn compiler(&self) -> &CompilerInfo {
-        &self.compiler
+        &self.inner.compiler
     }
 
     fn launch(
@@ -314,17 +323,17 @@ impl GpuBackend for HipDevice {
     ) -> Result<()> {
         launch::validate(
             config,
-            self.max_threads_per_block,
-            self.arch.shared_mem_per_block,
+            self.inner.max_threads_per_block,
+            self.inner.arch.shared_mem_per_block,
         )?;
-        let kernel = match self.ctx.cached(&source.digest) {
+        let kernel = match self.inner.ctx.cached(&source.digest) {
             Some(k) => k,
             None => {
                 let code = self.code_object(source)?;
-                self.ctx.load(source.digest, &code, &source.entry)?
+                self.inner.ctx.load(source.digest, &code, &source.entry)?
             }
         };
-        launch::launch(&self.ctx, kernel, &source.entry, config, args)
+        launch::launch(&self.inner.ctx, kernel, &source.entry, config, args)
     }
 
     fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>> {
