@@ -5,8 +5,13 @@
 
 use calico_core::{Error, Result};
 
+/// cudarc's candidate file names for `lib`, without repeats (for error messages).
 fn candidates(lib: &str) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
     cudarc::get_lib_name_candidates(lib)
+        .into_iter()
+        .filter(|n| seen.insert(n.clone()))
+        .collect()
 }
 
 /// True when libcuda can be opened.
