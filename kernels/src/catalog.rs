@@ -110,12 +110,19 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                 } else {
                     8 / dtype.size_bytes()
                 };
-                for pairs in [wide.max(1), 1] {
-                    let label = format!("{dtype} {mode:?} pairs{pairs}");
+                let pairs = wide.max(1);
+                let aligned_width = if mode == RopeMode::HalfSplit {
+                    pairs
+                } else {
+                    2 * pairs
+                };
+                // Aligned vectors, and the same pairs with x read one element at a time.
+                for (pairs, x_width) in [(pairs, aligned_width), (pairs, 1), (1, 1)] {
+                    let label = format!("{dtype} {mode:?} pairs{pairs} x_width{x_width}");
                     out.push(CatalogEntry {
                         op: "rope",
                         label,
-                        source: crate::ops::rope::source(vendor, dtype, pairs, mode)?,
+                        source: crate::ops::rope::source(vendor, dtype, pairs, x_width, mode)?,
                     });
                 }
             }

@@ -3,7 +3,8 @@
 // Each thread rotates P pairs of one (b, s, h) row: with HALF_SPLIT the pairs are (x[i], x[i+D/2])
 // for P consecutive i, read as two vectors; interleaved, the pairs are (x[2i], x[2i+1]) read as
 // one vector of 2P. cos/sin are f32 [positions, D/2]; position = pos_offset + s.
-// Defines: ELEM (the element type, aliased T below), P (pairs per thread), HALF_SPLIT.
+// Defines: ELEM (the element type, aliased T below), P (pairs per thread), XW (elements of x per
+// memory access: P when half-split, up to 2P when interleaved, 1 when x is not aligned), HALF_SPLIT.
 #include "calico/calico.h"
 
 using namespace calico;
@@ -20,6 +21,27 @@ template <int N>
 CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
     if constexpr (N == 1) *p = from_float<T>(v[0]);
     else store_float<T, N>(p, v);
+}
+// N elements as N / W accesses of W elements (W divides N).
+template <int N, int W>
+CALICO_DEVICE void load_chunks(float (&v)[N], const T* p) {
+#pragma unroll
+    for (int c = 0; c < N / W; ++c) {
+        float part[W];
+        load_vec<W>(part, p + c * W);
+#pragma unroll
+        for (int j = 0; j < W; ++j) v[c * W + j] = part[j];
+    }
+}
+template <int N, int W>
+CALICO_DEVICE void store_chunks(T* p, const float (&v)[N]) {
+#pragma unroll
+    for (int c = 0; c < N / W; ++c) {
+        float part[W];
+#pragma unroll
+        for (int j = 0; j < W; ++j) part[j] = v[c * W + j];
+        store_vec<W>(p + c * W, part);
+    }
 }
 template <int N>
 CALICO_DEVICE void load_f32(float (&v)[N], const float* p) {
@@ -57,26 +79,26 @@ CALICO_KERNEL void calico_rope(const T* x, long long xb, long long xs, long long
         load_f32<P>(sn, a.sin + pos * half + i0);
 #if HALF_SPLIT
         float lo[P], hi[P];
-        load_vec<P>(lo, xr + i0);
-        load_vec<P>(hi, xr + i0 + half);
+        load_chunks<P, XW>(lo, xr + i0);
+        load_chunks<P, XW>(hi, xr + i0 + half);
         float olo[P], ohi[P];
 #pragma unroll
         for (int j = 0; j < P; ++j) {
             olo[j] = lo[j] * c[j] - hi[j] * sn[j];
             ohi[j] = lo[j] * sn[j] + hi[j] * c[j];
         }
-        store_vec<P>(yr + i0, olo);
-        store_vec<P>(yr + i0 + half, ohi);
+        store_chunks<P, XW>(yr + i0, olo);
+        store_chunks<P, XW>(yr + i0 + half, ohi);
 #else
         float v[2 * P];
-        load_vec<2 * P>(v, xr + 2 * i0);
+        load_chunks<2 * P, XW>(v, xr + 2 * i0);
         float o[2 * P];
 #pragma unroll
         for (int j = 0; j < P; ++j) {
             o[2 * j] = v[2 * j] * c[j] - v[2 * j + 1] * sn[j];
             o[2 * j + 1] = v[2 * j] * sn[j] + v[2 * j + 1] * c[j];
         }
-        store_vec<2 * P>(yr + 2 * i0, o);
+        store_chunks<2 * P, XW>(yr + 2 * i0, o);
 #endif
     }
 }

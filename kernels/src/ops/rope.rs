@@ -103,7 +103,13 @@ pub fn rope(
     {
         pairs /= 2;
     }
-    let src = source(gpu.vendor_headers(), dtype, pairs, mode)?;
+    // Elements of x per access: a whole chunk when aligned, else single elements.
+    let x_width = if interleaved {
+        (2 * pairs).min(elems_per_vector)
+    } else {
+        pairs.min(elems_per_vector)
+    };
+    let src = source(gpu.vendor_headers(), dtype, pairs, x_width, mode)?;
     let [batch, seq, heads, dim] = dims;
     let work = batch * seq * heads * (half / pairs);
     let threads = 256u32;
@@ -158,6 +164,7 @@ pub(crate) fn source(
     vendor: HeaderSet,
     dtype: DType,
     pairs: usize,
+    x_width: usize,
     mode: RopeMode,
 ) -> Result<KernelSource> {
     let half_split = if mode == RopeMode::HalfSplit {
@@ -168,6 +175,7 @@ pub(crate) fn source(
     let defines = [
         ("ELEM", dtype.device_type().to_string()),
         ("P", pairs.to_string()),
+        ("XW", x_width.to_string()),
         ("HALF_SPLIT", half_split.to_string()),
     ];
     gpu::assemble(
