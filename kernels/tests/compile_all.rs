@@ -69,3 +69,40 @@ fn every_kernel_compiles_for_gfx90a_and_gfx942() {
         compile_target("gfx942");
     }
 }
+
+/// The Hopper GEMM is what it claims to be: wgmma (HGMMA) fed by the tensor memory
+/// accelerator (UTMALDG), as `calico compile --op gemm --target sm_90a --disasm` shows a user.
+#[test]
+fn hopper_gemm_disassembles_to_hgmma_and_utmaldg() {
+    if !toolchain_or_skip("sm_90a disassembly", nvrtc_available()) {
+        return;
+    }
+    let entries: Vec<_> = catalog::entries("sm_90a", Some("gemm"))
+        .expect("catalog assembles")
+        .into_iter()
+        .filter(|e| e.label.starts_with("hopper"))
+        .collect();
+    assert!(
+        !entries.is_empty(),
+        "the sm_90a catalog has Hopper GEMM variants"
+    );
+    for e in &entries {
+        let cubin = catalog::compile("sm_90a", &e.source).expect("compiles");
+        let sass = match catalog::disassemble("sm_90a", &cubin) {
+            Ok(s) => s,
+            Err(err) => {
+                // Reports "skipped" (or fails under CI=true): the disassembler is missing.
+                toolchain_or_skip("cuobjdump", Err(err.to_string()));
+                return;
+            }
+        };
+        let hgmma = calico_cuda::disasm::count_opcode(&sass, "HGMMA");
+        let utmaldg = calico_cuda::disasm::count_opcode(&sass, "UTMALDG");
+        println!("{}: {hgmma} HGMMA, {utmaldg} UTMALDG", e.label);
+        assert!(
+            hgmma > 0 && utmaldg > 0,
+            "{}: {hgmma} HGMMA, {utmaldg} UTMALDG",
+            e.label
+        );
+    }
+}

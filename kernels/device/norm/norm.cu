@@ -71,20 +71,22 @@ CALICO_KERNEL void calico_norm(const T* x, long long x_stride, const T* residual
                                const T* weight, const T* bias, T* y, long long y_stride, T* sum, long long sum_stride,
                                long long rows, long long cols, float eps) {
     const NormArgs a{x, x_stride, residual, residual_stride, weight, bias, y, y_stride, sum, sum_stride};
-    __shared__ float scratch[32];
+    __shared__ float scratch[96];
     const long long step = (long long)VEC * block_dim_x();
     const float inv_cols = 1.0f / (float)cols;
     for (long long row = block_x(); row < rows; row += grid_dim_x()) {
 #if !STREAMING
         float v[NV][VEC];
-        float acc = 0.0f;
+        float sq = 0.0f;  // RMSNorm: sum of squares
+        int n = 0;        // LayerNorm: this thread's count, mean and M2, exact over its registers
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
             const long long c = (long long)VEC * thread_x() + i * step;
             if (c < cols) {
                 read_input(v[i], a, row, c, true);
+                n += VEC;
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) acc += LAYER ? v[i][j] : v[i][j] * v[i][j];
+                for (int j = 0; j < VEC; ++j) sq += v[i][j] * v[i][j];
             } else {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) v[i][j] = 0.0f;
@@ -93,20 +95,28 @@ CALICO_KERNEL void calico_norm(const T* x, long long x_stride, const T* residual
         float mean = 0.0f;
         float rstd;
 #if LAYER
-        mean = block_sum(acc, scratch) * inv_cols;
-        // Centered second pass over registers: no cancellation from E[x^2] - E[x]^2.
-        float sq = 0.0f;
+        // One block reduction for mean and variance (Chan's combination), robust to a large
+        // mean: each thread's (count, mean, M2) is exact over its own registers first.
+        float local_sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NV; ++i)
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) local_sum += v[i][j];
+        const float local_mean = n > 0 ? local_sum / (float)n : 0.0f;
+        float local_m2 = 0.0f;
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
             const long long c = (long long)VEC * thread_x() + i * step;
             if (c < cols) {
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) sq += (v[i][j] - mean) * (v[i][j] - mean);
+                for (int j = 0; j < VEC; ++j) local_m2 += (v[i][j] - local_mean) * (v[i][j] - local_mean);
             }
         }
-        rstd = rsqrtf(block_sum(sq, scratch) * inv_cols + eps);
+        const moments m = block_moments({(float)n, local_mean, local_m2}, scratch);
+        mean = m.mean;
+        rstd = rsqrtf(m.m2 * inv_cols + eps);
 #else
-        rstd = rsqrtf(block_sum(acc, scratch) * inv_cols + eps);
+        rstd = rsqrtf(block_sum(sq, scratch) * inv_cols + eps);
 #endif
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
