@@ -13,6 +13,8 @@ pub mod probe;
 mod storage;
 pub mod tma;
 
+/// The cudarc this backend is built on, for interop (`CudaDevice::wrap_slice`).
+pub use cudarc;
 pub use device::CudaDevice;
 pub use storage::CudaStorage;
 

@@ -33,3 +33,8 @@ pub mod backends {
     pub use calico_cuda as cuda;
     pub use calico_hip as hip;
 }
+
+/// The README's example is compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
