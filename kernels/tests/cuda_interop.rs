@@ -42,7 +42,7 @@ fn a_cudarc_slice_is_a_tensor_without_a_copy() {
     let (rows, cols) = (5, 96);
     let data = values(rows * cols);
     let stream = cuda.context().default_stream();
-    let slice: cudarc::driver::CudaSlice<f32> = stream.memcpy_stod(&data).unwrap();
+    let slice: cudarc::driver::CudaSlice<f32> = stream.clone_htod(&data).unwrap();
     let x = cuda.wrap_slice(slice, DType::F32, &[rows, cols]).unwrap();
     let dev = Device::Cuda(cuda);
     let w = dev.tensor(&vec![1.0f32; cols], &[cols]).unwrap();
@@ -59,7 +59,7 @@ fn a_raw_device_pointer_is_a_tensor_without_a_copy() {
     let (rows, cols) = (3, 64);
     let data = values(rows * cols);
     let stream = cuda.context().default_stream();
-    let owner: cudarc::driver::CudaSlice<f32> = stream.memcpy_stod(&data).unwrap();
+    let owner: cudarc::driver::CudaSlice<f32> = stream.clone_htod(&data).unwrap();
     stream.synchronize().unwrap();
     let ptr = {
         use cudarc::driver::DevicePtr;
