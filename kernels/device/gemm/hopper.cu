@@ -17,7 +17,7 @@
 //    N-major B uses the MN-major form (LBO = 64*128 between 64-column chunks, SBO = 1024) with
 //    the transpose bit, stepping K by 16 rows = 2048 bytes. Slot bases are 1024-aligned.
 //  * Handshake per slot: full[s] (1 arrival: the producer's arrive.expect_tx of the stage's
-//    bytes, completed by TMA) and empty[s] (8 arrivals: lane 0 of each consumer warp after its
+//    bytes, completed by TMA) and empty[s] (8 arrivals x CLUSTER: lane 0 of each consumer warp after its
 //    wgmma reading the slot retired). A running counter `it` over all tiles gives slot
 //    it % STAGES and parity (it / STAGES) & 1; the producer waits on empty with the opposite
 //    parity, so its first pass over fresh barriers does not block.
@@ -26,10 +26,24 @@
 //  * Persistent grid (grid = min(tiles, SMs)); CTA i takes tiles i, i + grid, ... in a grouped
 //    order: GROUP_M row-tiles sweep all column tiles before moving on, so concurrently running
 //    CTAs share A rows and B columns in L2. Batches follow one another.
-//  * Epilogue in registers straight from the wgmma layout: alpha, beta*C, bias[n], GELU (erf)
-//    or SiLU, converted to the output type, stored as 2-element vectors when D (and C) are
-//    aligned for it, scalars otherwise. While consumers run it, the producer already fills
-//    the ring for their next tile.
+//  * Epilogue (TMA_STORE = 0) in registers straight from the wgmma layout: alpha, beta*C,
+//    bias[n], GELU (erf) or SiLU, converted to the output type, stored as 2-element vectors
+//    when D (and C) are aligned for it, scalars otherwise. While consumers run it, the
+//    producer already fills the ring for their next tile.
+//  * Epilogue (TMA_STORE = 1, 16-bit D with 16-byte aligned base and strides): the same math,
+//    but each warpgroup writes its tile 64x64 at a time into one of two 128B-swizzled staging
+//    boxes (8 KB each, conflict-free st.shared.b32), fence.proxy.async, a named barrier of the
+//    warpgroup (ids 1 and 2), then its leader thread issues a bulk tensor store (clipped at
+//    M/N by the copy engine) and moves on without waiting for it: global writes are coalesced
+//    and asynchronous, and the next tile's wgmma starts right after the last box is handed
+//    over. The leader waits (wait_group.read 0) before the barrier of the next box, so a
+//    staging box is reused only after the store that read it two boxes ago is done.
+//  * CLUSTER = 2 (__cluster_dims__): CTAs 2i, 2i+1 take row tiles 2p, 2p+1 of one column tile.
+//    Each loads its A and half of the B slot, multicast to both CTAs, so B's L2 -> SM bytes
+//    are halved. full[s] still expects STAGE_BYTES (own A + both halves of B); empty[s]
+//    counts 16 arrivals (the consumer warps of both CTAs arrive on both CTAs' barriers), so
+//    neither producer overwrites a slot its peer still reads. Cluster barriers after the
+//    barrier init and before exit (no remote arrive may reach an exited CTA).
 // EDGES
 //  * M, N, K not multiples of the tile: TMA zero-fills out-of-bounds parts of a box (and
 //    still reports full box bytes), so partial K tiles add zeros; rows >= M and columns >= N
@@ -43,12 +57,21 @@
 //  CALICO_GEMM_IN bf16|f16, CALICO_GEMM_OUT bf16|f16|float, CALICO_GEMM_BM 64|128,
 //  CALICO_GEMM_BN 32..256 (multiple of 32 for K-major B; 128|256 for N-major, 64|128|256 when BM=128),
 //  CALICO_GEMM_STAGES 2..8, CALICO_GEMM_B_KMAJOR 0|1, CALICO_GEMM_EPILOGUE 0 none|1 gelu|2 silu,
-//  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1.
+//  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1, CALICO_GEMM_TMA_STORE 0|1 (16-bit out, warpgroup columns a multiple of 64),
+//  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks).
 #include "calico/calico.h"
+#include "calico/cluster.cuh"
 #include "calico/mbarrier.cuh"
 #include "calico/tma.cuh"
 #include "calico/warpgroup.cuh"
 #include "calico/wgmma.cuh"
+
+#ifndef CALICO_GEMM_TMA_STORE
+#define CALICO_GEMM_TMA_STORE 0
+#endif
+#ifndef CALICO_GEMM_CLUSTER
+#define CALICO_GEMM_CLUSTER 1
+#endif
 
 namespace gemm_hopper {
 
@@ -62,6 +85,8 @@ constexpr int BN = CALICO_GEMM_BN;
 constexpr int BK = 64;  // one 128-byte swizzled row of 16-bit elements
 constexpr int STAGES = CALICO_GEMM_STAGES;
 constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
+constexpr bool TMA_STORE = CALICO_GEMM_TMA_STORE != 0;
+constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr bool SPLIT_N = BM == 64;
@@ -70,8 +95,13 @@ constexpr int ACC = WG_N / 2;
 constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
-constexpr int N_CHUNK = 64;                   // columns per N-major TMA box (128 bytes)
+constexpr int N_CHUNK = 64;                      // columns per N-major TMA box (128 bytes)
 constexpr int N_CHUNK_BYTES = N_CHUNK * BK * 2;  // one N-major box: 64 K rows of 128 bytes
+constexpr int B_PART_BYTES = B_STAGE_BYTES / CLUSTER;  // the part of a B slot each CTA of a cluster loads
+constexpr int STORE_COLS = 64;                          // columns per TMA-store box (128 bytes of 16-bit)
+constexpr int STORE_ROWS = 64;                          // rows per TMA-store box: one warpgroup's rows
+constexpr int STORE_BOX_BYTES = STORE_ROWS * STORE_COLS * 2;
+constexpr int STAGING_BYTES = TMA_STORE ? CONSUMERS * 2 * STORE_BOX_BYTES : 0;  // two boxes per consumer
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
 
@@ -81,11 +111,16 @@ static_assert(WG_N % 16 == 0 && WG_N >= 16 && WG_N <= 256 && (WG_N & (WG_N - 1))
 static_assert(B_KMAJOR || WG_N % N_CHUNK == 0, "N-major B needs 64-column chunks per warpgroup");
 static_assert(STAGES >= 2 && STAGES <= 8, "2..8 stages");
 static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "slots stay 1024-aligned");
+static_assert(!TMA_STORE || (sizeof(out_t) == 2 && WG_N % STORE_COLS == 0), "TMA store: 16-bit output, 64-column boxes per warpgroup");
+static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
+static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHUNK) % CLUSTER == 0),
+              "each CTA of a cluster loads a 1024-aligned part of B");
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int A_OFFSET = 0;
 constexpr int B_OFFSET = STAGES * A_STAGE_BYTES;
-constexpr int BAR_OFFSET = B_OFFSET + STAGES * B_STAGE_BYTES;
+constexpr int STAGING_OFFSET = B_OFFSET + STAGES * B_STAGE_BYTES;
+constexpr int BAR_OFFSET = STAGING_OFFSET + STAGING_BYTES;
 // The host allocates SMEM_BYTES = 1024 (alignment slack) + BAR_OFFSET + 2 * STAGES * 8.
 
 struct tile_coord {
@@ -135,7 +170,31 @@ struct epilogue_args {
     bool d_pairs, c_pairs;
 };
 
-// Applies the epilogue to one warp's 16 x WG_N accumulator slice and stores it.
+// alpha * acc + beta * C + bias, activated, for (row, col) and (row, col + 1). C is read only
+// when `in_range` (row < M, col < N); has_second says whether col + 1 < N.
+CALICO_DEVICE void finish_pair(const epilogue_args& e, float a0, float a1, int row, int col, bool in_range, bool has_second, float bias0,
+                               float bias1, float& v0, float& v1) {
+    v0 = e.alpha * a0;
+    v1 = e.alpha * a1;
+#if CALICO_GEMM_HAS_C
+    if (in_range) {
+        const out_t* cp = e.c + (long long)row * e.c_row_stride + col;
+        if (has_second && e.c_pairs) {
+            const calico::vec<out_t, 2> cv = *reinterpret_cast<const calico::vec<out_t, 2>*>(cp);
+            v0 += e.beta * calico::to_float(cv.v[0]);
+            v1 += e.beta * calico::to_float(cv.v[1]);
+        } else {
+            v0 += e.beta * load_out(cp);
+            if (has_second) v1 += e.beta * load_out(cp + 1);
+        }
+    }
+#endif
+    v0 = activate(v0 + bias0);
+    v1 = activate(v1 + bias1);
+}
+
+// Applies the epilogue to one warp's 16 x WG_N accumulator slice and stores it to global
+// memory from registers (masked at M and N).
 CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row0, int col0) {
 #pragma unroll
     for (int j = 0; j < WG_N / 8; ++j) {
@@ -151,21 +210,8 @@ CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + 8 * h;
             if (row >= e.m) continue;
-            float v0 = e.alpha * acc[4 * j + 2 * h];
-            float v1 = e.alpha * acc[4 * j + 2 * h + 1];
-#if CALICO_GEMM_HAS_C
-            const out_t* cp = e.c + (long long)row * e.c_row_stride + col;
-            if (has_second && e.c_pairs) {
-                const calico::vec<out_t, 2> cv = *reinterpret_cast<const calico::vec<out_t, 2>*>(cp);
-                v0 += e.beta * calico::to_float(cv.v[0]);
-                v1 += e.beta * calico::to_float(cv.v[1]);
-            } else {
-                v0 += e.beta * load_out(cp);
-                if (has_second) v1 += e.beta * load_out(cp + 1);
-            }
-#endif
-            v0 = activate(v0 + bias0);
-            v1 = activate(v1 + bias1);
+            float v0, v1;
+            finish_pair(e, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], row, col, true, has_second, bias0, bias1, v0, v1);
             out_t* dp = e.d + (long long)row * e.d_row_stride + col;
             if (has_second && e.d_pairs) {
                 calico::vec<out_t, 2> dv;
@@ -180,39 +226,125 @@ CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row
     }
 }
 
+CALICO_DEVICE void st_shared_b32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
+
+// The TMA-store epilogue of one consumer warpgroup: its 64 x WG_N tile, at (row_base,
+// col_base) of batch `batch`, goes out in 64 x 64 boxes. Each box is written (epilogue
+// applied, converted) into one of the warpgroup's two 128B-swizzled staging buffers, fenced
+// to the async proxy, and stored by the warpgroup's leader thread with a bulk tensor store
+// that clips at M and N; the warpgroup does not wait for the global writes. `stores` counts
+// this warpgroup's boxes over the whole kernel and picks the buffer.
+//
+// Buffer reuse: box q writes buffer q % 2, last read by the store of box q - 2. The leader
+// waits (wait_group.read 0) for every store it issued before the named barrier that ends
+// box q - 1, and store q - 1 is only issued after that barrier; so once box q - 1's barrier is
+// passed, store q - 2 has finished reading.
+CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], const calico::tensor_map& map_d, unsigned char* staging,
+                                  uint32_t& stores, int row_base, int col_base, int batch, int warp, int lane, int bar_id, bool leader) {
+    const int g = lane / 4;
+    const int t = lane % 4;
+#pragma unroll
+    for (int q = 0; q < WG_N / STORE_COLS; ++q) {
+        unsigned char* buf = staging + (stores & 1) * STORE_BOX_BYTES;
+        const uint32_t buf_addr = calico::smem_addr(buf);
+#pragma unroll
+        for (int jj = 0; jj < STORE_COLS / 8; ++jj) {
+            const int j = q * (STORE_COLS / 8) + jj;
+            const int col = col_base + 8 * j + 2 * t;
+            const bool col_ok = col < e.n;
+            const bool has_second = col + 1 < e.n;
+            float bias0 = 0.0f, bias1 = 0.0f;
+#if CALICO_GEMM_HAS_BIAS
+            if (col_ok) bias0 = load_out(e.bias + col);
+            if (has_second) bias1 = load_out(e.bias + col + 1);
+#endif
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * warp + 8 * h + g;  // row within the box
+                const int row = row_base + r;
+                float v0, v1;
+                finish_pair(e, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], row, col, col_ok && row < e.m, has_second, bias0, bias1, v0, v1);
+                calico::vec<out_t, 2> dv;
+                dv.v[0] = calico::from_float<out_t>(v0);
+                dv.v[1] = calico::from_float<out_t>(v1);
+                // 128B swizzle: 16-byte chunk jj of row r sits at chunk jj ^ (r % 8).
+                st_shared_b32(buf_addr + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * t, *reinterpret_cast<const uint32_t*>(&dv));
+            }
+        }
+        calico::fence_proxy_async();
+        if (leader) calico::tma::store_wait_read<0>();
+        calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
+        if (leader) {
+            calico::tma::store_3d(map_d, buf, col_base + q * STORE_COLS, row_base, batch);
+            calico::tma::store_commit();
+        }
+        ++stores;
+    }
+}
+
+// Frees a ring slot: one arrival per consumer warp on the slot's empty barrier of every CTA
+// of the cluster (their producers multicast into this CTA's slot too).
+CALICO_DEVICE void release(calico::mbarrier& bar) {
+    if constexpr (CLUSTER == 1) {
+        calico::arrive(bar);
+    } else {
+        const uint32_t addr = calico::smem_addr(&bar);
+#pragma unroll
+        for (int r = 0; r < CLUSTER; ++r) calico::cluster::arrive_remote(calico::cluster::map_shared(addr, r));
+    }
+}
+
 }  // namespace gemm_hopper
 
 // Parameters (in order; the host builds them in kernels/src/gemm/hopper.rs):
 //  map_a: 3-D tensor map over A {K, M, batch}, box {64, BM, 1}, 128B swizzle.
-//  map_b: B K-major: {K, N, batch}, box {64, BN, 1}; N-major: {N, K, batch}, box {64, 64, 1}.
+//  map_b: B K-major: {K, N, batch}, box {64, BN / CLUSTER, 1}; N-major: {N, K, batch}, box {64, 64, 1}.
+//  map_d: with TMA_STORE, D {N, M, batch}, box {64, 64, 1}, 128B swizzle; unused otherwise.
 //  d, c, bias: output, optional C (may equal d), optional bias[N]; element strides for d/c rows
 //  and batches; a/b_batch_step: 1, or 0 to broadcast an operand over batches.
-CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1)
+// CLUSTER = 2: CTAs 2i and 2i + 1 form a cluster and take row tiles 2p and 2p + 1 of the same
+// column tile; each loads its own A and half of the shared B slot, multicast to both.
+#if CALICO_GEMM_CLUSTER > 1
+#define CALICO_GEMM_CLUSTER_DIMS __cluster_dims__(CALICO_GEMM_CLUSTER, 1, 1)
+#else
+#define CALICO_GEMM_CLUSTER_DIMS
+#endif
+CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTER_DIMS
     calico_gemm_hopper(const __grid_constant__ calico::tensor_map map_a, const __grid_constant__ calico::tensor_map map_b,
-                       gemm_hopper::out_t* d, const gemm_hopper::out_t* c, const gemm_hopper::out_t* __restrict__ bias, int m, int n,
-                       int k, int batch, long long d_row_stride, long long d_batch_stride, long long c_row_stride,
-                       long long c_batch_stride, int a_batch_step, int b_batch_step, int group_m, float alpha, float beta) {
+                       const __grid_constant__ calico::tensor_map map_d, gemm_hopper::out_t* d, const gemm_hopper::out_t* c,
+                       const gemm_hopper::out_t* __restrict__ bias, int m, int n, int k, int batch, long long d_row_stride,
+                       long long d_batch_stride, long long c_row_stride, long long c_batch_stride, int a_batch_step, int b_batch_step,
+                       int group_m, float alpha, float beta) {
     using namespace gemm_hopper;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // Dynamic shared memory is only guaranteed 16-byte alignment; 128B swizzle needs 1024.
+    // (The padding is the same in every CTA of a cluster: same kernel, same static layout.)
     unsigned char* smem = smem_raw + ((1024 - (calico::smem_addr(smem_raw) & 1023)) & 1023);
     calico::mbarrier* full = reinterpret_cast<calico::mbarrier*>(smem + BAR_OFFSET);
     calico::mbarrier* empty = full + STAGES;
 
     const int m_tiles = (m + BM - 1) / BM;
     const int n_tiles = (n + BN - 1) / BN;
-    const int tiles = m_tiles * n_tiles * batch;
+    // A cluster walks groups of CLUSTER row tiles (the last may reach past M: zero-filled
+    // loads, clipped stores).
+    const int m_groups = (m_tiles + CLUSTER - 1) / CLUSTER;
+    const int work = m_groups * n_tiles * batch;
     const int k_tiles = (k + BK - 1) / BK;
+    const int group = max(group_m / CLUSTER, 1);
+    const int first_work = blockIdx.x / CLUSTER;
+    const int work_step = gridDim.x / CLUSTER;
+    const int rank = CLUSTER > 1 ? static_cast<int>(calico::cluster::ctarank()) : 0;
 
     if (threadIdx.x == 0) {
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             calico::init(full[s], 1);
-            calico::init(empty[s], CONSUMERS * calico::WARPGROUP_WARPS);
+            calico::init(empty[s], CONSUMERS * calico::WARPGROUP_WARPS * CLUSTER);
         }
         calico::fence_barrier_init();
     }
     __syncthreads();
+    if constexpr (CLUSTER > 1) calico::cluster::sync();  // the peer's barriers exist before we touch them
 
     if (calico::warpgroup_id() == 0) {
         // Producer: one thread issues every copy; the rest of the warpgroup only gives back
@@ -222,25 +354,44 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1)
             calico::tma::prefetch(map_a);
             calico::tma::prefetch(map_b);
             uint32_t it = 0;
-            for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-                const tile_coord tc = tile_at(t, m_tiles, n_tiles, group_m);
+            for (int w = first_work; w < work; w += work_step) {
+                const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
+                const int tile_m = tc.m * CLUSTER + rank;
                 const int a_batch = tc.batch * a_batch_step;
                 const int b_batch = tc.batch * b_batch_step;
                 for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int slot = it % STAGES;
                     const uint32_t parity = (it / STAGES) & 1;
                     calico::wait(empty[slot], parity ^ 1);
+                    // With a cluster, the peer's half of B lands here too and completes its
+                    // bytes on this barrier: STAGE_BYTES in all.
                     calico::arrive_expect_tx(full[slot], STAGE_BYTES);
                     unsigned char* a_dst = smem + A_OFFSET + slot * A_STAGE_BYTES;
                     unsigned char* b_dst = smem + B_OFFSET + slot * B_STAGE_BYTES;
-                    calico::tma::load_3d(a_dst, map_a, kt * BK, tc.m * BM, a_batch, full[slot]);
-                    if constexpr (B_KMAJOR) {
-                        calico::tma::load_3d(b_dst, map_b, kt * BK, tc.n * BN, b_batch, full[slot]);
-                    } else {
+                    calico::tma::load_3d(a_dst, map_a, kt * BK, tile_m * BM, a_batch, full[slot]);
+                    if constexpr (CLUSTER == 1) {
+                        if constexpr (B_KMAJOR) {
+                            calico::tma::load_3d(b_dst, map_b, kt * BK, tc.n * BN, b_batch, full[slot]);
+                        } else {
 #pragma unroll
-                        for (int chunk = 0; chunk < BN / N_CHUNK; ++chunk) {
-                            calico::tma::load_3d(b_dst + chunk * N_CHUNK_BYTES, map_b, tc.n * BN + chunk * N_CHUNK, kt * BK, b_batch,
-                                                 full[slot]);
+                            for (int chunk = 0; chunk < BN / N_CHUNK; ++chunk) {
+                                calico::tma::load_3d(b_dst + chunk * N_CHUNK_BYTES, map_b, tc.n * BN + chunk * N_CHUNK, kt * BK, b_batch,
+                                                     full[slot]);
+                            }
+                        }
+                    } else {
+                        constexpr unsigned short mask = (1u << CLUSTER) - 1;
+                        if constexpr (B_KMAJOR) {
+                            calico::cluster::load_3d_multicast(b_dst + rank * B_PART_BYTES, map_b, kt * BK, tc.n * BN + rank * (BN / CLUSTER),
+                                                               b_batch, full[slot], mask);
+                        } else {
+                            constexpr int per_cta = BN / N_CHUNK / CLUSTER;
+#pragma unroll
+                            for (int i = 0; i < per_cta; ++i) {
+                                const int chunk = rank * per_cta + i;
+                                calico::cluster::load_3d_multicast(b_dst + chunk * N_CHUNK_BYTES, map_b, tc.n * BN + chunk * N_CHUNK, kt * BK,
+                                                                   b_batch, full[slot], mask);
+                            }
                         }
                     }
                 }
@@ -256,6 +407,12 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1)
         const uint32_t b_part = !SPLIT_N ? 0 : (B_KMAJOR ? consumer * WG_N * BK * 2 : consumer * (WG_N / N_CHUNK) * N_CHUNK_BYTES);
         const uint32_t a_base = calico::smem_addr(smem + A_OFFSET) + a_part;
         const uint32_t b_base = calico::smem_addr(smem + B_OFFSET) + b_part;
+        unsigned char* staging = smem + STAGING_OFFSET + consumer * 2 * STORE_BOX_BYTES;
+        const bool leader = warp == 0 && lane == 0;
+        uint32_t stores = 0;
+        if constexpr (TMA_STORE) {
+            if (leader) calico::tma::prefetch(map_d);
+        }
 
         epilogue_args e;
         e.m = m;
@@ -270,8 +427,9 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1)
 
         float acc[ACC];
         uint32_t it = 0;
-        for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-            const tile_coord tc = tile_at(t, m_tiles, n_tiles, group_m);
+        for (int w = first_work; w < work; w += work_step) {
+            const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
+            const int tile_m = tc.m * CLUSTER + rank;
 #pragma unroll
             for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
             int prev_slot = -1;
@@ -292,17 +450,27 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1)
                 calico::wgmma::commit_group();
                 // Keep this k-tile's batch in flight; the previous one is done after this.
                 calico::wgmma::wait_group<1>();
-                if (prev_slot >= 0 && lane == 0) calico::arrive(empty[prev_slot]);
+                if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
                 prev_slot = slot;
             }
             calico::wgmma::wait_group<0>();
-            if (prev_slot >= 0 && lane == 0) calico::arrive(empty[prev_slot]);
+            if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
 
-            e.d = d + tc.batch * d_batch_stride;
             e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
-            const int row0 = tc.m * BM + (SPLIT_N ? 0 : consumer * 64) + warp * 16 + lane / 4;
-            const int col0 = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0) + (lane % 4) * 2;
-            store_tile(e, acc, row0, col0);
+            const int row_base = tile_m * BM + (SPLIT_N ? 0 : consumer * 64);
+            const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);
+            if constexpr (TMA_STORE) {
+                store_tile_tma(e, acc, map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
+            } else {
+                e.d = d + tc.batch * d_batch_stride;
+                store_tile(e, acc, row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
+            }
+        }
+        if constexpr (TMA_STORE) {
+            // Shared memory must outlive the bulk stores reading it.
+            if (leader) calico::tma::store_wait<0>();
         }
     }
+    // No CTA of a cluster may exit while its peer can still arrive on its barriers.
+    if constexpr (CLUSTER > 1) calico::cluster::sync();
 }

@@ -20,6 +20,8 @@ const N_CHUNK: usize = 64;
 const MAX_STAGES: usize = 8;
 /// Row tiles that sweep all column tiles together (L2 reuse of A rows and B columns).
 const GROUP_M: i32 = 8;
+/// CTAs per cluster unless CALICO_HOPPER_TUNE says otherwise.
+const DEFAULT_CLUSTER: usize = 1;
 /// TMA coordinates and the kernel's tile counter are 32-bit.
 const MAX_EXTENT: usize = i32::MAX as usize;
 
@@ -29,6 +31,10 @@ struct TileConfig {
     bm: usize,
     bn: usize,
     stages: usize,
+    /// Epilogue through shared memory and TMA stores (16-bit output, 64-column boxes).
+    tma_store: bool,
+    /// CTAs per cluster (1 or 2); with 2, a pair of row tiles shares B through multicast.
+    cluster: usize,
 }
 
 impl TileConfig {
@@ -36,13 +42,86 @@ impl TileConfig {
         (self.bm + self.bn) * BK * 2
     }
 
-    /// Must match hopper.cu: 1024 bytes of alignment slack, the slots, two mbarriers per slot.
+    /// Two 64x64 16-bit staging boxes per consumer warpgroup for the TMA-store epilogue.
+    fn staging_bytes(self) -> usize {
+        if self.tma_store {
+            2 * 2 * STORE_BOX * STORE_BOX * 2
+        } else {
+            0
+        }
+    }
+
+    /// Must match hopper.cu: 1024 bytes of alignment slack, the slots, the staging boxes, two
+    /// mbarriers per slot.
     fn smem_bytes(self) -> usize {
-        1024 + self.stages * self.stage_bytes() + 2 * self.stages * 8
+        1024 + self.stages * self.stage_bytes() + self.staging_bytes() + 2 * self.stages * 8
     }
 
     fn tiles(self, p: &GemmProblem) -> usize {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
+    }
+
+    /// Scheduling units: clusters of `cluster` row tiles of one column tile.
+    fn work(self, p: &GemmProblem) -> usize {
+        p.m.div_ceil(self.bm).div_ceil(self.cluster) * p.n.div_ceil(self.bn) * p.batch
+    }
+}
+
+/// Rows and columns of a TMA-store box.
+const STORE_BOX: usize = 64;
+
+/// Overrides for A/B tuning runs, read once from `CALICO_HOPPER_TUNE`, e.g.
+/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132`. Entries that do not parse,
+/// or that the problem cannot use, are ignored.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Tune {
+    bm: Option<usize>,
+    bn: Option<usize>,
+    stages: Option<usize>,
+    tma_store: Option<bool>,
+    cluster: Option<usize>,
+    group_m: Option<i32>,
+    grid: Option<usize>,
+}
+
+impl Tune {
+    fn parse(text: &str) -> Tune {
+        let mut t = Tune::default();
+        for item in text.split([',', ' ', ';']) {
+            let Some((key, value)) = item.split_once('=') else {
+                continue;
+            };
+            let value = value.trim();
+            let num = value.parse::<usize>().ok();
+            match key.trim() {
+                "bm" => t.bm = num.filter(|v| [64, 128].contains(v)),
+                "bn" => t.bn = num.filter(|v| v.is_power_of_two() && (32..=256).contains(v)),
+                "stages" => t.stages = num.filter(|v| (2..=MAX_STAGES).contains(v)),
+                "store" | "epilogue" => {
+                    t.tma_store = match value {
+                        "tma" | "smem" => Some(true),
+                        "reg" | "regs" | "direct" => Some(false),
+                        _ => None,
+                    }
+                }
+                "cluster" => t.cluster = num.filter(|v| [1, 2].contains(v)),
+                "group" | "group_m" => {
+                    t.group_m = num.filter(|v| (1..=64).contains(v)).map(|v| v as i32)
+                }
+                "grid" => t.grid = num.filter(|&v| v >= 1),
+                _ => {}
+            }
+        }
+        t
+    }
+
+    fn get() -> Tune {
+        static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+        *TUNE.get_or_init(|| {
+            std::env::var("CALICO_HOPPER_TUNE")
+                .map(|s| Tune::parse(&s))
+                .unwrap_or_default()
+        })
     }
 }
 
@@ -103,13 +182,50 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
         && outputs_ok
         && a_fits(p)
         && b_k_major(p).is_some()
-        && pick(arch, p, b_k_major(p) == Some(true)).is_some()
+        && pick(
+            arch,
+            p,
+            b_k_major(p) == Some(true),
+            d_tma_ok(p),
+            Tune::get(),
+        )
+        .is_some()
+}
+
+/// True when D can take the TMA-store epilogue: 16-bit output, contiguous rows, 16-byte
+/// aligned base and row/batch strides, one matrix per batch.
+fn d_tma_ok(p: &GemmProblem) -> bool {
+    let elem = p.out_dtype.size_bytes();
+    let d = &p.d;
+    matches!(p.out_dtype, DType::BF16 | DType::F16)
+        && d.ptr % 16 == 0
+        && (d.col_stride == 1 || p.n <= 1)
+        && (p.m <= 1 || (d.row_stride > 0 && (d.row_stride * elem) % 16 == 0))
+        && (p.batch <= 1 || (d.batch_stride > 0 && (d.batch_stride * elem) % 16 == 0))
+}
+
+/// True when a 2-CTA cluster can split the B slot: halves of a K-major box stay
+/// 1024-aligned, N-major B has an even number of 64-column chunks.
+fn cluster_splits_b(bn: usize, b_kmajor: bool) -> bool {
+    if b_kmajor {
+        (bn / 2) * BK * 2 % 1024 == 0
+    } else {
+        (bn / N_CHUNK) % 2 == 0
+    }
 }
 
 /// The tile shape for `p`: 128 x 256 when that already gives about a wave of tiles (the big
 /// GEMMs), else the first smaller shape that does (skinny M, small N), else the one with the
-/// most tiles. N-major B needs 64-column chunks per consumer warpgroup.
-fn pick(arch: &Arch, p: &GemmProblem, b_kmajor: bool) -> Option<TileConfig> {
+/// most tiles. N-major B needs 64-column chunks per consumer warpgroup. The epilogue goes
+/// through TMA stores when D allows it (`d_tma`) and the warpgroup tile is whole 64-column
+/// boxes; `tune` (CALICO_HOPPER_TUNE) may force the shape, stages, epilogue and cluster.
+fn pick(
+    arch: &Arch,
+    p: &GemmProblem,
+    b_kmajor: bool,
+    d_tma: bool,
+    tune: Tune,
+) -> Option<TileConfig> {
     const SHAPES: [(usize, usize); 7] = [
         (128, 256),
         (128, 128),
@@ -119,23 +235,58 @@ fn pick(arch: &Arch, p: &GemmProblem, b_kmajor: bool) -> Option<TileConfig> {
         (64, 32),
         (128, 64),
     ];
+    let wg_n = |bm: usize, bn: usize| if bm == 64 { bn / 2 } else { bn };
     let allowed = |&(bm, bn): &(usize, usize)| {
-        let wg_n = if bm == 64 { bn / 2 } else { bn };
-        b_kmajor || wg_n % N_CHUNK == 0
+        wg_n(bm, bn) >= 16 && wg_n(bm, bn) <= 256 && (b_kmajor || wg_n(bm, bn) % N_CHUNK == 0)
     };
     let with_stages = |(bm, bn): (usize, usize)| {
-        let one = TileConfig { bm, bn, stages: 1 };
+        let tma_store = d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false);
+        let cluster = match tune.cluster {
+            Some(2) if cluster_splits_b(bn, b_kmajor) && p.m.div_ceil(bm) >= 2 => 2,
+            _ => DEFAULT_CLUSTER,
+        };
+        let one = TileConfig {
+            bm,
+            bn,
+            stages: 1,
+            tma_store,
+            cluster,
+        };
         // 1024 bytes of alignment slack, and 1024 that ptxas reports as static shared memory.
-        let budget = arch.shared_mem_per_block.saturating_sub(2048);
-        let stages = (budget / (one.stage_bytes() + 16)).min(MAX_STAGES);
-        (stages >= 2).then_some(TileConfig { bm, bn, stages })
+        let budget = arch
+            .shared_mem_per_block
+            .saturating_sub(2048 + one.staging_bytes());
+        let most = (budget / (one.stage_bytes() + 16)).min(MAX_STAGES);
+        let stages = tune.stages.filter(|&s| s <= most).unwrap_or(most);
+        (stages >= 2).then_some(TileConfig { stages, ..one })
+    };
+    let forced: Option<(usize, usize)> = match (tune.bm, tune.bn) {
+        (Some(bm), Some(bn)) => Some((bm, bn)),
+        _ => None,
+    };
+    let candidates: Vec<TileConfig> = match forced.filter(allowed).and_then(with_stages) {
+        Some(c) => vec![c],
+        None => {
+            let all: Vec<TileConfig> = SHAPES
+                .iter()
+                .filter(|s| allowed(s))
+                .filter_map(|&s| with_stages(s))
+                .collect();
+            // One of bm / bn given: keep the shapes that match it, if any.
+            let matching: Vec<TileConfig> = all
+                .iter()
+                .copied()
+                .filter(|c| tune.bm.is_none_or(|bm| c.bm == bm))
+                .filter(|c| tune.bn.is_none_or(|bn| c.bn == bn))
+                .collect();
+            if matching.is_empty() {
+                all
+            } else {
+                matching
+            }
+        }
     };
     let wave = (arch.compute_units as usize * 3 / 4).max(1);
-    let candidates: Vec<TileConfig> = SHAPES
-        .iter()
-        .filter(|s| allowed(s))
-        .filter_map(|&s| with_stages(s))
-        .collect();
     let chosen = candidates
         .iter()
         .copied()
@@ -227,6 +378,11 @@ impl Variant {
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.bias).to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.c).to_string()),
+            (
+                "CALICO_GEMM_TMA_STORE",
+                u8::from(self.tile.tma_store).to_string(),
+            ),
+            ("CALICO_GEMM_CLUSTER", self.tile.cluster.to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -240,16 +396,17 @@ impl Variant {
 /// Representative Hopper variants for the compile checks and `calico compile`.
 pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catalog::CatalogEntry>> {
     use super::Epilogue;
-    let big = TileConfig {
-        bm: 128,
-        bn: 256,
-        stages: 4,
+    let tile = |bm, bn, stages, tma_store, cluster| TileConfig {
+        bm,
+        bn,
+        stages,
+        tma_store,
+        cluster,
     };
-    let skinny = TileConfig {
-        bm: 64,
-        bn: 32,
-        stages: 8,
-    };
+    let big = tile(128, 256, 4, false, 1);
+    let big_tma = tile(128, 256, 4, true, 1);
+    let big_cluster = tile(128, 256, 4, true, 2);
+    let skinny = tile(64, 32, 8, false, 1);
     let mut out = Vec::new();
     let cases = [
         (
@@ -291,14 +448,46 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         (
             DType::BF16,
             DType::F16,
-            TileConfig {
-                bm: 128,
-                bn: 128,
-                stages: 6,
-            },
+            tile(128, 128, 6, false, 1),
             false,
             Epilogue::None,
             false,
+            true,
+        ),
+        (
+            DType::BF16,
+            DType::BF16,
+            big_tma,
+            true,
+            Epilogue::None,
+            false,
+            false,
+        ),
+        (
+            DType::BF16,
+            DType::BF16,
+            big_cluster,
+            true,
+            Epilogue::None,
+            false,
+            false,
+        ),
+        (
+            DType::F16,
+            DType::F16,
+            big_cluster,
+            false,
+            Epilogue::Gelu,
+            true,
+            true,
+        ),
+        (
+            DType::BF16,
+            DType::BF16,
+            tile(64, 128, 8, true, 1),
+            true,
+            Epilogue::Silu,
+            true,
             true,
         ),
     ];
@@ -313,8 +502,12 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             c,
         };
         let label = format!(
-            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}",
-            tile.bm, tile.bn, tile.stages
+            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}",
+            tile.bm,
+            tile.bn,
+            tile.stages,
+            if tile.tma_store { "tma" } else { "reg" },
+            tile.cluster
         );
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -333,9 +526,26 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         ));
     }
     let b_kmajor = b_k_major(p) == Some(true);
-    let cfg = pick(arch, p, b_kmajor).ok_or_else(|| {
-        Error::unsupported("no Hopper GEMM tile fits this device's shared memory")
-    })?;
+    let tune = Tune::get();
+    let no_tile = || Error::unsupported("no Hopper GEMM tile fits this device's shared memory");
+    let mut cfg = pick(arch, p, b_kmajor, d_tma_ok(p), tune).ok_or_else(no_tile)?;
+    let mut map_d = OpaqueParam128([0; 128]);
+    if cfg.tma_store {
+        match operand_map(
+            &p.d,
+            p.out_dtype,
+            p.n,
+            p.m,
+            p.d.row_stride,
+            p.batch,
+            STORE_BOX,
+            STORE_BOX,
+        ) {
+            Ok((map, _)) => map_d = map,
+            // A D the copy engine rejects: store from registers instead.
+            Err(_) => cfg = pick(arch, p, b_kmajor, false, tune).ok_or_else(no_tile)?,
+        }
+    }
     let (map_a, a_step) = operand_map(
         &p.a,
         p.in_dtype,
@@ -347,6 +557,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         cfg.bm,
     )?;
     let (map_b, b_step) = if b_kmajor {
+        // With a cluster each CTA loads (and multicasts) its share of the B box.
         operand_map(
             &p.b,
             p.in_dtype,
@@ -355,7 +566,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
             p.b.col_stride,
             p.batch,
             BK,
-            cfg.bn,
+            cfg.bn / cfg.cluster,
         )?
     } else {
         operand_map(
@@ -382,13 +593,16 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     };
     let source = variant.source(gpu.vendor_headers())?;
 
-    let tiles = cfg.tiles(p);
-    let grid = tiles.min(arch.compute_units.max(1) as usize) as u32;
+    // Persistent: one CTA per SM (whole clusters), or the tuning override.
+    let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster;
+    let clusters = clusters.max(1);
+    let grid = (cfg.work(p).min(clusters) * cfg.cluster) as u32;
     let c = p.c.filter(|_| has_c);
     let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
     let args = [
         KernelArg::Opaque128(map_a),
         KernelArg::Opaque128(map_b),
+        KernelArg::Opaque128(map_d),
         KernelArg::Ptr(p.d.ptr),
         KernelArg::Ptr(c.map_or(0, |c| c.ptr)),
         KernelArg::Ptr(p.bias.unwrap_or(0)),
@@ -402,7 +616,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         KernelArg::I64(as_i64(c.map_or(0, |c| batched(&c)), "C batch stride")?),
         KernelArg::I32(a_step),
         KernelArg::I32(b_step),
-        KernelArg::I32(GROUP_M),
+        KernelArg::I32(tune.group_m.unwrap_or(GROUP_M)),
         KernelArg::F32(p.alpha),
         KernelArg::F32(p.beta),
     ];
@@ -477,19 +691,22 @@ mod tests {
     fn big_gemms_use_128x256_with_4_stages() {
         let p = problem(4096, 4096, 4096, true);
         assert!(supports(&h100(), &p));
-        let c = pick(&h100(), &p, true).unwrap();
+        let c = pick(&h100(), &p, true, d_tma_ok(&p), Tune::default()).unwrap();
         assert_eq!((c.bm, c.bn, c.stages), (128, 256, 4));
+        assert!(c.tma_store);
+        assert_eq!(c.cluster, DEFAULT_CLUSTER);
         assert!(c.smem_bytes() <= h100().shared_mem_per_block);
     }
 
     #[test]
     fn skinny_m_spreads_over_more_ctas() {
-        let c = pick(&h100(), &problem(16, 4096, 4096, true), true).unwrap();
-        assert_eq!((c.bm, c.bn), (64, 32));
-        let c = pick(&h100(), &problem(256, 4096, 4096, true), true).unwrap();
-        assert_eq!((c.bm, c.bn), (64, 128));
+        let t = Tune::default();
+        let c = pick(&h100(), &problem(16, 4096, 4096, true), true, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.tma_store), (64, 32, false));
+        let c = pick(&h100(), &problem(256, 4096, 4096, true), true, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.tma_store), (64, 128, true));
         // N-major B needs 64-column chunks per consumer warpgroup.
-        let c = pick(&h100(), &problem(16, 4096, 4096, false), false).unwrap();
+        let c = pick(&h100(), &problem(16, 4096, 4096, false), false, true, t).unwrap();
         assert_eq!((c.bm, c.bn), (128, 64));
     }
 
@@ -512,7 +729,50 @@ mod tests {
             bm: 128,
             bn: 256,
             stages: 4,
+            tma_store: false,
+            cluster: 1,
         };
         assert_eq!(c.smem_bytes(), 1024 + 4 * 49152 + 64);
+        let c = TileConfig {
+            tma_store: true,
+            ..c
+        };
+        assert_eq!(c.smem_bytes(), 1024 + 4 * 49152 + 32768 + 64);
+        assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
+    }
+
+    #[test]
+    fn tuning_overrides_parse_and_apply() {
+        let t = Tune::parse("bm=128,bn=128,stages=5,store=reg,cluster=2,group=4,grid=64");
+        assert_eq!(
+            t,
+            Tune {
+                bm: Some(128),
+                bn: Some(128),
+                stages: Some(5),
+                tma_store: Some(false),
+                cluster: Some(2),
+                group_m: Some(4),
+                grid: Some(64),
+            }
+        );
+        // Nonsense is ignored.
+        let bad = Tune::parse("bm=96,bn=banana,stages=99,store=x,cluster=3,=,foo,grid=0");
+        assert_eq!(bad, Tune::default());
+        let p = problem(4096, 4096, 4096, true);
+        let c = pick(&h100(), &p, true, true, t).unwrap();
+        assert_eq!(
+            (c.bm, c.bn, c.stages, c.tma_store, c.cluster),
+            (128, 128, 5, false, 2)
+        );
+        // A cluster needs two row tiles; N-major B an even number of 64-column chunks.
+        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, t).unwrap();
+        assert_eq!(c.cluster, 1);
+        let t2 = Tune::parse("bm=128,bn=64,cluster=2");
+        let c = pick(&h100(), &problem(4096, 4096, 4096, false), false, true, t2).unwrap();
+        assert_eq!((c.bn, c.cluster), (64, 1));
+        // Too many stages for the shape: the most that fit.
+        let c = pick(&h100(), &p, true, true, Tune::parse("stages=8")).unwrap();
+        assert_eq!(c.stages, 4);
     }
 }
