@@ -29,9 +29,22 @@ CALICO_DEVICE void mma_16816<f16>(float (&d)[4], const uint32_t (&a)[4], const u
 // exactly the instruction's a0a1, a2a3, a4a5, a6a7; an 8-column half h of the C/D tile is
 // regs {2h, 2h+1} in the same order as c0c1, c2c3 once the row-major pairs are split; B's
 // half h is col_l regs {h, h + 2} (k = 2t.. and k = 2t+8.. at column g + 8h).
-template <class T, int M, int N, int K>
-CALICO_DEVICE void mma_AB(rt<float, M, N, row_l>& d, const rt<T, M, K, row_l>& a, const rt<T, K, N, col_l>& b,
-                          const rt<float, M, N, row_l>& c) {
+//
+// The transposed forms need no data movement: a col_l K x M tile holds, register for
+// register, what a row_l M x K tile of its transpose holds (and a row_l N x K tile what a
+// col_l K x N tile holds), so A^T and B^T only swap the base-tile indices.
+namespace detail {
+// Base tile (r, c) of the operand as the MMA sees it; (c, r) of the stored tile when transposed.
+template <bool TRANSPOSED, class TILE>
+CALICO_DEVICE const auto& block(const TILE& t, int r, int c) {
+    if constexpr (TRANSPOSED)
+        return t.data[c][r];
+    else
+        return t.data[r][c];
+}
+
+template <bool A_T, bool B_T, class T, int M, int N, int K, class AT, class BT>
+CALICO_DEVICE void mma_tiles(rt<float, M, N, row_l>& d, const AT& a, const BT& b, const rt<float, M, N, row_l>& c) {
 #pragma unroll
     for (int i = 0; i < M / 16; ++i) {
 #pragma unroll
@@ -42,9 +55,10 @@ CALICO_DEVICE void mma_AB(rt<float, M, N, row_l>& d, const rt<T, M, K, row_l>& a
                 float acc[4] = {c.data[i][j][2 * h].x, c.data[i][j][2 * h].y, c.data[i][j][2 * h + 1].x, c.data[i][j][2 * h + 1].y};
 #pragma unroll
                 for (int kk = 0; kk < K / 16; ++kk) {
-                    const uint32_t af[4] = {as_u32(a.data[i][kk][0]), as_u32(a.data[i][kk][1]), as_u32(a.data[i][kk][2]),
-                                            as_u32(a.data[i][kk][3])};
-                    const uint32_t bf[2] = {as_u32(b.data[kk][j][h]), as_u32(b.data[kk][j][h + 2])};
+                    const auto& ab = block<A_T>(a, i, kk);
+                    const auto& bb = block<B_T>(b, kk, j);
+                    const uint32_t af[4] = {as_u32(ab[0]), as_u32(ab[1]), as_u32(ab[2]), as_u32(ab[3])};
+                    const uint32_t bf[2] = {as_u32(bb[h]), as_u32(bb[h + 2])};
                     mma_16816<T>(acc, af, bf, acc);
                 }
                 d.data[i][j][2 * h] = make_float2(acc[0], acc[1]);
@@ -52,6 +66,31 @@ CALICO_DEVICE void mma_AB(rt<float, M, N, row_l>& d, const rt<T, M, K, row_l>& a
             }
         }
     }
+}
+}  // namespace detail
+
+template <class T, int M, int N, int K>
+CALICO_DEVICE void mma_AB(rt<float, M, N, row_l>& d, const rt<T, M, K, row_l>& a, const rt<T, K, N, col_l>& b,
+                          const rt<float, M, N, row_l>& c) {
+    detail::mma_tiles<false, false, T, M, N, K>(d, a, b, c);
+}
+// D = A * B^T + C: B given as N x K (row_l), e.g. a row-major weight or K stored by rows.
+template <class T, int M, int N, int K>
+CALICO_DEVICE void mma_ABt(rt<float, M, N, row_l>& d, const rt<T, M, K, row_l>& a, const rt<T, N, K, row_l>& b,
+                           const rt<float, M, N, row_l>& c) {
+    detail::mma_tiles<false, true, T, M, N, K>(d, a, b, c);
+}
+// D = A^T * B + C: A given as K x M (col_l).
+template <class T, int M, int N, int K>
+CALICO_DEVICE void mma_AtB(rt<float, M, N, row_l>& d, const rt<T, K, M, col_l>& a, const rt<T, K, N, col_l>& b,
+                           const rt<float, M, N, row_l>& c) {
+    detail::mma_tiles<true, false, T, M, N, K>(d, a, b, c);
+}
+// D = A^T * B^T + C: A given as K x M (col_l), B as N x K (row_l).
+template <class T, int M, int N, int K>
+CALICO_DEVICE void mma_AtBt(rt<float, M, N, row_l>& d, const rt<T, K, M, col_l>& a, const rt<T, N, K, row_l>& b,
+                            const rt<float, M, N, row_l>& c) {
+    detail::mma_tiles<true, true, T, M, N, K>(d, a, b, c);
 }
 
 // Loads four 8x8 16-bit matrices from shared memory; lane l supplies the row address of row

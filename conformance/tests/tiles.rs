@@ -1,0 +1,1571 @@
+//! Tile-level conformance of the CUDA tile vocabulary (`backend-cuda/device/calico/*.cuh`).
+//!
+//! Each primitive has a small test kernel in `conformance/device/tiles/*.cu`, written with the
+//! tile vocabulary (global -> shared -> registers, one primitive, back out). Two kinds of test:
+//!
+//! - `compile_*` (CPU only, run in CI): every kernel file compiles with NVRTC for sm_80 and
+//!   sm_90a (TMA and wgmma: sm_90a only) and each entry's SASS holds the instructions it exists
+//!   for (HMMA, LDSM, LDGSTS, UTMALDG/UTMASTG, HGMMA, ...). Without NVRTC they print
+//!   "skipped: nvrtc not found" (and fail under CI=true).
+//! - the others launch the kernels on a CUDA device (random inputs, random tile counts and
+//!   edge sizes that are not multiples of a tile) and compare with a host reference, including
+//!   that nothing outside an output matrix was written. Without a device they print
+//!   "skipped backend cuda: <reason>".
+//!
+//! The fragment dumps compare registers lane by lane with `calico_core::lanes`, proving the
+//! Rust mirror of the fragment layouts matches the hardware (ldmatrix, mma.sync and wgmma
+//! write their own layouts; the software loads must agree with them).
+
+use calico::{AsyncCopy, BackendKind, DType, Device, KernelSource, MmaKind};
+use calico_conformance::compare::{check_close, check_exact, elementwise_tol};
+use calico_conformance::rng::Rng;
+use calico_conformance::runner::config;
+use calico_conformance::tensors::{round, SENTINEL};
+use calico_core::lanes::{MmaInstr, Operand};
+use calico_core::{KernelArg, LaunchConfig, Storage};
+use calico_cuda::tma::Swizzle;
+use proptest::prelude::*;
+use proptest::test_runner::{TestCaseError, TestRunner};
+use std::io::Write;
+use std::sync::{Arc, OnceLock};
+
+// ---------------------------------------------------------------------------------------------
+// Kernel files
+
+/// One test-kernel file: its text, the entries it defines, and the SASS each entry must hold.
+struct Family {
+    name: &'static str,
+    text: &'static str,
+    /// Compiled for sm_80 too (false: sm_90a only).
+    sm80: bool,
+    /// Every `extern "C"` entry of the file.
+    entries: &'static [&'static str],
+    /// (entry name fragment, opcode prefix): entries whose name contains the fragment must hold
+    /// at least one instruction starting with the prefix, on every target.
+    sass: &'static [(&'static str, &'static str)],
+}
+
+const FRAGMENTS: Family = Family {
+    name: "fragments",
+    text: include_str!("../device/tiles/fragments.cu"),
+    sm80: true,
+    entries: &[
+        "tiles_fragments_f32_row_m0",
+        "tiles_fragments_f32_col_m0",
+        "tiles_fragments_bf16_row_m0",
+        "tiles_fragments_bf16_col_m0",
+        "tiles_fragments_bf16_row_m1",
+        "tiles_fragments_bf16_col_m1",
+        "tiles_fragments_f16_row_m1",
+        "tiles_fragments_f16_col_m1",
+        "tiles_fragments_bf16_acc_m2",
+        "tiles_fragments_f16_acc_m2",
+    ],
+    sass: &[
+        ("_m1", "LDGSTS"),
+        ("_row_m1", "LDSM.16.M88"),
+        ("_col_m1", "LDSM.16.MT88"),
+        ("_m2", "HMMA.16816.F32"),
+    ],
+};
+
+const ROUNDTRIP: Family = Family {
+    name: "roundtrip",
+    text: include_str!("../device/tiles/roundtrip.cu"),
+    sm80: true,
+    entries: &[
+        "tiles_roundtrip_f32_row_p0_32x32",
+        "tiles_roundtrip_f32_col_p0_32x32",
+        "tiles_roundtrip_bf16_row_p0_32x64",
+        "tiles_roundtrip_bf16_col_p0_32x64",
+        "tiles_roundtrip_f16_row_p0_16x32",
+        "tiles_roundtrip_f16_col_p0_16x32",
+        "tiles_roundtrip_bf16_row_p1_32x64",
+        "tiles_roundtrip_bf16_col_p1_32x64",
+        "tiles_roundtrip_f16_row_p1_16x32",
+        "tiles_roundtrip_f16_col_p1_32x16",
+        "tiles_roundtrip_bf16_row_p2_16x64",
+        "tiles_roundtrip_bf16_col_p2_16x64",
+        "tiles_roundtrip_f16_col_p2_32x32",
+    ],
+    sass: &[
+        ("_p1_", "LDGSTS"),
+        ("_row_p1_", "LDSM.16.M88"),
+        ("_col_p1_", "LDSM.16.MT88"),
+        ("_row_p2_", "LDSM.16.M88"),
+        ("_col_p2_", "LDSM.16.MT88"),
+        ("_p2_", "STS"),
+    ],
+};
+
+const MMA: Family = Family {
+    name: "mma",
+    text: include_str!("../device/tiles/mma.cu"),
+    sm80: true,
+    entries: &[
+        "tiles_mma_bf16_ab_32x32x32",
+        "tiles_mma_bf16_abt_32x32x32",
+        "tiles_mma_bf16_atb_32x32x32",
+        "tiles_mma_bf16_atbt_32x32x32",
+        "tiles_mma_f16_ab_16x48x16",
+        "tiles_mma_f16_abt_16x48x16",
+        "tiles_mma_f16_atb_48x16x32",
+        "tiles_mma_f16_atbt_48x16x32",
+    ],
+    sass: &[
+        ("_bf16_", "HMMA.16816.F32.BF16"),
+        ("_f16_", "HMMA.16816.F32"),
+    ],
+};
+
+const REDUCE: Family = Family {
+    name: "reduce",
+    text: include_str!("../device/tiles/reduce.cu"),
+    sm80: true,
+    entries: &[
+        "tiles_reduce_f32_32x64",
+        "tiles_reduce_bf16_32x64",
+        "tiles_reduce_f16_16x32",
+    ],
+    sass: &[("", "SHFL.BFLY")],
+};
+
+const MAPS: Family = Family {
+    name: "maps",
+    text: include_str!("../device/tiles/maps.cu"),
+    sm80: true,
+    entries: &[
+        "tiles_maps_f32_to_bf16_row_32x32",
+        "tiles_maps_bf16_to_f32_col_32x32",
+        "tiles_maps_f32_to_f16_col_16x32",
+        "tiles_maps_f16_to_f32_row_16x16",
+    ],
+    sass: &[("", "MUFU.EX2")],
+};
+
+const CP_ASYNC: Family = Family {
+    name: "cp_async",
+    text: include_str!("../device/tiles/cp_async.cu"),
+    sm80: true,
+    entries: &[
+        "tiles_cp_async_bf16_32x64",
+        "tiles_cp_async_f16_16x32",
+        "tiles_cp_async_bf16_64x16",
+        "tiles_cp_async_f32_16x32",
+    ],
+    sass: &[("", "LDGSTS")],
+};
+
+const TMA: Family = Family {
+    name: "tma",
+    text: include_str!("../device/tiles/tma.cu"),
+    sm80: false,
+    entries: &[
+        "tiles_tma_2d_bf16_32x64",
+        "tiles_tma_2d_f16_16x32",
+        "tiles_tma_2d_bf16_64x16",
+        "tiles_tma_2d_f32_8x32",
+        "tiles_tma_3d_bf16_16x128",
+    ],
+    sass: &[
+        ("_2d_", "UTMALDG.2D"),
+        ("_2d_", "UTMASTG.2D"),
+        ("_3d_", "UTMALDG.3D"),
+        ("_3d_", "UTMASTG.3D"),
+        ("", "SYNCS.ARRIVE.TRANS64"),
+    ],
+};
+
+const WGMMA: Family = Family {
+    name: "wgmma",
+    text: include_str!("../device/tiles/wgmma.cu"),
+    sm80: false,
+    entries: &[
+        "tiles_wgmma_bf16_n64_kmajor",
+        "tiles_wgmma_bf16_n128_nmajor",
+        "tiles_wgmma_f16_n32_kmajor",
+    ],
+    sass: &[
+        ("_n64_", "HGMMA.64x64x16.F32.BF16"),
+        ("_n128_", "HGMMA.64x128x16.F32.BF16"),
+        ("_n32_", "HGMMA.64x32x16.F32"),
+        ("", "WARPGROUP.ARRIVE"),
+    ],
+};
+
+impl Family {
+    fn source(&self, entry: &str) -> KernelSource {
+        assert!(
+            self.entries.contains(&entry),
+            "{entry} is not an entry of {}",
+            self.name
+        );
+        KernelSource::assemble(
+            entry,
+            self.text,
+            &[calico_cuda::device_headers(), calico_core::device_headers()],
+            &[],
+        )
+        .unwrap_or_else(|e| panic!("assembling {}: {e}", self.name))
+    }
+
+    fn targets(&self) -> &'static [&'static str] {
+        if self.sm80 {
+            &["sm_80", "sm_90a"]
+        } else {
+            &["sm_90a"]
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compile checks (no GPU)
+
+fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+fn nvrtc_available() -> Result<(), String> {
+    calico_cuda::probe::require_nvrtc().map_err(|e| format!("nvrtc not found ({e})"))?;
+    if calico_cuda::nvrtc::include_dirs().is_empty() {
+        return Err("nvrtc not found: CUDA headers missing (set CUDA_HOME)".into());
+    }
+    Ok(())
+}
+
+/// The SASS of one function of a `cuobjdump -sass` listing.
+fn function_sass<'a>(sass: &'a str, entry: &str) -> Option<&'a str> {
+    let header = format!("Function : {entry}");
+    let start = sass.lines().position(|l| l.trim() == header)?;
+    let body: Vec<&str> = sass.lines().skip(start + 1).collect();
+    let end = body
+        .iter()
+        .position(|l| l.trim_start().starts_with("Function : "))
+        .unwrap_or(body.len());
+    // Slices of the listing, re-joined lazily: find the byte range instead of allocating.
+    let first = body.first()?;
+    let from = first.as_ptr() as usize - sass.as_ptr() as usize;
+    let to = if end < body.len() {
+        body[end].as_ptr() as usize - sass.as_ptr() as usize
+    } else {
+        sass.len()
+    };
+    Some(&sass[from..to])
+}
+
+fn compile_check(f: &Family) {
+    if let Err(why) = nvrtc_available() {
+        assert!(!in_ci(), "{}: toolchain missing in CI: {why}", f.name);
+        println!("skipped: {why}");
+        return;
+    }
+    // One compile per target covers every entry of the file.
+    let src = f.source(f.entries[0]);
+    for &target in f.targets() {
+        let cubin = calico_cuda::nvrtc::compile(&src, target)
+            .unwrap_or_else(|e| panic!("{} for {target}: {e}", f.name));
+        let sass = match calico_cuda::disasm::sass(&cubin) {
+            Ok(s) => s,
+            Err(e) => {
+                assert!(!in_ci(), "{}: cuobjdump missing in CI: {e}", f.name);
+                println!("skipped SASS checks of {} for {target}: {e}", f.name);
+                continue;
+            }
+        };
+        for entry in f.entries {
+            let body = function_sass(&sass, entry)
+                .unwrap_or_else(|| panic!("{target}: no function {entry} in the cubin"));
+            for (pattern, opcode) in f.sass {
+                if entry.contains(pattern) {
+                    let n = calico_cuda::disasm::count_opcode(body, opcode);
+                    assert!(n > 0, "{target}: {entry} has no {opcode} instruction");
+                }
+            }
+        }
+        println!(
+            "{} for {target}: {} entries compiled, SASS checked",
+            f.name,
+            f.entries.len()
+        );
+    }
+}
+
+#[test]
+fn compile_fragments() {
+    compile_check(&FRAGMENTS);
+}
+#[test]
+fn compile_roundtrip() {
+    compile_check(&ROUNDTRIP);
+}
+#[test]
+fn compile_mma() {
+    compile_check(&MMA);
+}
+#[test]
+fn compile_reduce() {
+    compile_check(&REDUCE);
+}
+#[test]
+fn compile_maps() {
+    compile_check(&MAPS);
+}
+#[test]
+fn compile_cp_async() {
+    compile_check(&CP_ASYNC);
+}
+#[test]
+fn compile_tma() {
+    compile_check(&TMA);
+}
+#[test]
+fn compile_wgmma() {
+    compile_check(&WGMMA);
+}
+
+#[test]
+fn function_sass_splits_a_listing() {
+    let s = "\t\tFunction : k_ab\n  /*0000*/ HMMA.16816.F32 R0 ;\n\t\tFunction : k_abt\n  /*0000*/ MOV R1 ;\n";
+    assert_eq!(
+        calico_cuda::disasm::count_opcode(function_sass(s, "k_ab").unwrap(), "HMMA"),
+        1
+    );
+    assert_eq!(
+        calico_cuda::disasm::count_opcode(function_sass(s, "k_abt").unwrap(), "HMMA"),
+        0
+    );
+    assert!(function_sass(s, "k_a").is_none());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device, buffers, launches
+
+/// The CUDA device, opened once per test binary; `None` (after saying why) when there is none.
+fn cuda(test: &str) -> Option<&'static Device> {
+    static DEV: OnceLock<Result<Device, String>> = OnceLock::new();
+    let dev = DEV.get_or_init(|| Device::open(BackendKind::Cuda, 0).map_err(|e| e.to_string()));
+    match dev {
+        Ok(d) => Some(d),
+        Err(e) => {
+            // Straight to stderr: the harness captures eprintln!, and a skip must be visible.
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "[{test}] skipped backend cuda: {e}"
+            );
+            None
+        }
+    }
+}
+
+/// A device buffer of `dtype` elements (I32 words are read with `read_i32`).
+struct Buf {
+    storage: Arc<dyn Storage>,
+    dtype: DType,
+    len: usize,
+}
+
+fn encode(dtype: DType, values: &[f64]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(values.len() * dtype.size_bytes());
+    for &v in values {
+        match dtype {
+            DType::BF16 => out.extend(half::bf16::from_f64(v).to_bits().to_le_bytes()),
+            DType::F16 => out.extend(half::f16::from_f64(v).to_bits().to_le_bytes()),
+            DType::F32 => out.extend((v as f32).to_le_bytes()),
+            other => panic!("encode: {other}"),
+        }
+    }
+    out
+}
+
+impl Buf {
+    fn upload(dev: &Device, dtype: DType, values: &[f64]) -> Result<Buf, String> {
+        let bytes = encode(dtype, values);
+        let storage = dev
+            .alloc(bytes.len().max(16))
+            .map_err(|e| format!("alloc: {e}"))?;
+        storage
+            .write_bytes(0, &bytes)
+            .map_err(|e| format!("upload: {e}"))?;
+        Ok(Buf {
+            storage,
+            dtype,
+            len: values.len(),
+        })
+    }
+
+    fn filled(dev: &Device, dtype: DType, len: usize, value: f64) -> Result<Buf, String> {
+        Buf::upload(dev, dtype, &vec![value; len])
+    }
+
+    /// `len` i32 words, zeroed.
+    fn ints(dev: &Device, len: usize) -> Result<Buf, String> {
+        let storage = dev.alloc(len * 4).map_err(|e| format!("alloc: {e}"))?;
+        Ok(Buf {
+            storage,
+            dtype: DType::F32,
+            len,
+        })
+    }
+
+    fn addr(&self) -> u64 {
+        self.storage.device_address().expect("a GPU buffer")
+    }
+
+    fn arg(&self) -> KernelArg {
+        KernelArg::Ptr(self.addr())
+    }
+
+    fn bytes(&self) -> Result<Vec<u8>, String> {
+        let mut bytes = vec![0u8; self.len * self.dtype.size_bytes()];
+        self.storage
+            .read_bytes(0, &mut bytes)
+            .map_err(|e| format!("download: {e}"))?;
+        Ok(bytes)
+    }
+
+    fn read(&self) -> Result<Vec<f64>, String> {
+        let bytes = self.bytes()?;
+        Ok((0..self.len)
+            .map(|i| calico_core::dtype::read_f32(self.dtype, &bytes, i) as f64)
+            .collect())
+    }
+
+    fn read_i32(&self) -> Result<Vec<i32>, String> {
+        Ok(self
+            .bytes()?
+            .chunks_exact(4)
+            .map(|w| i32::from_le_bytes(w.try_into().expect("4 bytes")))
+            .collect())
+    }
+}
+
+/// Launches `entry` of `f` and waits for it. Refuses configurations that cannot be right
+/// rather than handing them to the driver.
+fn launch(
+    dev: &Device,
+    f: &Family,
+    entry: &str,
+    grid: (u32, u32, u32),
+    threads: u32,
+    args: &[KernelArg],
+) -> Result<(), String> {
+    let ok = grid.0 >= 1
+        && grid.1 >= 1
+        && grid.2 >= 1
+        && grid.0 <= 1024
+        && grid.1 <= 1024
+        && grid.2 <= 64
+        && threads % 32 == 0
+        && (32..=1024).contains(&threads);
+    if !ok {
+        return Err(format!(
+            "{entry}: bad launch grid {grid:?} x {threads} (test bug)"
+        ));
+    }
+    let gpu = dev.as_gpu().ok_or("the CUDA device has no GPU interface")?;
+    let cfg = LaunchConfig {
+        grid,
+        block: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    gpu.launch(&f.source(entry), &cfg, args)
+        .map_err(|e| format!("launching {entry}: {e}"))?;
+    dev.synchronize()
+        .map_err(|e| format!("running {entry}: {e}"))
+}
+
+fn run_property<S: Strategy>(
+    test: &str,
+    default_cases: u32,
+    strategy: S,
+    case: impl Fn(&S::Value) -> Result<(), String>,
+) {
+    let mut runner = TestRunner::new(config(default_cases));
+    if let Err(e) = runner.run(&strategy, |v| case(&v).map_err(TestCaseError::fail)) {
+        panic!("{test} on backend cuda: {e}");
+    }
+}
+
+fn dtype_of(entry: &str) -> DType {
+    if entry.contains("_bf16_") {
+        DType::BF16
+    } else if entry.contains("_f16_") {
+        DType::F16
+    } else {
+        DType::F32
+    }
+}
+
+/// `R x C` from an entry name ending in `_<R>x<C>` (or `_<M>x<N>x<K>`).
+fn dims_of(entry: &str) -> Vec<usize> {
+    entry
+        .rsplit('_')
+        .next()
+        .unwrap()
+        .split('x')
+        .map(|d| d.parse().expect("entry ends in a tile shape"))
+        .collect()
+}
+
+fn div_up(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+/// A (batch of) row-major matrices inside a larger buffer: the rest is poisoned.
+#[derive(Debug, Clone, Copy)]
+struct Mat {
+    rows: usize,
+    cols: usize,
+    stride: usize,
+    batch: usize,
+    batch_stride: usize,
+    /// Buffer length: the batches plus a guard region after them.
+    len: usize,
+}
+
+impl Mat {
+    /// `pad` extra elements per row, `gap` between batches, `guard` after the last.
+    fn new(rows: usize, cols: usize, batch: usize, pad: usize, gap: usize, guard: usize) -> Mat {
+        let stride = cols + pad;
+        let batch_stride = rows * stride + gap;
+        Mat {
+            rows,
+            cols,
+            stride,
+            batch,
+            batch_stride,
+            len: batch * batch_stride + guard,
+        }
+    }
+
+    fn at(&self, b: usize, r: usize, c: usize) -> usize {
+        b * self.batch_stride + r * self.stride + c
+    }
+
+    /// Whether buffer index `i` is an element of the matrix.
+    fn inside(&self, i: usize) -> bool {
+        let b = i / self.batch_stride;
+        let rem = i % self.batch_stride;
+        b < self.batch && rem / self.stride < self.rows && rem % self.stride < self.cols
+    }
+
+    /// A buffer holding `f(b, r, c)` in the matrix and `outside` elsewhere.
+    fn fill(&self, outside: f64, mut f: impl FnMut(usize, usize, usize) -> f64) -> Vec<f64> {
+        let mut v = vec![outside; self.len];
+        for b in 0..self.batch {
+            for r in 0..self.rows {
+                for c in 0..self.cols {
+                    v[self.at(b, r, c)] = f(b, r, c);
+                }
+            }
+        }
+        v
+    }
+
+    /// The matrix elements of a buffer, in order.
+    fn gather(&self, buf: &[f64]) -> Vec<f64> {
+        let mut v = Vec::with_capacity(self.batch * self.rows * self.cols);
+        for b in 0..self.batch {
+            for r in 0..self.rows {
+                for c in 0..self.cols {
+                    v.push(buf[self.at(b, r, c)]);
+                }
+            }
+        }
+        v
+    }
+
+    /// Every buffer element outside the matrix still holds the sentinel.
+    fn untouched(&self, what: &str, dtype: DType, buf: &[f64]) -> Result<(), String> {
+        let poison = round(dtype, SENTINEL);
+        match (0..self.len).find(|&i| !self.inside(i) && buf[i] != poison) {
+            Some(i) => Err(format!(
+                "`{what}`: element {i} outside the matrix ({self:?}) was written: {}",
+                buf[i]
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// `n` random values rounded to `dtype`.
+fn random_values(rng: &mut Rng, dtype: DType, n: usize, scale: f64) -> Vec<f64> {
+    (0..n)
+        .map(|_| round(dtype, scale * rng.uniform(-1.0, 1.0)))
+        .collect()
+}
+
+/// A row count of 1..=`tiles` tiles of `r`, not always a multiple of `r`.
+fn extent(tiles: usize, rem: usize, r: usize) -> usize {
+    (tiles - 1) * r + 1 + rem % r
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fragment dumps: the hardware's layouts against calico_core::lanes
+
+/// What a fragment dump holds: dump value = 16 * row + col of the element it came from.
+fn expected_dump(entry: &str) -> Vec<(usize, f64)> {
+    let instr = MmaInstr::MmaSyncM16N8K16;
+    let mut want = Vec::new();
+    let value = |r: usize, c: usize| (16 * r + c) as f64;
+    let acc = |want: &mut Vec<(usize, f64)>| {
+        // Accumulator tile: 8-column half h is registers {2h, 2h + 1} (= c0c1, c2c3).
+        let f = instr.fragment(Operand::Acc).unwrap();
+        for lane in 0..32 {
+            for h in 0..2 {
+                for e in 0..4 {
+                    let (r, c) = f.coord(lane, e).unwrap();
+                    let (reg, p) = (2 * h + e / 2, e % 2);
+                    want.push((lane * 8 + 2 * reg + p, value(r, c + 8 * h)));
+                }
+            }
+        }
+    };
+    if entry.contains("_acc_") {
+        acc(&mut want);
+    } else if entry.contains("_row_") {
+        // row_l: the A fragment, element e = register e / 2, half e % 2.
+        let f = instr.fragment(Operand::A).unwrap();
+        for lane in 0..32 {
+            for e in 0..8 {
+                let (r, c) = f.coord(lane, e).unwrap();
+                want.push((lane * 8 + e, value(r, c)));
+            }
+        }
+        if dtype_of(entry) == DType::F32 {
+            // A float row_l tile is also the accumulator layout.
+            acc(&mut want);
+        }
+    } else {
+        // col_l: the B fragment (16 x 8) of 8-column half h is registers {h, h + 2}.
+        let f = instr.fragment(Operand::B).unwrap();
+        for lane in 0..32 {
+            for h in 0..2 {
+                for e in 0..4 {
+                    let (k, n) = f.coord(lane, e).unwrap();
+                    let (reg, p) = (h + 2 * (e / 2), e % 2);
+                    want.push((lane * 8 + 2 * reg + p, value(k, n + 8 * h)));
+                }
+            }
+        }
+    }
+    want
+}
+
+#[test]
+fn fragments_match_lane_maps() {
+    let Some(dev) = cuda("fragments_match_lane_maps") else {
+        return;
+    };
+    for entry in FRAGMENTS.entries {
+        let dtype = dtype_of(entry);
+        let src: Vec<f64> = (0..256).map(|i| i as f64).collect();
+        let run = || -> Result<(), String> {
+            let x = Buf::upload(dev, dtype, &src)?;
+            let out = Buf::filled(dev, DType::F32, 256, f64::NAN)?;
+            launch(dev, &FRAGMENTS, entry, (1, 1, 1), 32, &[x.arg(), out.arg()])?;
+            let got = out.read()?;
+            for (i, want) in expected_dump(entry) {
+                if got[i] != want {
+                    let (lane, reg, half) = (i / 8, (i % 8) / 2, i % 2);
+                    return Err(format!(
+                        "lane {lane} register {reg} half {half}: holds element ({}, {}), \
+                         the lane map says ({}, {})",
+                        got[i] as i64 / 16,
+                        got[i] as i64 % 16,
+                        want as i64 / 16,
+                        want as i64 % 16
+                    ));
+                }
+            }
+            Ok(())
+        };
+        if let Err(e) = run() {
+            panic!("{entry} on backend cuda: {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Register-tile round trips
+
+#[test]
+fn register_tile_round_trips() {
+    let Some(dev) = cuda("register_tile_round_trips") else {
+        return;
+    };
+    let strategy = (
+        0..ROUNDTRIP.entries.len(),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..64),
+        1usize..=2,
+        0usize..=2,
+        any::<u64>(),
+    );
+    run_property(
+        "register_tile_round_trips",
+        16,
+        strategy,
+        |&(v, (tr, rr), (tc, rc), batch, pad, seed)| {
+            let entry = ROUNDTRIP.entries[v];
+            let dtype = dtype_of(entry);
+            let shape = dims_of(entry);
+            let (r, c) = (shape[0], shape[1]);
+            let rows = extent(tr, rr, r);
+            let mut cols = extent(tc, rc, c);
+            let cp_async = entry.contains("_p1_");
+            if cp_async {
+                // load_async moves 16-byte pieces: whole pieces per row.
+                cols = div_up(cols, 8) * 8;
+            }
+            // cp.async rows must start 16-byte aligned: pads of whole pieces there.
+            let pad = if cp_async { 8 * pad } else { pad * 3 };
+            let mut rng = Rng::new(seed);
+            let src_m = Mat::new(rows, cols, batch, pad, 8 * pad, 0);
+            let dst_m = Mat::new(rows, cols, batch, pad + 1, 5, 37);
+            let values = src_m.fill(777.0, |_, _, _| round(dtype, 4.0 * rng.normal()));
+            let src = Buf::upload(dev, dtype, &values)?;
+            let dst = Buf::filled(dev, dtype, dst_m.len, SENTINEL)?;
+            let grid = (div_up(cols, c) as u32, div_up(rows, r) as u32, batch as u32);
+            let args = [
+                src.arg(),
+                dst.arg(),
+                KernelArg::I32(rows as i32),
+                KernelArg::I32(cols as i32),
+                KernelArg::I64(src_m.stride as i64),
+                KernelArg::I64(src_m.batch_stride as i64),
+                KernelArg::I64(dst_m.stride as i64),
+                KernelArg::I64(dst_m.batch_stride as i64),
+            ];
+            launch(dev, &ROUNDTRIP, entry, grid, 32, &args)?;
+            let got = dst.read()?;
+            check_exact(entry, &dst_m.gather(&got), &src_m.gather(&values))?;
+            dst_m.untouched(entry, dtype, &got)
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// mma.sync: AB, ABt, AtB, AtBt
+
+#[test]
+fn mma_sync_tile_products() {
+    let Some(dev) = cuda("mma_sync_tile_products") else {
+        return;
+    };
+    let strategy = (
+        0..MMA.entries.len(),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..64),
+        0usize..=3,
+        any::<u64>(),
+    );
+    run_property(
+        "mma_sync_tile_products",
+        16,
+        strategy,
+        |&(v, (tm, rm), (tn, rn), (tk, rk), pad, seed)| {
+            let entry = MMA.entries[v];
+            let dtype = dtype_of(entry);
+            let shape = dims_of(entry);
+            let (m, n, k) = (
+                extent(tm, rm, shape[0]),
+                extent(tn, rn, shape[1]),
+                extent(tk, rk, shape[2]),
+            );
+            let form = ["_ab_", "_abt_", "_atb_", "_atbt_"]
+                .iter()
+                .position(|f| entry.contains(f))
+                .unwrap();
+            let (a_t, b_t) = (form >= 2, form % 2 == 1);
+            let mut rng = Rng::new(seed);
+            let a = random_values(&mut rng, dtype, m * k, 1.0); // a[i * k + kk]
+            let b = random_values(&mut rng, dtype, k * n, 1.0); // b[kk * n + j]
+            let c = random_values(&mut rng, DType::F32, m * n, 1.0);
+            let a_m = if a_t {
+                Mat::new(k, m, 1, pad, 0, 0)
+            } else {
+                Mat::new(m, k, 1, pad, 0, 0)
+            };
+            let b_m = if b_t {
+                Mat::new(n, k, 1, pad + 1, 0, 0)
+            } else {
+                Mat::new(k, n, 1, pad + 1, 0, 0)
+            };
+            let c_m = Mat::new(m, n, 1, 2, 0, 0);
+            let d_m = Mat::new(m, n, 1, pad, 0, 29);
+            let a_buf = a_m.fill(
+                777.0,
+                |_, r, cc| {
+                    if a_t {
+                        a[cc * k + r]
+                    } else {
+                        a[r * k + cc]
+                    }
+                },
+            );
+            let b_buf = b_m.fill(
+                777.0,
+                |_, r, cc| {
+                    if b_t {
+                        b[cc * n + r]
+                    } else {
+                        b[r * n + cc]
+                    }
+                },
+            );
+            let c_buf = c_m.fill(777.0, |_, r, cc| c[r * n + cc]);
+            let ga = Buf::upload(dev, dtype, &a_buf)?;
+            let gb = Buf::upload(dev, dtype, &b_buf)?;
+            let gc = Buf::upload(dev, DType::F32, &c_buf)?;
+            let gd = Buf::filled(dev, DType::F32, d_m.len, SENTINEL)?;
+            let grid = (div_up(n, shape[1]) as u32, div_up(m, shape[0]) as u32, 1);
+            let args = [
+                ga.arg(),
+                gb.arg(),
+                gc.arg(),
+                gd.arg(),
+                KernelArg::I32(m as i32),
+                KernelArg::I32(n as i32),
+                KernelArg::I32(k as i32),
+                KernelArg::I64(a_m.stride as i64),
+                KernelArg::I64(b_m.stride as i64),
+                KernelArg::I64(c_m.stride as i64),
+                KernelArg::I64(d_m.stride as i64),
+            ];
+            launch(dev, &MMA, entry, grid, 32, &args)?;
+            let want: Vec<f64> = (0..m * n)
+                .map(|ij| {
+                    let (i, j) = (ij / n, ij % n);
+                    c[ij] + (0..k).map(|kk| a[i * k + kk] * b[kk * n + j]).sum::<f64>()
+                })
+                .collect();
+            let got = gd.read()?;
+            // Products of 16-bit inputs are exact in f32; only the f32 accumulation rounds.
+            check_close(entry, &d_m.gather(&got), &want, 2e-3)?;
+            d_m.untouched(entry, DType::F32, &got)
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions and broadcasts
+
+/// |got - want| <= bound; false for NaN.
+fn within(got: f64, want: f64, bound: f64) -> bool {
+    (got - want).abs() <= bound
+}
+
+/// A broadcast output: name, the operation, and whether its vector runs along rows.
+type Broadcast = (&'static str, fn(f64, f64) -> f64, bool);
+
+#[test]
+fn reductions_and_broadcasts() {
+    let Some(dev) = cuda("reductions_and_broadcasts") else {
+        return;
+    };
+    let strategy = (
+        0..REDUCE.entries.len(),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..64),
+        0usize..=3,
+        any::<u64>(),
+    );
+    run_property(
+        "reductions_and_broadcasts",
+        12,
+        strategy,
+        |&(v, (tr, rr), (tc, rc), pad, seed)| {
+            let entry = REDUCE.entries[v];
+            let dtype = dtype_of(entry);
+            let shape = dims_of(entry);
+            let (tile_r, tile_c) = (shape[0], shape[1]);
+            let (rows, cols) = (extent(tr, rr, tile_r), extent(tc, rc, tile_c));
+            let mut rng = Rng::new(seed);
+            let x_m = Mat::new(rows, cols, 1, pad, 0, 0);
+            let x_buf = x_m.fill(777.0, |_, _, _| round(dtype, 3.0 * rng.normal()));
+            let x = x_m.gather(&x_buf);
+            let v_row: Vec<f64> = (0..rows)
+                .map(|_| {
+                    let s = if rng.below(2) == 0 { -1.0 } else { 1.0 };
+                    s * round(DType::F32, rng.uniform(0.5, 2.0))
+                })
+                .collect();
+            let v_col = random_values(&mut rng, DType::F32, cols, 2.0);
+            let (gx_tiles, gy_tiles) = (div_up(cols, tile_c), div_up(rows, tile_r));
+            let tiles = gx_tiles * gy_tiles;
+            let per_lane = tile_r / 4 + tile_c / 2;
+            let y_m = Mat::new(rows, cols, 5, pad + 2, 3, 11);
+            let gx = Buf::upload(dev, dtype, &x_buf)?;
+            let gvr = Buf::upload(dev, DType::F32, &v_row)?;
+            let gvc = Buf::upload(dev, DType::F32, &v_col)?;
+            let red = Buf::filled(dev, DType::F32, tiles * 32 * per_lane, f64::NAN)?;
+            let y = Buf::filled(dev, dtype, y_m.len, SENTINEL)?;
+            let args = [
+                gx.arg(),
+                gvr.arg(),
+                gvc.arg(),
+                red.arg(),
+                y.arg(),
+                KernelArg::I32(rows as i32),
+                KernelArg::I32(cols as i32),
+                KernelArg::I64(x_m.stride as i64),
+                KernelArg::I64(y_m.stride as i64),
+                KernelArg::I64(y_m.batch_stride as i64),
+            ];
+            launch(
+                dev,
+                &REDUCE,
+                entry,
+                (gx_tiles as u32, gy_tiles as u32, 1),
+                32,
+                &args,
+            )?;
+
+            // Reductions run over the whole tile: zeros past the matrix edges count.
+            let at = |r: usize, c: usize| {
+                if r < rows && c < cols {
+                    x[r * cols + c]
+                } else {
+                    0.0
+                }
+            };
+            let red_got = red.read()?;
+            let (mut got, mut want, mut scale) = (Vec::new(), Vec::new(), Vec::new());
+            let mut maxes = (Vec::new(), Vec::new());
+            for ty in 0..gy_tiles {
+                for tx in 0..gx_tiles {
+                    let (r0, c0) = (ty * tile_r, tx * tile_c);
+                    let row = |r: usize| (0..tile_c).map(move |c| (r, c0 + c));
+                    let col = |c: usize| (0..tile_r).map(move |r| (r0 + r, c));
+                    for lane in 0..32 {
+                        let (g, t) = (lane / 4, lane % 4);
+                        let rec =
+                            &red_got[((ty * gx_tiles + tx) * 32 + lane) * per_lane..][..per_lane];
+                        let mut o = 0;
+                        let rows_of: Vec<usize> = (0..tile_r / 16)
+                            .flat_map(|i| (0..2).map(move |h| r0 + 16 * i + g + 8 * h))
+                            .collect();
+                        let cols_of: Vec<usize> = (0..tile_c / 16)
+                            .flat_map(|j| {
+                                (0..4).map(move |q| c0 + 16 * j + 2 * t + (q & 1) + 8 * (q >> 1))
+                            })
+                            .collect();
+                        for &r in &rows_of {
+                            maxes.0.push(rec[o]);
+                            maxes
+                                .1
+                                .push(row(r).map(|(r, c)| at(r, c)).fold(f64::MIN, f64::max));
+                            o += 1;
+                        }
+                        for &r in &rows_of {
+                            got.push(rec[o]);
+                            want.push(row(r).map(|(r, c)| at(r, c)).sum::<f64>());
+                            scale.push(row(r).map(|(r, c)| at(r, c).abs()).sum::<f64>());
+                            o += 1;
+                        }
+                        for &c in &cols_of {
+                            maxes.0.push(rec[o]);
+                            maxes
+                                .1
+                                .push(col(c).map(|(r, c)| at(r, c)).fold(f64::MIN, f64::max));
+                            o += 1;
+                        }
+                        for &c in &cols_of {
+                            got.push(rec[o]);
+                            want.push(col(c).map(|(r, c)| at(r, c)).sum::<f64>());
+                            scale.push(col(c).map(|(r, c)| at(r, c).abs()).sum::<f64>());
+                            o += 1;
+                        }
+                    }
+                }
+            }
+            check_exact(&format!("{entry} row/col max"), &maxes.0, &maxes.1)?;
+            // f32 sums of up to 64 terms: a few f32 roundings of the sum of magnitudes.
+            if let Some(i) =
+                (0..got.len()).find(|&i| !within(got[i], want[i], 1e-5 * scale[i] + 1e-30))
+            {
+                return Err(format!(
+                    "{entry} row/col sum {i}: got {}, expected {}",
+                    got[i], want[i]
+                ));
+            }
+
+            let y_got = y.read()?;
+            let ops: [Broadcast; 5] = [
+                ("sub_row", |x, v| x - v, true),
+                ("mul_row", |x, v| x * v, true),
+                ("div_row", |x, v| x / v, true),
+                ("add_col", |x, v| x + v, false),
+                ("mul_col", |x, v| x * v, false),
+            ];
+            for (b, (name, f, by_row)) in ops.iter().enumerate() {
+                let want: Vec<f64> = (0..rows * cols)
+                    .map(|i| {
+                        let (r, c) = (i / cols, i % cols);
+                        round(dtype, f(x[i], if *by_row { v_row[r] } else { v_col[c] }))
+                    })
+                    .collect();
+                let got: Vec<f64> = (0..rows * cols)
+                    .map(|i| y_got[y_m.at(b, i / cols, i % cols)])
+                    .collect();
+                check_close(
+                    &format!("{entry} {name}"),
+                    &got,
+                    &want,
+                    elementwise_tol(dtype),
+                )?;
+            }
+            y_m.untouched(entry, dtype, &y_got)
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Maps and conversions
+
+/// |got - want| <= tol * |want| for every element.
+fn check_relative(what: &str, got: &[f64], want: &[f64], tol: f64) -> Result<(), String> {
+    match (0..want.len()).find(|&i| !within(got[i], want[i], tol * want[i].abs() + 1e-30)) {
+        Some(i) => Err(format!(
+            "`{what}`: element {i} is {}, expected {} (relative tolerance {tol:.1e})",
+            got[i], want[i]
+        )),
+        None => Ok(()),
+    }
+}
+
+#[test]
+fn maps_and_conversions() {
+    let Some(dev) = cuda("maps_and_conversions") else {
+        return;
+    };
+    let strategy = (
+        0..MAPS.entries.len(),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..64),
+        0usize..=3,
+        -3.0f64..3.0,
+        any::<u64>(),
+    );
+    run_property(
+        "maps_and_conversions",
+        12,
+        strategy,
+        |&(v, (tr, rr), (tc, rc), pad, s, seed)| {
+            let entry = MAPS.entries[v];
+            let (ti, to) = if entry.starts_with("tiles_maps_f32_to_bf16") {
+                (DType::F32, DType::BF16)
+            } else if entry.starts_with("tiles_maps_bf16_") {
+                (DType::BF16, DType::F32)
+            } else if entry.starts_with("tiles_maps_f32_to_f16") {
+                (DType::F32, DType::F16)
+            } else {
+                (DType::F16, DType::F32)
+            };
+            let shape = dims_of(entry);
+            let (rows, cols) = (extent(tr, rr, shape[0]), extent(tc, rc, shape[1]));
+            let mut rng = Rng::new(seed);
+            let in_m = Mat::new(rows, cols, 1, pad, 0, 0);
+            let x_buf = in_m.fill(777.0, |_, _, _| round(ti, rng.uniform(-6.0, 6.0)));
+            let y_buf = in_m.fill(777.0, |_, _, _| round(ti, rng.uniform(-2.0, 2.0)));
+            let (x, y) = (in_m.gather(&x_buf), in_m.gather(&y_buf));
+            let s = s as f32 as f64;
+            let z_m = Mat::new(rows, cols, 5, pad + 1, 2, 9);
+            let w_m = Mat::new(rows, cols, 1, 3, 0, 17);
+            let gx = Buf::upload(dev, ti, &x_buf)?;
+            let gy = Buf::upload(dev, ti, &y_buf)?;
+            let gz = Buf::filled(dev, ti, z_m.len, SENTINEL)?;
+            let gw = Buf::filled(dev, to, w_m.len, SENTINEL)?;
+            let args = [
+                gx.arg(),
+                gy.arg(),
+                gz.arg(),
+                gw.arg(),
+                KernelArg::I32(rows as i32),
+                KernelArg::I32(cols as i32),
+                KernelArg::I64(in_m.stride as i64),
+                KernelArg::I64(z_m.stride as i64),
+                KernelArg::I64(z_m.batch_stride as i64),
+                KernelArg::I64(w_m.stride as i64),
+                KernelArg::F32(s as f32),
+            ];
+            let grid = (
+                div_up(cols, shape[1]) as u32,
+                div_up(rows, shape[0]) as u32,
+                1,
+            );
+            launch(dev, &MAPS, entry, grid, 32, &args)?;
+            let z_got = gz.read()?;
+            let z = |b: usize| -> Vec<f64> {
+                (0..rows * cols)
+                    .map(|i| z_got[z_m.at(b, i / cols, i % cols)])
+                    .collect()
+            };
+            let map = |f: &dyn Fn(usize) -> f64| -> Vec<f64> {
+                (0..rows * cols).map(|i| round(ti, f(i))).collect()
+            };
+            // exp2f is within 2 ulp of 2^x; the rest is one f32 operation and one rounding.
+            let exp_tol = if ti == DType::F32 {
+                4.0 * f32::EPSILON as f64
+            } else {
+                elementwise_tol(ti)
+            };
+            check_relative(
+                &format!("{entry} exp2"),
+                &z(0),
+                &map(&|i| x[i].exp2()),
+                exp_tol,
+            )?;
+            let tol = if ti == DType::F32 {
+                f32::EPSILON as f64
+            } else {
+                elementwise_tol(ti)
+            };
+            check_relative(&format!("{entry} add"), &z(1), &map(&|i| x[i] + y[i]), tol)?;
+            check_relative(&format!("{entry} mul"), &z(2), &map(&|i| x[i] * y[i]), tol)?;
+            check_relative(
+                &format!("{entry} mul scalar"),
+                &z(3),
+                &map(&|i| x[i] * s),
+                tol,
+            )?;
+            check_exact(&format!("{entry} fill"), &z(4), &map(&|_| s))?;
+            z_m.untouched(entry, ti, &z_got)?;
+            let w_got = gw.read()?;
+            let cast: Vec<f64> = x.iter().map(|&v| round(to, v)).collect();
+            check_exact(
+                &format!("{entry} copy (conversion)"),
+                &w_m.gather(&w_got),
+                &cast,
+            )?;
+            w_m.untouched(entry, to, &w_got)
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared tiles: cp.async, the swizzle, TMA
+
+/// Byte offset of element (r, c) in `st<T, rows, cols>` (tile.cuh): 16-byte units XORed with
+/// the row within each 8-row block of swizzle-width rows, chunks of swizzle width back to back.
+fn st_offset(rows: usize, cols: usize, elem: usize, r: usize, c: usize) -> usize {
+    let row_bytes = cols * elem;
+    let width = [128, 64, 32]
+        .into_iter()
+        .find(|w| row_bytes % w == 0)
+        .unwrap();
+    let chunk_cols = width / elem;
+    let linear = (c / chunk_cols) * rows * width + r * width + (c % chunk_cols) * elem;
+    let mask = width / 16 - 1;
+    linear ^ (((linear >> 7) & mask) << 4)
+}
+
+#[test]
+fn st_offset_is_a_permutation_within_each_tile() {
+    for (rows, cols, elem) in [
+        (32, 64, 2),
+        (16, 32, 2),
+        (64, 16, 2),
+        (16, 32, 4),
+        (16, 128, 2),
+    ] {
+        let mut seen = vec![false; rows * cols];
+        for r in 0..rows {
+            for c in 0..cols {
+                let o = st_offset(rows, cols, elem, r, c);
+                assert_eq!(o % elem, 0);
+                assert!(!seen[o / elem], "{rows}x{cols}x{elem}: ({r}, {c}) collides");
+                seen[o / elem] = true;
+            }
+        }
+    }
+}
+
+#[test]
+fn cp_async_global_to_shared() {
+    let Some(dev) = cuda("cp_async_global_to_shared") else {
+        return;
+    };
+    let strategy = (
+        0..CP_ASYNC.entries.len(),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..64),
+        1usize..=2,
+        0usize..=2,
+        any::<u64>(),
+    );
+    run_property(
+        "cp_async_global_to_shared",
+        12,
+        strategy,
+        |&(v, (tr, rr), (tc, rc), batch, pad, seed)| {
+            let entry = CP_ASYNC.entries[v];
+            let dtype = dtype_of(entry);
+            let elem = dtype.size_bytes();
+            let piece = 16 / elem;
+            let shape = dims_of(entry);
+            let (tile_r, tile_c) = (shape[0], shape[1]);
+            let rows = extent(tr, rr, tile_r);
+            let cols = div_up(extent(tc, rc, tile_c), piece) * piece;
+            let mut rng = Rng::new(seed);
+            let m = Mat::new(rows, cols, batch, pad * piece, 2 * piece, 0);
+            let buf = m.fill(777.0, |_, _, _| round(dtype, 4.0 * rng.normal()));
+            let (gx, gy) = (div_up(cols, tile_c), div_up(rows, tile_r));
+            let tiles = gx * gy * batch;
+            let words = tile_r * tile_c * elem / 2;
+            let src = Buf::upload(dev, dtype, &buf)?;
+            let tile_out = Buf::filled(dev, dtype, tiles * tile_r * tile_c, SENTINEL)?;
+            let raw_out = Buf::ints(dev, tiles * words / 2)?;
+            let args = [
+                src.arg(),
+                tile_out.arg(),
+                raw_out.arg(),
+                KernelArg::I32(rows as i32),
+                KernelArg::I32(cols as i32),
+                KernelArg::I64(m.stride as i64),
+                KernelArg::I64(m.batch_stride as i64),
+            ];
+            launch(
+                dev,
+                &CP_ASYNC,
+                entry,
+                (gx as u32, gy as u32, batch as u32),
+                96,
+                &args,
+            )?;
+            // Expected tiles: the matrix, zeros past its edges; and their swizzled bytes.
+            let mut want = Vec::with_capacity(tiles * tile_r * tile_c);
+            let mut want_raw = vec![0u8; tiles * tile_r * tile_c * elem];
+            for b in 0..batch {
+                for ty in 0..gy {
+                    for tx in 0..gx {
+                        let tile = (b * gy + ty) * gx + tx;
+                        for r in 0..tile_r {
+                            for c in 0..tile_c {
+                                let (gr, gc) = (ty * tile_r + r, tx * tile_c + c);
+                                let value = if gr < rows && gc < cols {
+                                    buf[m.at(b, gr, gc)]
+                                } else {
+                                    0.0
+                                };
+                                want.push(value);
+                                let at = tile * tile_r * tile_c * elem
+                                    + st_offset(tile_r, tile_c, elem, r, c);
+                                want_raw[at..at + elem].copy_from_slice(&encode(dtype, &[value]));
+                            }
+                        }
+                    }
+                }
+            }
+            check_exact(
+                &format!("{entry} tile via st::ptr"),
+                &tile_out.read()?,
+                &want,
+            )?;
+            let raw = raw_out.bytes()?;
+            if let Some(i) = (0..raw.len()).find(|&i| raw[i] != want_raw[i]) {
+                let tile_bytes = tile_r * tile_c * elem;
+                return Err(format!(
+                    "{entry}: shared tile {} byte {} is {:#04x}, the swizzle formula expects {:#04x}",
+                    i / tile_bytes,
+                    i % tile_bytes,
+                    raw[i],
+                    want_raw[i]
+                ));
+            }
+            Ok(())
+        },
+    );
+}
+
+/// The TMA swizzle that matches `st<T, R, C>` for rows of `row_bytes` (one chunk per box).
+fn swizzle_for(row_bytes: usize) -> Swizzle {
+    match row_bytes {
+        b if b % 128 == 0 => Swizzle::B128,
+        b if b % 64 == 0 => Swizzle::B64,
+        _ => Swizzle::B32,
+    }
+}
+
+/// Whether the device runs `what` (TMA or wgmma: sm_90a); says so when it does not.
+fn hopper(dev: &Device, test: &str, what: &str) -> bool {
+    let arch = dev.arch();
+    let ok = arch.target == "sm_90a"
+        && arch.has_async_copy(AsyncCopy::Tma)
+        && arch.has_mma(MmaKind::Wgmma, DType::BF16);
+    if !ok {
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "[{test}] skipped: {what} needs sm_90a; the device is {}",
+            arch.target
+        );
+    }
+    ok
+}
+
+fn check_status(entry: &str, status: &[i32]) -> Result<(), String> {
+    match status.iter().position(|&s| s != 1) {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{entry}: block {i} reported {} ({})",
+            status[i],
+            match status[i] {
+                -1 => "shared tile not 1024-byte aligned",
+                -2 => "mbarrier never completed",
+                0 => "did not finish",
+                _ => "unknown",
+            }
+        )),
+    }
+}
+
+#[test]
+fn tma_load_store_with_partial_boxes() {
+    let Some(dev) = cuda("tma_load_store_with_partial_boxes") else {
+        return;
+    };
+    if !hopper(dev, "tma_load_store_with_partial_boxes", "TMA") {
+        return;
+    }
+    let strategy = (
+        0..TMA.entries.len(),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..128),
+        1usize..=2,
+        (0usize..=2, 0usize..=2),
+        (any::<bool>(), any::<bool>()),
+        any::<u64>(),
+    );
+    run_property(
+        "tma_load_store_with_partial_boxes",
+        16,
+        strategy,
+        |&(v, (tr, rr), (tc, rc), batch, (pad_in, pad_out), (shift_c, shift_r), seed)| {
+            let entry = TMA.entries[v];
+            let dtype = dtype_of(entry);
+            let elem = dtype.size_bytes();
+            let piece = 16 / elem;
+            let three_d = entry.contains("_3d_");
+            let shape = dims_of(entry);
+            let (tile_r, tile_c) = (shape[0], shape[1]);
+            let rows = extent(tr, rr, tile_r);
+            let cols = extent(tc, rc, tile_c);
+            let batch = if three_d { batch } else { 1 };
+            // Row strides must be multiples of 16 bytes; the padding holds junk the loads
+            // must not see (it would show in the dump instead of zeros).
+            let round_pad = div_up(cols, piece) * piece - cols;
+            let in_m = Mat::new(rows, cols, batch, round_pad + pad_in * piece, 3 * piece, 0);
+            let out_m = Mat::new(
+                rows,
+                cols,
+                batch,
+                round_pad + pad_out * piece,
+                piece,
+                2 * tile_c,
+            );
+            // Boxes may start before the tensor (2-D only; load_tma takes tile coordinates).
+            let col_origin = if shift_c && !three_d {
+                -(piece as i64)
+            } else {
+                0
+            };
+            let row_origin: i64 = if shift_r && !three_d { -3 } else { 0 };
+            let gx = div_up(cols + col_origin.unsigned_abs() as usize, tile_c);
+            let gy = div_up(rows + row_origin.unsigned_abs() as usize, tile_r);
+            let tiles = gx * gy * batch;
+            let mut rng = Rng::new(seed);
+            let in_buf = in_m.fill(777.0, |_, _, _| round(dtype, 4.0 * rng.normal()));
+            let src = Buf::upload(dev, dtype, &in_buf)?;
+            let dst = Buf::filled(dev, dtype, out_m.len, SENTINEL)?;
+            let dump = Buf::filled(dev, dtype, tiles * tile_r * tile_c, SENTINEL)?;
+            let status = Buf::ints(dev, tiles)?;
+            let map = |buf: &Buf, m: &Mat| {
+                let stride = (m.stride * elem) as u64;
+                if three_d {
+                    calico_cuda::tma::encode_tiled_3d(
+                        buf.addr(),
+                        dtype,
+                        [cols as u64, rows as u64, batch as u64],
+                        [stride, (m.batch_stride * elem) as u64],
+                        [64, tile_r as u32, 1],
+                        Swizzle::B128,
+                    )
+                } else {
+                    calico_cuda::tma::encode_tiled_2d(
+                        buf.addr(),
+                        dtype,
+                        [cols as u64, rows as u64],
+                        stride,
+                        [tile_c as u32, tile_r as u32],
+                        swizzle_for(tile_c * elem),
+                    )
+                }
+                .map_err(|e| format!("encoding a tensor map: {e}"))
+            };
+            let args = [
+                KernelArg::Opaque128(map(&src, &in_m)?),
+                KernelArg::Opaque128(map(&dst, &out_m)?),
+                dump.arg(),
+                status.arg(),
+                KernelArg::I32(col_origin as i32),
+                KernelArg::I32(row_origin as i32),
+            ];
+            launch(
+                dev,
+                &TMA,
+                entry,
+                (gx as u32, gy as u32, batch as u32),
+                32,
+                &args,
+            )?;
+            check_status(entry, &status.read_i32()?)?;
+            // What landed in shared memory: the box, zeros outside the tensor.
+            let mut want = Vec::with_capacity(tiles * tile_r * tile_c);
+            for b in 0..batch {
+                for ty in 0..gy {
+                    for tx in 0..gx {
+                        for r in 0..tile_r {
+                            for c in 0..tile_c {
+                                let gr = row_origin + (ty * tile_r + r) as i64;
+                                let gc = col_origin + (tx * tile_c + c) as i64;
+                                let inside = (0..rows as i64).contains(&gr)
+                                    && (0..cols as i64).contains(&gc);
+                                want.push(if inside {
+                                    in_buf[in_m.at(b, gr as usize, gc as usize)]
+                                } else {
+                                    0.0
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            check_exact(
+                &format!("{entry} boxes in shared memory"),
+                &dump.read()?,
+                &want,
+            )?;
+            // The stores wrote the tensor back exactly, and nothing around it.
+            let got = dst.read()?;
+            check_exact(
+                &format!("{entry} stored tensor"),
+                &out_m.gather(&got),
+                &in_m.gather(&in_buf),
+            )?;
+            out_m.untouched(&format!("{entry} store"), dtype, &got)
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma
+
+#[test]
+fn wgmma_ss_tile_products() {
+    let Some(dev) = cuda("wgmma_ss_tile_products") else {
+        return;
+    };
+    if !hopper(dev, "wgmma_ss_tile_products", "wgmma") {
+        return;
+    }
+    let strategy = (
+        0..WGMMA.entries.len(),
+        (1usize..=2, 0usize..64),
+        (1usize..=2, 0usize..128),
+        (1usize..=2, 0usize..64),
+        0usize..=2,
+        any::<u64>(),
+    );
+    run_property(
+        "wgmma_ss_tile_products",
+        12,
+        strategy,
+        |&(v, (tm, rm), (tn, rn), (tk, rk), pad, seed)| {
+            let entry = WGMMA.entries[v];
+            let dtype = dtype_of(entry);
+            let kmajor = entry.ends_with("_kmajor");
+            let wg_n: usize = entry
+                .split('_')
+                .find_map(|p| p.strip_prefix('n').and_then(|n| n.parse().ok()))
+                .expect("entry names N");
+            let m = extent(tm, rm, 64);
+            let mut n = extent(tn, rn, wg_n);
+            if !kmajor {
+                n = div_up(n, 8) * 8; // B's rows are n long: whole 16-byte pieces
+            }
+            let k = div_up(extent(tk, rk, 64), 8) * 8;
+            let mut rng = Rng::new(seed);
+            let a = random_values(&mut rng, dtype, m * k, 1.0);
+            let b = random_values(&mut rng, dtype, k * n, 1.0);
+            let a_m = Mat::new(m, k, 1, 8 * pad, 0, 0);
+            let b_m = if kmajor {
+                Mat::new(n, k, 1, 8 * pad, 0, 0)
+            } else {
+                Mat::new(k, n, 1, 8 * pad, 0, 0)
+            };
+            let d_m = Mat::new(m, n, 1, pad + 1, 0, 23);
+            let a_buf = a_m.fill(777.0, |_, r, c| a[r * k + c]);
+            let b_buf = b_m.fill(
+                777.0,
+                |_, r, c| if kmajor { b[c * n + r] } else { b[r * n + c] },
+            );
+            let (gx, gy) = (div_up(n, wg_n), div_up(m, 64));
+            let tiles = gx * gy;
+            let ga = Buf::upload(dev, dtype, &a_buf)?;
+            let gb = Buf::upload(dev, dtype, &b_buf)?;
+            let gd = Buf::filled(dev, DType::F32, d_m.len, SENTINEL)?;
+            let raw = Buf::filled(dev, DType::F32, tiles * 128 * wg_n / 2, f64::NAN)?;
+            let status = Buf::ints(dev, tiles)?;
+            let args = [
+                ga.arg(),
+                gb.arg(),
+                gd.arg(),
+                raw.arg(),
+                status.arg(),
+                KernelArg::I32(m as i32),
+                KernelArg::I32(n as i32),
+                KernelArg::I32(k as i32),
+                KernelArg::I64(a_m.stride as i64),
+                KernelArg::I64(b_m.stride as i64),
+                KernelArg::I64(d_m.stride as i64),
+            ];
+            launch(dev, &WGMMA, entry, (gx as u32, gy as u32, 1), 128, &args)?;
+            check_status(entry, &status.read_i32()?)?;
+            let product = |i: usize, j: usize| -> f64 {
+                if i < m && j < n {
+                    (0..k).map(|kk| a[i * k + kk] * b[kk * n + j]).sum()
+                } else {
+                    0.0 // zero-filled operands past the edges
+                }
+            };
+            let want: Vec<f64> = (0..m * n).map(|ij| product(ij / n, ij % n)).collect();
+            let got = gd.read()?;
+            check_close(entry, &d_m.gather(&got), &want, 2e-3)?;
+            d_m.untouched(entry, DType::F32, &got)?;
+            // The accumulator registers against the Rust mirror of wgmma's D fragment.
+            let frag = MmaInstr::WgmmaM64NK16 { n: wg_n as u32 }
+                .fragment(Operand::Acc)
+                .expect("wgmma accumulator map");
+            let per_thread = wg_n / 2;
+            let mut want_raw = Vec::with_capacity(tiles * 128 * per_thread);
+            for ty in 0..gy {
+                for tx in 0..gx {
+                    for thread in 0..128 {
+                        for e in 0..per_thread {
+                            let (r, c) = frag.coord(thread, e).unwrap();
+                            want_raw.push(product(64 * ty + r, wg_n * tx + c));
+                        }
+                    }
+                }
+            }
+            check_close(
+                &format!("{entry} accumulator registers"),
+                &raw.read()?,
+                &want_raw,
+                2e-3,
+            )
+        },
+    );
+}
