@@ -20,7 +20,8 @@
 // {swizzle width, R} with the matching swizzle: columns are cut into chunks of W bytes
 // (W = 128, 64 or 32: the largest that divides a row), each chunk is R rows of W bytes, chunks
 // follow one another, and inside each 8-row x W block the 16-byte unit u of row r sits at
-// u ^ (r % (W/16)) -- TMA's 32/64/128B swizzle (address bits 4.. XOR bits 7..). 8 consecutive
+// u ^ ((r * W / 128) % (W/16)) -- TMA's 32/64/128B swizzle (address bits 4.. XOR bits 7..;
+// for W = 128 that is u ^ (r % 8), for 64 u ^ ((r / 2) % 4), for 32 u ^ ((r / 4) % 2)). 8 consecutive
 // rows of one 16-byte column then fall in 8 different bank groups, so ldmatrix-style accesses
 // are conflict-free. The tile base must be aligned to 8 * W bytes (1024 for 128B).
 //
