@@ -123,8 +123,8 @@ const REDUCE: Family = Family {
     text: include_str!("../device/tiles/reduce.cu"),
     sm80: true,
     entries: &[
-        "tiles_reduce_f32_32x64",
-        "tiles_reduce_bf16_32x64",
+        "tiles_reduce_f32_16x64",
+        "tiles_reduce_bf16_32x32",
         "tiles_reduce_f16_16x32",
     ],
     sass: &[("", "SHFL.BFLY")],
@@ -272,6 +272,17 @@ fn compile_check(f: &Family) {
                 continue;
             }
         };
+        let functions = sass
+            .lines()
+            .filter(|l| l.trim_start().starts_with("Function : "))
+            .count();
+        assert_eq!(
+            functions,
+            f.entries.len(),
+            "{target}: {} defines {functions} kernels, the test lists {}",
+            f.name,
+            f.entries.len()
+        );
         for entry in f.entries {
             let body = function_sass(&sass, entry)
                 .unwrap_or_else(|| panic!("{target}: no function {entry} in the cubin"));

@@ -88,6 +88,6 @@ CALICO_DEVICE void run(const T* x, const float* v_row, const float* v_col, float
     }
 
 // Entries: tiles_reduce_<dtype>_<R>x<C>.
-CALICO_TILES_REDUCE(tiles_reduce_f32_32x64, float, 32, 64)
-CALICO_TILES_REDUCE(tiles_reduce_bf16_32x64, bf16, 32, 64)
+CALICO_TILES_REDUCE(tiles_reduce_f32_16x64, float, 16, 64)
+CALICO_TILES_REDUCE(tiles_reduce_bf16_32x32, bf16, 32, 32)
 CALICO_TILES_REDUCE(tiles_reduce_f16_16x32, f16, 16, 32)
