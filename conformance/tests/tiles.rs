@@ -663,6 +663,36 @@ fn expected_dump(entry: &str) -> Vec<(usize, f64)> {
     want
 }
 
+/// The expectations above, derived from the lane maps, agree with tile.cuh's own statement of
+/// the layouts (`base_coord`: reg k of lane (g, t) starts at (g + 8 (k & 1), 2t + 8 (k >> 1)),
+/// transposed for col_l; pairs run along rows for row_l, down columns for col_l). On the GPU
+/// the dumps then tie the hardware, the Rust lane maps and tile.cuh together.
+#[test]
+fn expected_dumps_agree_with_tile_cuh_layout() {
+    for entry in FRAGMENTS.entries {
+        let col = entry.contains("_col_");
+        let mut from_tile_cuh = vec![f64::NAN; 256];
+        for lane in 0..32 {
+            let (g, t) = (lane / 4, lane % 4);
+            for reg in 0..4 {
+                let (r, c) = (g + 8 * (reg & 1), 2 * t + 8 * (reg >> 1));
+                let (r, c) = if col { (c, r) } else { (r, c) };
+                for p in 0..2 {
+                    let (rp, cp) = if col { (r + p, c) } else { (r, c + p) };
+                    from_tile_cuh[lane * 8 + 2 * reg + p] = (16 * rp + cp) as f64;
+                }
+            }
+        }
+        let want = expected_dump(entry);
+        let mut covered = [false; 256];
+        for (i, v) in want {
+            assert_eq!(v, from_tile_cuh[i], "{entry}: dump slot {i}");
+            covered[i] = true;
+        }
+        assert!(covered.iter().all(|&c| c), "{entry}: every slot is checked");
+    }
+}
+
 #[test]
 fn fragments_match_lane_maps() {
     let Some(dev) = cuda("fragments_match_lane_maps") else {
