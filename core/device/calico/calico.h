@@ -6,6 +6,7 @@
 //   CALICO_LANES                      lanes per warp/wavefront (macro)
 //   CALICO_DEVICE                     inline device function qualifier (macro)
 //   CALICO_KERNEL                     extern "C" __global__ (macro)
+//   CALICO_MAX_THREADS(n)             the block size a kernel is launched with, at most (macro)
 //   types bf16, f16                   16-bit floats usable in device code (global namespace)
 //   float to_float(bf16|f16|float)    widen to f32
 //   template<class T> T from_float(float)   round-to-nearest-even narrowing

@@ -5,7 +5,7 @@
 // minimum number of bytes. Rows too long for registers (STREAMING=1) are re-read from memory
 // (L2 usually), one pass per statistic.
 //
-// Defines: ELEM (the element type, aliased T below) (bf16|f16|float), VEC (elements per access), NV (vectors per thread), STREAMING,
+// Defines: THREADS (block size), ELEM (the element type, aliased T below) (bf16|f16|float), VEC (elements per access), NV (vectors per thread), STREAMING,
 // LAYER (0 = RMSNorm, 1 = LayerNorm), HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS.
 #include "calico/calico.h"
 
@@ -67,7 +67,7 @@ CALICO_DEVICE void write_output(const float (&v)[VEC], const NormArgs& a, long l
     store_vec<VEC>(a.y + row * a.y_stride + c, out);
 }
 
-CALICO_KERNEL void calico_norm(const T* x, long long x_stride, const T* residual, long long residual_stride,
+CALICO_KERNEL CALICO_MAX_THREADS(THREADS) void calico_norm(const T* x, long long x_stride, const T* residual, long long residual_stride,
                                const T* weight, const T* bias, T* y, long long y_stride, T* sum, long long sum_stride,
                                long long rows, long long cols, float eps) {
     const NormArgs a{x, x_stride, residual, residual_stride, weight, bias, y, y_stride, sum, sum_stride};

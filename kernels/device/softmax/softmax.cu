@@ -2,7 +2,7 @@
 //
 // Same shape as the norm kernel: one block per row, the row held in registers (NV vectors of
 // VEC per thread) so it is read once and written once; STREAMING=1 re-reads long rows.
-// Defines: ELEM (the element type, aliased T below), VEC, NV, STREAMING.
+// Defines: THREADS (block size), ELEM (the element type, aliased T below), VEC, NV, STREAMING.
 #include "calico/calico.h"
 
 using namespace calico;
@@ -23,7 +23,7 @@ CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
     else store_float<T, N>(p, v);
 }
 
-CALICO_KERNEL void calico_softmax(const T* x, long long x_stride, T* y, long long y_stride, long long rows, long long cols) {
+CALICO_KERNEL CALICO_MAX_THREADS(THREADS) void calico_softmax(const T* x, long long x_stride, T* y, long long y_stride, long long rows, long long cols) {
     __shared__ float scratch[32];
     const long long step = (long long)VEC * block_dim_x();
     for (long long row = block_x(); row < rows; row += grid_dim_x()) {

@@ -15,6 +15,9 @@ pub(crate) struct RowPlan {
 const MAX_VECTORS: usize = 8;
 /// Vectors per thread aimed for: enough bytes in flight per thread, enough threads per row.
 const TARGET_VECTORS: usize = 4;
+/// Largest block that keeps rows in registers: 512 threads leave each up to 128 registers
+/// (1024 would cap them at 64 and fail to launch the LayerNorm variants that need more).
+const MAX_REGISTER_THREADS: usize = 512;
 
 pub(crate) fn plan(cols: usize, vec: usize, arch: &Arch) -> RowPlan {
     let lanes = arch.lanes.max(1) as usize;

@@ -248,6 +248,7 @@ impl NormVariant {
             ("ELEM", self.dtype.device_type().to_string()),
             ("VEC", self.vec.to_string()),
             ("NV", self.plan.vectors_per_thread.max(1).to_string()),
+            ("THREADS", self.plan.threads.to_string()),
             ("STREAMING", flag(self.plan.streaming)),
             ("LAYER", flag(self.layer)),
             ("HAS_RESIDUAL", flag(self.residual)),

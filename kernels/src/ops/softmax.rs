@@ -57,6 +57,7 @@ pub(crate) fn source(
         ("ELEM", dtype.device_type().to_string()),
         ("VEC", vec.to_string()),
         ("NV", plan.vectors_per_thread.max(1).to_string()),
+        ("THREADS", plan.threads.to_string()),
         (
             "STREAMING",
             if plan.streaming { "1" } else { "0" }.to_string(),
