@@ -23,16 +23,6 @@ struct NormArgs {
     T* sum; long long sum_stride;
 };
 
-template <int N>
-CALICO_DEVICE void load_vec(float (&v)[N], const T* p) {
-    if constexpr (N == 1) v[0] = to_float(*p);
-    else load_float<T, N>(v, p);
-}
-template <int N>
-CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
-    if constexpr (N == 1) *p = from_float<T>(v[0]);
-    else store_float<T, N>(p, v);
-}
 
 // Reads VEC elements of the (residual-added) row at column c. With a residual, the sum is
 // rounded to T first (it is what `sum` stores) and, when `write_sum`, stored.

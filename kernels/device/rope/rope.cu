@@ -12,16 +12,6 @@ using namespace calico;
 // ELEM, not T, comes in as a macro so that it cannot clash with template parameters.
 typedef ELEM T;
 
-template <int N>
-CALICO_DEVICE void load_vec(float (&v)[N], const T* p) {
-    if constexpr (N == 1) v[0] = to_float(*p);
-    else load_float<T, N>(v, p);
-}
-template <int N>
-CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
-    if constexpr (N == 1) *p = from_float<T>(v[0]);
-    else store_float<T, N>(p, v);
-}
 // N elements as N / W accesses of W elements (W divides N).
 template <int N, int W>
 CALICO_DEVICE void load_chunks(float (&v)[N], const T* p) {
@@ -42,11 +32,6 @@ CALICO_DEVICE void store_chunks(T* p, const float (&v)[N]) {
         for (int j = 0; j < W; ++j) part[j] = v[c * W + j];
         store_vec<W>(p + c * W, part);
     }
-}
-template <int N>
-CALICO_DEVICE void load_f32(float (&v)[N], const float* p) {
-    if constexpr (N == 1) v[0] = *p;
-    else load_float<float, N>(v, p);
 }
 
 struct RopeArgs {
@@ -75,8 +60,8 @@ CALICO_KERNEL void calico_rope(const T* x, long long xb, long long xs, long long
         T* yr = a.y + b * a.yb + s * a.ys + h * a.yh;
         const long long pos = a.pos_offset + s;
         float c[P], sn[P];
-        load_f32<P>(c, a.cos + pos * half + i0);
-        load_f32<P>(sn, a.sin + pos * half + i0);
+        load_vec<P>(c, a.cos + pos * half + i0);
+        load_vec<P>(sn, a.sin + pos * half + i0);
 #if HALF_SPLIT
         float lo[P], hi[P];
         load_chunks<P, XW>(lo, xr + i0);

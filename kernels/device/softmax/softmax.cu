@@ -12,16 +12,6 @@ typedef ELEM T;
 
 #define LOG2E 1.4426950408889634f
 
-template <int N>
-CALICO_DEVICE void load_vec(float (&v)[N], const T* p) {
-    if constexpr (N == 1) v[0] = to_float(*p);
-    else load_float<T, N>(v, p);
-}
-template <int N>
-CALICO_DEVICE void store_vec(T* p, const float (&v)[N]) {
-    if constexpr (N == 1) *p = from_float<T>(v[0]);
-    else store_float<T, N>(p, v);
-}
 
 CALICO_KERNEL CALICO_MAX_THREADS(THREADS) void calico_softmax(const T* x, long long x_stride, T* y, long long y_stride, long long rows, long long cols) {
     __shared__ float scratch[32];
