@@ -1,11 +1,13 @@
 //! Matrix multiplication: `D = alpha * A @ B + beta * C (+ bias)`, then an optional epilogue.
 //!
 //! `ops::gemm` validates and describes the problem as a [`GemmProblem`]; the variant for the
-//! device is chosen here: Hopper (TMA + wgmma), sm_80 (mma.sync + cp.async), or the portable
-//! tile kernel (HIP and odd strides); the CPU backend has its own implementation.
+//! device is chosen here: skinny (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA +
+//! wgmma), sm_80 (mma.sync + cp.async), or the portable tile kernel (HIP and odd strides); the
+//! CPU backend has its own implementation.
 
 mod hopper;
 mod portable;
+mod skinny;
 mod sm80;
 
 use crate::ops_check as check;
@@ -132,7 +134,9 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
         .as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     let arch = gpu.arch();
-    if hopper::supports(arch, p) {
+    if skinny::supports(arch, p) {
+        skinny::launch(gpu, p)
+    } else if hopper::supports(arch, p) {
         hopper::launch(gpu, p)
     } else if sm80::supports(arch, p) {
         sm80::launch(gpu, p)
@@ -275,7 +279,7 @@ pub(crate) fn catalog(
     arch: &calico_core::Arch,
     vendor: calico_core::HeaderSet,
 ) -> Result<Vec<crate::catalog::CatalogEntry>> {
-    let mut out = Vec::new();
+    let mut out = skinny::catalog(arch, vendor)?;
     if arch.has_mma(calico_core::MmaKind::Wgmma, DType::BF16) && arch.target.ends_with('a') {
         out.extend(hopper::catalog(vendor)?);
     }

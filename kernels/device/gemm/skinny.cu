@@ -1,0 +1,284 @@
+// Skinny GEMM (LLM decode, sm_90): D[M, N] = act(alpha * A[M, K] @ W[N, K]^T + beta * C + bias)
+// for M <= 64, with B given as a K-major weight W (row-major N x K, K contiguous).
+//
+// Why a separate kernel. With M <= 64 the work is reading W once (N * K * 2 bytes, 32 MiB for
+// 4096 x 4096: 11 us at 3 TB/s); the FLOPs are nothing. The Hopper wgmma kernel keeps one
+// CTA per SM and walks 64 K steps per tile, each a full mbarrier round trip, so it is
+// latency-bound. Here the K dimension is split across the CTAs of a thread-block cluster:
+//
+//   * grid = (SPLIT, ceil(N / 64)), cluster = (SPLIT, 1, 1): cluster y owns columns
+//     [64 y, 64 y + 64) and its CTA x (= cluster rank) the K tiles [x * per, (x + 1) * per).
+//     For 4096 x 4096 that is 64 clusters x 8 = 512 CTAs, ~4 per SM, all resident at once
+//     (<= 48 KiB of shared memory and <= 128 registers per thread for 128 threads).
+//   * Each CTA streams its W slab (64 rows x K/SPLIT) and the matching A[0:M, k] (tiny,
+//     L2-resident) with 16-byte cp.async through a STAGES-deep ring of 64-wide K tiles;
+//     ~3 tiles of 8 KiB are in flight per CTA, ~100 KiB per SM, far more than the ~30 KiB
+//     that Little's law asks for at full HBM bandwidth.
+//   * 4 warps, each 16 columns x all M rows (MT m16 tiles): mma.sync m16n8k16, f32
+//     accumulators, fragments by ldmatrix from XOR-swizzled 128-byte rows (conflict free).
+//     Rows of A at or past M, columns of W past N and K past the end are zero-filled by
+//     cp.async (src-size 0 or the bytes left), so any M, N, K is exact.
+//   * The split-K partials are reduced through distributed shared memory instead of a
+//     global workspace and a second kernel: each CTA parks its MP x 64 f32 partial tile in its
+//     own shared memory, the cluster synchronises, and CTA r sums quads of 4 columns
+//     (r*128 + tid, strided by SPLIT*128) over ranks 0..SPLIT-1 in rank order (deterministic,
+//     independent of which CTA does it), applies the shared epilogue (gemm/epilogue.cuh) and
+//     writes D with any strides. C is read only when CALICO_GEMM_HAS_C; each element of C is
+//     read by the thread that then writes that element of D, so C may alias D.
+//   No workspace, one launch: the price is sm_90 clusters (SPLIT <= 8, the portable limit).
+//
+// Defines:
+//   CALICO_GEMM_IN         bf16 | f16
+//   CALICO_GEMM_OUT        bf16 | f16 | float
+//   CALICO_SKINNY_MT       m16 tiles of A rows: 1, 2 or 4 (M <= 16, 32, 64)
+//   CALICO_SKINNY_STAGES   pipeline depth, 2..6
+//   CALICO_SKINNY_SPLIT    CTAs per cluster splitting K: 1, 2, 4 or 8
+//   and the epilogue defines of gemm/epilogue.cuh.
+// Dynamic shared memory: STAGES * (MT * 16 + 64) * 128 bytes.
+#include "calico/calico.h"
+#include "calico/cluster.cuh"
+#include "gemm/epilogue.cuh"
+#include "gemm/sm80_helpers.cuh"
+
+#ifndef CALICO_GEMM_IN
+#define CALICO_GEMM_IN bf16
+#endif
+#ifndef CALICO_GEMM_OUT
+#define CALICO_GEMM_OUT bf16
+#endif
+#ifndef CALICO_SKINNY_MT
+#define CALICO_SKINNY_MT 1
+#endif
+#ifndef CALICO_SKINNY_STAGES
+#define CALICO_SKINNY_STAGES 4
+#endif
+#ifndef CALICO_SKINNY_SPLIT
+#define CALICO_SKINNY_SPLIT 8
+#endif
+
+namespace calico {
+namespace gemm_skinny {
+
+using In = CALICO_GEMM_IN;
+using Out = CALICO_GEMM_OUT;
+typedef long long i64;
+
+constexpr int MT = CALICO_SKINNY_MT;
+constexpr int MP = MT * 16;  // A rows held (zero past M)
+constexpr int BN = 64;
+constexpr int BK = 64;  // one 128-byte row of 16-bit elements per stage
+constexpr int THREADS = 128;
+constexpr int WARP_N = BN / (THREADS / 32);  // 16 columns per warp
+constexpr int STAGES = CALICO_SKINNY_STAGES;
+constexpr int SPLIT = CALICO_SKINNY_SPLIT;
+constexpr int CHUNK = 8;                 // elements per 16-byte chunk
+constexpr int ROW_CHUNKS = BK / CHUNK;  // 8
+constexpr int A_BYTES = MP * BK * 2;
+constexpr int W_BYTES = BN * BK * 2;
+constexpr int STAGE_BYTES = A_BYTES + W_BYTES;
+constexpr int A_CHUNKS = MP * ROW_CHUNKS / THREADS;  // per thread per stage: 1, 2 or 4
+constexpr int W_CHUNKS = BN * ROW_CHUNKS / THREADS;  // 4
+// The partial tile: MP x 64 f32 with a pitch of 72 floats, so the 8-byte fragment stores of a
+// half-warp hit distinct banks and every row starts 16-byte aligned (for v4 remote loads).
+constexpr int OUT_PITCH = BN + 8;
+constexpr int QUADS_PER_ROW = BN / 4;
+
+static_assert(MT == 1 || MT == 2 || MT == 4, "CALICO_SKINNY_MT must be 1, 2 or 4");
+static_assert(STAGES >= 2 && STAGES <= 6, "CALICO_SKINNY_STAGES must be 2..6");
+static_assert(SPLIT == 1 || SPLIT == 2 || SPLIT == 4 || SPLIT == 8, "CALICO_SKINNY_SPLIT must be 1, 2, 4 or 8");
+static_assert(MP * OUT_PITCH * 4 <= STAGES * STAGE_BYTES, "the partial tile must fit in the pipeline's memory");
+static_assert(A_CHUNKS * THREADS == MP * ROW_CHUNKS && W_CHUNKS * THREADS == BN * ROW_CHUNKS, "whole chunks per thread");
+static_assert(sizeof(In) == 2, "16-bit inputs only");
+
+// Byte offset of 16-byte chunk `c` (0..7) of row `r` in a tile of 128-byte rows; the chunk is
+// XOR-ed with the row's low 3 bits, so the 8 rows one ldmatrix matrix reads (same logical
+// chunk) sit in 8 different 16-byte bank groups.
+CALICO_DEVICE unsigned swz(int r, int c) { return unsigned(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// Bytes of a 16-byte chunk that lie inside a run of `left` elements (0..16).
+CALICO_DEVICE int chunk_bytes(i64 left) { return int(left <= 0 ? 0 : (left >= CHUNK ? CHUNK : left)) * 2; }
+
+// Four consecutive floats of shared::cluster memory (another CTA's, or this one's).
+CALICO_DEVICE void ld_cluster_v4(float (&v)[4], unsigned addr) {
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// One CTA: the partial product of columns [n0, n0 + 64) over K tiles [t0, t1), reduced across
+// the cluster and finished into D.
+CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict__ w, i64 w_rs,
+                       const Out* c, i64 c_rs, i64 c_cs, Out* d, i64 d_rs, i64 d_cs,
+                       const Out* __restrict__ bias, i64 m, i64 n, i64 k, float alpha, float beta,
+                       unsigned char* smem) {
+    const int tid = int(thread_x());
+    const int lane = tid % 32;
+    const int warp = tid / 32;
+    const int rank = int(block_x());  // == %cluster_ctarank: the grid is one cluster wide
+    const i64 n0 = i64(block_y()) * BN;
+    const unsigned base = sm80::smem_addr(smem);
+
+    const i64 k_tiles = (k + BK - 1) / BK;
+    const i64 per = (k_tiles + SPLIT - 1) / SPLIT;
+    const i64 t0 = rank * per;
+    const i64 t1 = t0 + per < k_tiles ? t0 + per : k_tiles;
+    const int nt = t1 > t0 ? int(t1 - t0) : 0;
+
+    // This thread's chunks: fixed rows, chunk positions and shared offsets; only the K offset
+    // moves. Chunk i of a stage is (row id / 8, chunk id % 8) with id = tid + i * THREADS, so
+    // 8 consecutive threads copy one contiguous 128-byte row segment.
+    const In* a_row[A_CHUNKS];
+    bool a_in[A_CHUNKS];
+    const In* w_row[W_CHUNKS];
+    bool w_in[W_CHUNKS];
+    const int kc = (tid % ROW_CHUNKS) * CHUNK;  // the same K offset for every chunk of the thread
+#pragma unroll
+    for (int i = 0; i < A_CHUNKS; ++i) {
+        const int r = (tid + i * THREADS) / ROW_CHUNKS;
+        a_in[i] = r < m;
+        a_row[i] = a + (a_in[i] ? i64(r) * a_rs : 0) + kc;
+    }
+#pragma unroll
+    for (int i = 0; i < W_CHUNKS; ++i) {
+        const int r = (tid + i * THREADS) / ROW_CHUNKS;
+        w_in[i] = n0 + r < n;
+        w_row[i] = w + (w_in[i] ? (n0 + r) * w_rs : 0) + kc;
+    }
+    const int c_log = tid % ROW_CHUNKS;
+
+    // Copies K tile t0 + j into stage j % STAGES. Out-of-range chunks read nothing (from a
+    // valid address) and land as zeros.
+    auto issue = [&](int j) {
+        const unsigned st = base + unsigned(j % STAGES) * STAGE_BYTES;
+        const i64 k0 = (t0 + j) * BK;
+        const int bytes_k = chunk_bytes(k - k0 - kc);
+#pragma unroll
+        for (int i = 0; i < A_CHUNKS; ++i) {
+            const int r = (tid + i * THREADS) / ROW_CHUNKS;
+            const int bytes = a_in[i] ? bytes_k : 0;
+            sm80::cp_async_16(st + swz(r, c_log), bytes ? a_row[i] + k0 : a, bytes);
+        }
+#pragma unroll
+        for (int i = 0; i < W_CHUNKS; ++i) {
+            const int r = (tid + i * THREADS) / ROW_CHUNKS;
+            const int bytes = w_in[i] ? bytes_k : 0;
+            sm80::cp_async_16(st + A_BYTES + swz(r, c_log), bytes ? w_row[i] + k0 : w, bytes);
+        }
+    };
+
+    float acc[MT][2][4];
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    // Prologue: STAGES - 1 tiles in flight; every slot commits a group (maybe empty) so the
+    // wait counts stay uniform.
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < nt) issue(s);
+        sm80::cp_async_commit();
+    }
+    for (int j = 0; j < nt; ++j) {
+        sm80::cp_async_wait<STAGES - 2>();
+        // Tile j has landed for every thread, and every warp is done with tile j - 1, whose
+        // stage the next copy reuses.
+        sync_threads();
+        if (j + STAGES - 1 < nt) issue(j + STAGES - 1);
+        sm80::cp_async_commit();
+        const unsigned st = base + unsigned(j % STAGES) * STAGE_BYTES;
+        const unsigned sw = st + A_BYTES;
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk) {
+            // W: one x4 = (n tile 0, k 0-7), (0, k 8-15), (n tile 1, k 0-7), (1, k 8-15).
+            unsigned bw[4];
+            {
+                const int r = warp * WARP_N + (lane & 7) + (lane >> 4) * 8;
+                const int cc = kk * 2 + ((lane >> 3) & 1);
+                sm80::ldmatrix_x4(bw, sw + swz(r, cc));
+            }
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                // A: (rows 0-7 | 8-15) x (k 0-7 | 8-15) -> a0..a3 of the m16n8k16 A fragment.
+                unsigned af[4];
+                const int r = mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+                const int cc = kk * 2 + (lane >> 4);
+                sm80::ldmatrix_x4(af, st + swz(r, cc));
+                sm80::mma_16816<In>(acc[mi][0], af, bw[0], bw[1]);
+                sm80::mma_16816<In>(acc[mi][1], af, bw[2], bw[3]);
+            }
+        }
+    }
+    sm80::cp_async_wait<0>();
+    // Every warp is done reading the stages the partial tile overwrites.
+    sync_threads();
+
+    // Park the partial tile: accumulator (mi, ni) holds e0, e1 at row g, columns 2 t4 and + 1,
+    // and e2, e3 at row g + 8.
+    float* part = reinterpret_cast<float*>(smem);
+    {
+        const int g = lane / 4;
+        const int t4 = lane % 4;
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi)
+#pragma unroll
+            for (int ni = 0; ni < 2; ++ni)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    vec<float, 2> v2;
+                    v2.v[0] = acc[mi][ni][2 * e];
+                    v2.v[1] = acc[mi][ni][2 * e + 1];
+                    const int r = mi * 16 + e * 8 + g;
+                    const int cl = warp * WARP_N + ni * 8 + t4 * 2;
+                    *reinterpret_cast<vec<float, 2>*>(&part[r * OUT_PITCH + cl]) = v2;
+                }
+    }
+    // Release this CTA's partial tile to the cluster and acquire the others'.
+    cluster::sync();
+
+    // Quads of 4 columns: rows 0..M-1 x 16 quads, split round-robin over the cluster's CTAs.
+    const int rows = m < MP ? int(m) : MP;
+    const int quads = rows * QUADS_PER_ROW;
+    for (int q = rank * THREADS + tid; q < quads; q += SPLIT * THREADS) {
+        const int r = q / QUADS_PER_ROW;
+        const int cl = (q % QUADS_PER_ROW) * 4;
+        const unsigned local = base + unsigned((r * OUT_PITCH + cl) * 4);
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int s = 0; s < SPLIT; ++s) {
+            float v[4];
+            ld_cluster_v4(v, cluster::map_shared(local, unsigned(s)));
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sum[e] += v[e];
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const i64 col = n0 + cl + e;
+            if (col < n) {
+                const Out* c_at = CALICO_GEMM_HAS_C ? c + r * c_rs + col * c_cs : nullptr;
+                const Out* bias_at = CALICO_GEMM_HAS_BIAS ? bias + col : nullptr;
+                d[r * d_rs + col * d_cs] = gemm::finish<Out>(sum[e], alpha, beta, c_at, bias_at);
+            }
+        }
+    }
+    // No CTA may exit (freeing its shared memory) while another can still read it.
+    cluster::sync();
+}
+
+}  // namespace gemm_skinny
+}  // namespace calico
+
+// Strides in elements. A is M x K with K contiguous (a_rs: its row stride); W is the N x K
+// weight with K contiguous (w_rs: its row stride, i.e. B's column stride); C and D take any
+// strides. A, W and their row strides must be 16-byte aligned. Grid (SPLIT, ceil(N / 64)).
+CALICO_KERNEL void __cluster_dims__(CALICO_SKINNY_SPLIT, 1, 1) __launch_bounds__(128, 4) calico_gemm_skinny(
+    const CALICO_GEMM_IN* __restrict__ a, long long a_rs, const CALICO_GEMM_IN* __restrict__ w, long long w_rs,
+    const CALICO_GEMM_OUT* c, long long c_rs, long long c_cs, CALICO_GEMM_OUT* d, long long d_rs, long long d_cs,
+    const CALICO_GEMM_OUT* __restrict__ bias, long long m, long long n, long long k, float alpha, float beta) {
+    extern __shared__ __align__(128) unsigned char calico_gemm_smem[];
+    calico::gemm_skinny::run(a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k, alpha, beta,
+                             calico_gemm_smem);
+}

@@ -1,0 +1,325 @@
+//! The skinny GEMM (`kernels/device/gemm/skinny.cu`): LLM decode shapes, M <= 64 against a
+//! K-major weight, on sm_90. K is split across the CTAs of a thread-block cluster (so that
+//! there are ~4 CTAs per SM streaming the weight) and the partials are summed in a fixed order
+//! through distributed shared memory: no workspace, one launch, deterministic results.
+//! `CALICO_SKINNY=off` disables the path (A/B runs).
+
+use super::portable::GEMM_HEADERS;
+use super::{Epilogue, GemmProblem};
+use crate::catalog::CatalogEntry;
+use calico_core::{
+    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, LaunchConfig,
+    MmaKind, Result, Vendor,
+};
+
+const SOURCE: &str = include_str!("../../device/gemm/skinny.cu");
+const ENTRY: &str = "calico_gemm_skinny";
+/// The inline-PTX helpers shared with the sm_80 kernel (cp.async, ldmatrix, mma.sync).
+const HELPERS: HeaderSet = &[(
+    "gemm/sm80_helpers.cuh",
+    include_str!("../../device/gemm/sm80_helpers.cuh"),
+)];
+const THREADS: u32 = 128;
+/// Output columns per cluster.
+const BN: usize = 64;
+/// K per pipeline stage.
+const BK: usize = 64;
+/// The largest M the kernel takes (four m16 tiles of A rows).
+pub(crate) const MAX_M: usize = 64;
+/// The portable cluster size limit.
+const MAX_SPLIT: usize = 8;
+/// CTAs per SM the split aims for (the kernel's launch bounds allow four).
+const CTAS_PER_SM: usize = 4;
+/// Fewest K tiles per split worth a CTA of its own.
+const MIN_TILES_PER_SPLIT: usize = 4;
+const MAX_GRID_Y: usize = 65_535;
+
+/// One compiled form of the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Variant {
+    pub in_dtype: DType,
+    pub out_dtype: DType,
+    /// m16 tiles of A rows: 1, 2 or 4.
+    pub mt: usize,
+    /// CTAs per cluster splitting K: 1, 2, 4 or 8.
+    pub split: usize,
+    pub epilogue: Epilogue,
+    pub has_c: bool,
+    pub has_bias: bool,
+}
+
+impl Variant {
+    /// Pipeline depth: at most 48 KiB of shared memory, so four CTAs fit on an SM.
+    fn stages(self) -> usize {
+        match self.mt {
+            1 | 2 => 4,
+            _ => 3,
+        }
+    }
+
+    fn smem_bytes(self) -> u32 {
+        (self.stages() * (self.mt * 16 + BN) * BK * 2) as u32
+    }
+
+    fn defines(self) -> Vec<(&'static str, String)> {
+        vec![
+            ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
+            ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
+            ("CALICO_SKINNY_MT", self.mt.to_string()),
+            ("CALICO_SKINNY_STAGES", self.stages().to_string()),
+            ("CALICO_SKINNY_SPLIT", self.split.to_string()),
+            ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
+            ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
+            ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
+        ]
+    }
+
+    fn source(self, vendor: HeaderSet) -> Result<KernelSource> {
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS, HELPERS];
+        KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
+    }
+}
+
+/// False when `CALICO_SKINNY=off` (or `0`, `false`, `no`).
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        std::env::var("CALICO_SKINNY").map_or(true, |v| {
+            !matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "off" | "0" | "false" | "no"
+            )
+        })
+    })
+}
+
+/// NVIDIA with mma.sync for `dtype` and thread-block clusters (sm_90: TMA-capable parts).
+fn arch_ok(arch: &Arch, dtype: DType) -> bool {
+    arch.vendor == Vendor::Nvidia
+        && arch.has_mma(MmaKind::MmaSync, dtype)
+        && arch.has_async_copy(AsyncCopy::CpAsync)
+        && arch.has_async_copy(AsyncCopy::Tma)
+}
+
+/// A stride between 16-byte aligned rows (8 elements), or one that is never used.
+fn row_stride_ok(stride: usize, extent: usize) -> bool {
+    extent <= 1 || stride % 8 == 0
+}
+
+/// True when the skinny kernel can run `p` on `arch`: sm_90, one matrix, 1 <= M <= 64, 16-bit
+/// inputs, A with K contiguous and B a K-major weight (K contiguous), both with 16-byte aligned
+/// bases and rows; C, D and bias take any strides.
+pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
+    let dtypes = matches!(p.in_dtype, DType::BF16 | DType::F16)
+        && matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32);
+    let shape = p.batch == 1
+        && (1..=MAX_M).contains(&p.m)
+        && p.n >= 1
+        && p.n.div_ceil(BN) <= MAX_GRID_Y
+        && i64::try_from(p.k).is_ok();
+    let a = &p.a;
+    let a_ok =
+        (a.col_stride == 1 || p.k <= 1) && row_stride_ok(a.row_stride, p.m) && a.ptr % 16 == 0;
+    let b = &p.b;
+    // B is K x N with K contiguous: row n of the weight starts at n * col_stride.
+    let b_ok =
+        (b.row_stride == 1 || p.k <= 1) && row_stride_ok(b.col_stride, p.n) && b.ptr % 16 == 0;
+    enabled() && arch_ok(arch, p.in_dtype) && dtypes && shape && a_ok && b_ok
+}
+
+/// CTAs per cluster: the fewest (a power of two up to 8) that give every SM ~4 CTAs, as long
+/// as each split keeps at least a few K tiles.
+fn split(arch: &Arch, p: &GemmProblem) -> usize {
+    let target = CTAS_PER_SM * arch.compute_units.max(1) as usize;
+    let col_blocks = p.n.div_ceil(BN);
+    let k_tiles = p.k.div_ceil(BK);
+    let mut s = 1;
+    while s < MAX_SPLIT && col_blocks * s < target && k_tiles >= 2 * s * MIN_TILES_PER_SPLIT {
+        s *= 2;
+    }
+    s
+}
+
+/// The variant for `p` (call only when [`supports`] is true).
+fn variant(arch: &Arch, p: &GemmProblem) -> Variant {
+    Variant {
+        in_dtype: p.in_dtype,
+        out_dtype: p.out_dtype,
+        mt: match p.m {
+            0..=16 => 1,
+            17..=32 => 2,
+            _ => 4,
+        },
+        split: split(arch, p),
+        epilogue: p.epilogue,
+        has_c: p.c.is_some() && p.beta != 0.0,
+        has_bias: p.bias.is_some(),
+    }
+}
+
+fn as_i64(v: usize, what: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| {
+        Error::unsupported(format!("GEMM {what} = {v} exceeds the 64-bit signed range"))
+    })
+}
+
+/// The kernel's arguments: a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k,
+/// alpha, beta (strides in elements).
+fn args(p: &GemmProblem, has_c: bool) -> Result<Vec<KernelArg>> {
+    let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {
+        Some(c) => (c.ptr, c.row_stride, c.col_stride),
+        None => (0, 0, 0),
+    };
+    Ok(vec![
+        KernelArg::Ptr(p.a.ptr),
+        KernelArg::I64(as_i64(p.a.row_stride, "A row stride")?),
+        KernelArg::Ptr(p.b.ptr),
+        KernelArg::I64(as_i64(p.b.col_stride, "B column stride")?),
+        KernelArg::Ptr(c_ptr),
+        KernelArg::I64(as_i64(c_rs, "C row stride")?),
+        KernelArg::I64(as_i64(c_cs, "C column stride")?),
+        KernelArg::Ptr(p.d.ptr),
+        KernelArg::I64(as_i64(p.d.row_stride, "D row stride")?),
+        KernelArg::I64(as_i64(p.d.col_stride, "D column stride")?),
+        KernelArg::Ptr(p.bias.unwrap_or(0)),
+        KernelArg::I64(as_i64(p.m, "M")?),
+        KernelArg::I64(as_i64(p.n, "N")?),
+        KernelArg::I64(as_i64(p.k, "K")?),
+        KernelArg::F32(p.alpha),
+        KernelArg::F32(p.beta),
+    ])
+}
+
+/// Launches the skinny GEMM for `p`.
+pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
+    let arch = gpu.arch();
+    if !supports(arch, p) {
+        return Err(Error::unsupported(format!(
+            "the skinny GEMM does not support this problem on {}",
+            arch.target
+        )));
+    }
+    let v = variant(arch, p);
+    let config = LaunchConfig {
+        grid: (v.split as u32, p.n.div_ceil(BN) as u32, 1),
+        block: (THREADS, 1, 1),
+        shared_mem_bytes: v.smem_bytes(),
+    };
+    let args = args(p, v.has_c)?;
+    gpu.launch(&v.source(gpu.vendor_headers())?, &config, &args)
+}
+
+/// Representative variants (every M tiling and split), for `calico compile` and the offline
+/// compile checks; only for targets with clusters.
+pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
+    if !arch_ok(arch, DType::BF16) {
+        return Ok(Vec::new());
+    }
+    let shapes = [
+        (DType::BF16, DType::BF16, 1, 8, Epilogue::None, false, false),
+        (DType::F16, DType::F16, 2, 4, Epilogue::Gelu, true, false),
+        (DType::BF16, DType::F32, 4, 8, Epilogue::Silu, false, true),
+        (DType::F16, DType::BF16, 4, 2, Epilogue::None, true, true),
+        (DType::BF16, DType::BF16, 1, 1, Epilogue::Gelu, false, true),
+    ];
+    let mut out = Vec::new();
+    for (in_dtype, out_dtype, mt, split, epilogue, has_c, has_bias) in shapes {
+        let v = Variant {
+            in_dtype,
+            out_dtype,
+            mt,
+            split,
+            epilogue,
+            has_c,
+            has_bias,
+        };
+        out.push(CatalogEntry {
+            op: "gemm",
+            label: format!(
+                "skinny {in_dtype}->{out_dtype} m{} split{split} {epilogue:?}",
+                mt * 16
+            ),
+            source: v.source(vendor)?,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::portable::tests::problem;
+
+    fn h100() -> Arch {
+        Arch::for_target("sm_90a").unwrap()
+    }
+
+    #[test]
+    fn decode_shapes_are_taken_with_four_ctas_per_sm() {
+        let p = problem(16, 4096, 4096, true);
+        assert!(supports(&h100(), &p));
+        let v = variant(&h100(), &p);
+        assert_eq!((v.mt, v.split), (1, 8));
+        assert_eq!(v.smem_bytes(), 40 * 1024);
+        let v = variant(&h100(), &problem(64, 4096, 4096, true));
+        assert_eq!((v.mt, v.split, v.smem_bytes()), (4, 8, 48 * 1024));
+        assert_eq!(variant(&h100(), &problem(33, 11008, 4096, true)).split, 4);
+        assert_eq!(variant(&h100(), &problem(1, 64, 64, true)).split, 1);
+        assert!(supports(&h100(), &problem(1, 1, 1, true)));
+    }
+
+    #[test]
+    fn other_problems_are_declined() {
+        assert!(!supports(&h100(), &problem(65, 4096, 4096, true)));
+        assert!(!supports(&h100(), &problem(16, 4096, 4096, false)));
+        assert!(!supports(
+            &Arch::for_target("sm_80").unwrap(),
+            &problem(16, 64, 64, true)
+        ));
+        assert!(!supports(
+            &Arch::for_target("gfx942").unwrap(),
+            &problem(16, 64, 64, true)
+        ));
+        let mut p = problem(16, 64, 100, true);
+        p.b.col_stride = 100; // weight rows not 16-byte aligned
+        p.a.row_stride = 104;
+        assert!(!supports(&h100(), &p));
+        let mut p = problem(16, 64, 64, true);
+        p.batch = 2;
+        assert!(!supports(&h100(), &p));
+        let mut p = problem(16, 64, 64, true);
+        p.a.ptr += 8;
+        assert!(!supports(&h100(), &p));
+    }
+
+    #[test]
+    fn args_follow_the_kernel_signature() {
+        let mut p = problem(10, 20, 32, true);
+        p.c = Some(p.d);
+        p.beta = 0.5;
+        let a = args(&p, true).unwrap();
+        assert_eq!(a.len(), 16);
+        assert_eq!(a[1], KernelArg::I64(32));
+        assert_eq!(a[3], KernelArg::I64(32));
+        assert_eq!(a[4], KernelArg::Ptr(3 << 20));
+        assert_eq!(a[11], KernelArg::I64(10));
+        assert_eq!(a[15], KernelArg::F32(0.5));
+        assert_eq!(args(&p, false).unwrap()[4], KernelArg::Ptr(0));
+    }
+
+    #[test]
+    fn sources_assemble() {
+        let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
+        assert_eq!(entries.len(), 5);
+        assert!(entries[0]
+            .source
+            .text
+            .contains("#define CALICO_SKINNY_MT 1\n"));
+        assert!(catalog(
+            &Arch::for_target("sm_80").unwrap(),
+            calico_cuda::device_headers()
+        )
+        .unwrap()
+        .is_empty());
+    }
+}
