@@ -202,6 +202,39 @@ pub fn encode_tiled_3d(
     .encode()
 }
 
+/// Checks the coordinates of one copy (innermost first, in elements) against the rules the
+/// hardware enforces by faulting (`CUDA_ERROR_ILLEGAL_INSTRUCTION` at the `UTMALDG`/`UTMASTG`,
+/// which poisons the context) rather than by clipping:
+///
+/// - the innermost coordinate must fall on a 16-byte boundary (coordinate x element size a
+///   multiple of 16), for loads and stores;
+/// - a store box may hang past the end of the tensor (those elements are not written) but must
+///   not start before it: every store coordinate must be non-negative. Loads may start before
+///   the tensor (the elements outside read as zero).
+///
+/// Kernels compute their coordinates on the device (see tma.cuh's `tma::store_coords_ok`);
+/// hosts that pick the origins use this to refuse, or to predict, the boxes that cannot be
+/// copied.
+pub fn check_coords(dtype: DType, coords: &[i64], store: bool) -> Result<()> {
+    let elem = dtype.size_bytes() as i64;
+    if let Some(&c0) = coords.first() {
+        if (c0 * elem) % 16 != 0 {
+            return Err(Error::Alignment(format!(
+                "TMA innermost coordinate {c0} is {} bytes from the tensor start; it must be a multiple of 16",
+                c0 * elem
+            )));
+        }
+    }
+    if store {
+        if let Some((i, &c)) = coords.iter().enumerate().find(|&(_, &c)| c < 0) {
+            return Err(Error::unsupported(format!(
+                "TMA store coordinate {i} is {c}; a store box may not start before the tensor"
+            )));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -273,5 +306,23 @@ mod tests {
             .validate(),
             Err(Error::Shape(_))
         ));
+    }
+
+    #[test]
+    fn coordinates_innermost_16_byte_aligned_and_stores_not_before_the_tensor() {
+        assert!(check_coords(DType::BF16, &[8, -3], false).is_ok());
+        assert!(check_coords(DType::BF16, &[-8, 5], false).is_ok());
+        assert!(matches!(
+            check_coords(DType::BF16, &[4, 8], false),
+            Err(Error::Alignment(_))
+        ));
+        assert!(matches!(
+            check_coords(DType::F32, &[2, 0], true),
+            Err(Error::Alignment(_))
+        ));
+        assert!(check_coords(DType::BF16, &[8, 3, 0], true).is_ok());
+        assert!(check_coords(DType::BF16, &[-8, 3], true).is_err());
+        assert!(check_coords(DType::BF16, &[8, -3], true).is_err());
+        assert!(check_coords(DType::F32, &[0, 0, -1], true).is_err());
     }
 }

@@ -1362,142 +1362,296 @@ fn check_status(entry: &str, status: &[i32]) -> Result<(), String> {
     }
 }
 
-#[test]
-fn tma_load_store_with_partial_boxes() {
-    let Some(dev) = cuda("tma_load_store_with_partial_boxes") else {
+/// Where a TMA round trip puts its boxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Origin {
+    /// Boxes from element (0, 0): the last ones hang past the end of the tensor (loads read
+    /// zeros there, stores skip it).
+    Zero,
+    /// 2-D: boxes from a negative origin (columns, rows or both), so the first ones start
+    /// before the tensor. The loads read zeros there; the stores of those boxes are refused
+    /// (`tma::try_store_2d`: status -3) and their in-bounds part stays unwritten.
+    Before,
+    /// As `Before` but with the stores issued unchecked: the hardware faults.
+    BeforeUnchecked,
+}
+
+/// Runs `body` in a child process of its own (this test binary, filtered to `test`), so that a
+/// GPU fault, which poisons the CUDA context of the whole process, fails this test alone. The
+/// child's output is passed on; `expect_fault` inverts the verdict (the child must fail with an
+/// illegal instruction).
+fn isolated(test: &str, expect_fault: bool, body: impl FnOnce(&Device)) {
+    const CHILD: &str = "CALICO_TILES_ISOLATED";
+    let Some(dev) = cuda(test) else {
         return;
     };
-    if !hopper(dev, "tma_load_store_with_partial_boxes", "TMA") {
+    if !hopper(dev, test, "TMA") {
         return;
     }
+    if std::env::var(CHILD).as_deref() == Ok(test) {
+        body(dev);
+        return;
+    }
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let out = std::process::Command::new(exe)
+        .args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, test)
+        .output()
+        .expect("running the test binary for an isolated test");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = writeln!(std::io::stderr().lock(), "[{test}] child process:\n{text}");
+    let ran = text.contains("1 passed") || text.contains("1 failed");
+    assert!(ran, "{test}: the child process did not run the test");
+    if expect_fault {
+        let lower = text.to_lowercase();
+        assert!(
+            !out.status.success()
+                && (lower.contains("illegal_instruction") || lower.contains("illegal instruction")),
+            "{test}: expected the unchecked TMA store to fault with an illegal instruction; it did not"
+        );
+    } else {
+        assert!(out.status.success(), "{test} failed (output above)");
+    }
+}
+
+/// A TMA round trip through one `tiles_tma_*` entry, `cases` property cases (one fixed case
+/// for `BeforeUnchecked`).
+fn tma_round_trip(dev: &Device, test: &str, entry: &'static str, origin: Origin, cases: u32) {
+    assert!(TMA.entries.contains(&entry), "{entry} is not a TMA entry");
+    let three_d = entry.contains("_3d_");
+    assert!(
+        !(three_d && origin != Origin::Zero),
+        "{entry}: 3-D boxes are placed by tile coordinates (load_tma), never before the tensor"
+    );
     let strategy = (
-        0..TMA.entries.len(),
         (1usize..=3, 0usize..64),
         (1usize..=3, 0usize..128),
         1usize..=2,
         (0usize..=2, 0usize..=2),
-        (any::<bool>(), any::<bool>()),
+        1usize..=3,
         any::<u64>(),
     );
-    run_property(
-        "tma_load_store_with_partial_boxes",
-        16,
-        strategy,
-        |&(v, (tr, rr), (tc, rc), batch, (pad_in, pad_out), (shift_c, shift_r), seed)| {
-            let entry = TMA.entries[v];
-            let dtype = dtype_of(entry);
-            let elem = dtype.size_bytes();
-            let piece = 16 / elem;
-            let three_d = entry.contains("_3d_");
-            let shape = dims_of(entry);
-            let (tile_r, tile_c) = (shape[0], shape[1]);
-            let rows = extent(tr, rr, tile_r);
-            let cols = extent(tc, rc, tile_c);
-            let batch = if three_d { batch } else { 1 };
-            // Row strides must be multiples of 16 bytes; the padding holds junk the loads
-            // must not see (it would show in the dump instead of zeros).
-            let round_pad = div_up(cols, piece) * piece - cols;
-            let in_m = Mat::new(rows, cols, batch, round_pad + pad_in * piece, 3 * piece, 0);
-            let out_m = Mat::new(
-                rows,
-                cols,
-                batch,
-                round_pad + pad_out * piece,
-                piece,
-                2 * tile_c,
-            );
-            // Boxes may start before the tensor (2-D only; load_tma takes tile coordinates).
-            let col_origin = if shift_c && !three_d {
-                -(piece as i64)
-            } else {
-                0
-            };
-            let row_origin: i64 = if shift_r && !three_d { -3 } else { 0 };
-            let gx = div_up(cols + col_origin.unsigned_abs() as usize, tile_c);
-            let gy = div_up(rows + row_origin.unsigned_abs() as usize, tile_r);
-            let tiles = gx * gy * batch;
-            let mut rng = Rng::new(seed);
-            let in_buf = in_m.fill(777.0, |_, _, _| round(dtype, 4.0 * rng.normal()));
-            let src = Buf::upload(dev, dtype, &in_buf)?;
-            let dst = Buf::filled(dev, dtype, out_m.len, SENTINEL)?;
-            let dump = Buf::filled(dev, dtype, tiles * tile_r * tile_c, SENTINEL)?;
-            let status = Buf::ints(dev, tiles)?;
-            let map = |buf: &Buf, m: &Mat| {
-                let stride = (m.stride * elem) as u64;
-                if three_d {
-                    calico_cuda::tma::encode_tiled_3d(
-                        buf.addr(),
-                        dtype,
-                        [cols as u64, rows as u64, batch as u64],
-                        [stride, (m.batch_stride * elem) as u64],
-                        [64, tile_r as u32, 1],
-                        Swizzle::B128,
-                    )
+    let case = |&((tr, rr), (tc, rc), batch, (pad_in, pad_out), shift, seed): &(
+        (usize, usize),
+        (usize, usize),
+        usize,
+        (usize, usize),
+        usize,
+        u64,
+    )|
+     -> Result<(), String> {
+        let dtype = dtype_of(entry);
+        let elem = dtype.size_bytes();
+        let piece = 16 / elem;
+        let shape = dims_of(entry);
+        let (tile_r, tile_c) = (shape[0], shape[1]);
+        let rows = extent(tr, rr, tile_r);
+        let cols = extent(tc, rc, tile_c);
+        let batch = if three_d { batch } else { 1 };
+        // Row strides must be multiples of 16 bytes; the padding holds junk the loads
+        // must not see (it would show in the dump instead of zeros).
+        let round_pad = div_up(cols, piece) * piece - cols;
+        let in_m = Mat::new(rows, cols, batch, round_pad + pad_in * piece, 3 * piece, 0);
+        let out_m = Mat::new(
+            rows,
+            cols,
+            batch,
+            round_pad + pad_out * piece,
+            piece,
+            2 * tile_c,
+        );
+        // Before the tensor: one 16-byte piece of columns (the innermost coordinate stays on a
+        // 16-byte boundary), 3 rows, or both.
+        let before = origin != Origin::Zero;
+        let col_origin: i64 = if before && shift & 1 != 0 {
+            -(piece as i64)
+        } else {
+            0
+        };
+        let row_origin: i64 = if before && shift & 2 != 0 { -3 } else { 0 };
+        let gx = div_up(cols + col_origin.unsigned_abs() as usize, tile_c);
+        let gy = div_up(rows + row_origin.unsigned_abs() as usize, tile_r);
+        let tiles = gx * gy * batch;
+        // Which boxes the stores may write (the host mirror of tma::store_coords_ok).
+        let stored: Vec<bool> = (0..tiles)
+            .map(|t| {
+                let (tx, ty, b) = (t % gx, (t / gx) % gy, t / (gx * gy));
+                let c0 = col_origin + (tx * tile_c) as i64;
+                let r0 = row_origin + (ty * tile_r) as i64;
+                let coords: Vec<i64> = if three_d {
+                    vec![c0, r0, b as i64]
                 } else {
-                    calico_cuda::tma::encode_tiled_2d(
-                        buf.addr(),
-                        dtype,
-                        [cols as u64, rows as u64],
-                        stride,
-                        [tile_c as u32, tile_r as u32],
-                        swizzle_for(tile_c * elem),
-                    )
+                    vec![c0, r0]
+                };
+                calico_cuda::tma::check_coords(dtype, &coords, true).is_ok()
+            })
+            .collect();
+        let mut rng = Rng::new(seed);
+        let in_buf = in_m.fill(777.0, |_, _, _| round(dtype, 4.0 * rng.normal()));
+        let src = Buf::upload(dev, dtype, &in_buf)?;
+        let dst = Buf::filled(dev, dtype, out_m.len, SENTINEL)?;
+        let dump = Buf::filled(dev, dtype, tiles * tile_r * tile_c, SENTINEL)?;
+        let status = Buf::ints(dev, tiles)?;
+        let map = |buf: &Buf, m: &Mat| {
+            let stride = (m.stride * elem) as u64;
+            if three_d {
+                calico_cuda::tma::encode_tiled_3d(
+                    buf.addr(),
+                    dtype,
+                    [cols as u64, rows as u64, batch as u64],
+                    [stride, (m.batch_stride * elem) as u64],
+                    [64, tile_r as u32, 1],
+                    Swizzle::B128,
+                )
+            } else {
+                calico_cuda::tma::encode_tiled_2d(
+                    buf.addr(),
+                    dtype,
+                    [cols as u64, rows as u64],
+                    stride,
+                    [tile_c as u32, tile_r as u32],
+                    swizzle_for(tile_c * elem),
+                )
+            }
+            .map_err(|e| format!("encoding a tensor map: {e}"))
+        };
+        let args = [
+            KernelArg::Opaque128(map(&src, &in_m)?),
+            KernelArg::Opaque128(map(&dst, &out_m)?),
+            dump.arg(),
+            status.arg(),
+            KernelArg::I32(col_origin as i32),
+            KernelArg::I32(row_origin as i32),
+            KernelArg::I32((origin == Origin::BeforeUnchecked) as i32),
+        ];
+        launch(
+            dev,
+            &TMA,
+            entry,
+            (gx as u32, gy as u32, batch as u32),
+            32,
+            &args,
+        )?;
+        let status = status.read_i32()?;
+        let want_status: Vec<i32> = stored.iter().map(|&s| if s { 1 } else { -3 }).collect();
+        if let Some(i) = (0..tiles).find(|&i| status[i] != want_status[i]) {
+            check_status(entry, &status)?;
+            return Err(format!(
+                "{entry}: block {i} (origin {col_origin}, {row_origin}) reported {}, expected {} ({})",
+                status[i],
+                want_status[i],
+                if want_status[i] == 1 {
+                    "stored"
+                } else {
+                    "store refused: it starts before the tensor"
                 }
-                .map_err(|e| format!("encoding a tensor map: {e}"))
-            };
-            let args = [
-                KernelArg::Opaque128(map(&src, &in_m)?),
-                KernelArg::Opaque128(map(&dst, &out_m)?),
-                dump.arg(),
-                status.arg(),
-                KernelArg::I32(col_origin as i32),
-                KernelArg::I32(row_origin as i32),
-            ];
-            launch(
-                dev,
-                &TMA,
-                entry,
-                (gx as u32, gy as u32, batch as u32),
-                32,
-                &args,
-            )?;
-            check_status(entry, &status.read_i32()?)?;
-            // What landed in shared memory: the box, zeros outside the tensor.
-            let mut want = Vec::with_capacity(tiles * tile_r * tile_c);
-            for b in 0..batch {
-                for ty in 0..gy {
-                    for tx in 0..gx {
-                        for r in 0..tile_r {
-                            for c in 0..tile_c {
-                                let gr = row_origin + (ty * tile_r + r) as i64;
-                                let gc = col_origin + (tx * tile_c + c) as i64;
-                                let inside = (0..rows as i64).contains(&gr)
-                                    && (0..cols as i64).contains(&gc);
-                                want.push(if inside {
-                                    in_buf[in_m.at(b, gr as usize, gc as usize)]
-                                } else {
-                                    0.0
-                                });
-                            }
+            ));
+        }
+        // What landed in shared memory: the box, zeros outside the tensor.
+        let mut want = Vec::with_capacity(tiles * tile_r * tile_c);
+        for b in 0..batch {
+            for ty in 0..gy {
+                for tx in 0..gx {
+                    for r in 0..tile_r {
+                        for c in 0..tile_c {
+                            let gr = row_origin + (ty * tile_r + r) as i64;
+                            let gc = col_origin + (tx * tile_c + c) as i64;
+                            let inside =
+                                (0..rows as i64).contains(&gr) && (0..cols as i64).contains(&gc);
+                            want.push(if inside {
+                                in_buf[in_m.at(b, gr as usize, gc as usize)]
+                            } else {
+                                0.0
+                            });
                         }
                     }
                 }
             }
-            check_exact(
-                &format!("{entry} boxes in shared memory"),
-                &dump.read()?,
-                &want,
-            )?;
-            // The stores wrote the tensor back exactly, and nothing around it.
-            let got = dst.read()?;
-            check_exact(
-                &format!("{entry} stored tensor"),
-                &out_m.gather(&got),
-                &in_m.gather(&in_buf),
-            )?;
-            out_m.untouched(&format!("{entry} store"), dtype, &got)
-        },
-    );
+        }
+        check_exact(
+            &format!("{entry} boxes in shared memory"),
+            &dump.read()?,
+            &want,
+        )?;
+        // The stores wrote the tensor back exactly where their boxes were stored (all of it
+        // unless some were refused), and nothing around it.
+        let poison = round(dtype, SENTINEL);
+        let mut want_out = Vec::with_capacity(batch * rows * cols);
+        for b in 0..batch {
+            for r in 0..rows {
+                for c in 0..cols {
+                    let tx = (c as i64 - col_origin) as usize / tile_c;
+                    let ty = (r as i64 - row_origin) as usize / tile_r;
+                    want_out.push(if stored[(b * gy + ty) * gx + tx] {
+                        in_buf[in_m.at(b, r, c)]
+                    } else {
+                        poison
+                    });
+                }
+            }
+        }
+        let got = dst.read()?;
+        check_exact(
+            &format!("{entry} stored tensor"),
+            &out_m.gather(&got),
+            &want_out,
+        )?;
+        out_m.untouched(&format!("{entry} store"), dtype, &got)
+    };
+    if origin == Origin::BeforeUnchecked {
+        // Both origins negative: every kind of refused box is issued.
+        let fixed = ((2, 5), (2, 7), 1, (0, 1), 3, 1);
+        match case(&fixed) {
+            Ok(()) => {}
+            Err(e) => panic!("{test}: {e}"),
+        }
+        return;
+    }
+    run_property(test, cases, strategy, case);
+}
+
+/// One #[test] per TMA entry and origin, each in its own process (see `isolated`).
+macro_rules! tma_tests {
+    ($($name:ident: $entry:literal, $origin:ident;)*) => {$(
+        #[test]
+        fn $name() {
+            isolated(stringify!($name), false, |dev| {
+                tma_round_trip(dev, stringify!($name), $entry, Origin::$origin, 6)
+            });
+        }
+    )*};
+}
+
+tma_tests! {
+    tma_2d_bf16_32x64: "tiles_tma_2d_bf16_32x64", Zero;
+    tma_2d_f16_16x32: "tiles_tma_2d_f16_16x32", Zero;
+    tma_2d_bf16_64x16: "tiles_tma_2d_bf16_64x16", Zero;
+    tma_2d_f32_8x32: "tiles_tma_2d_f32_8x32", Zero;
+    tma_3d_bf16_16x128: "tiles_tma_3d_bf16_16x128", Zero;
+    tma_2d_bf16_32x64_before_the_tensor: "tiles_tma_2d_bf16_32x64", Before;
+    tma_2d_f16_16x32_before_the_tensor: "tiles_tma_2d_f16_16x32", Before;
+    tma_2d_bf16_64x16_before_the_tensor: "tiles_tma_2d_bf16_64x16", Before;
+    tma_2d_f32_8x32_before_the_tensor: "tiles_tma_2d_f32_8x32", Before;
+}
+
+/// The rule the refusals above rest on: a TMA store whose box starts before the tensor is an
+/// illegal instruction (the context is lost, hence its own process).
+#[test]
+fn tma_2d_store_before_the_tensor_faults_unchecked() {
+    const TEST: &str = "tma_2d_store_before_the_tensor_faults_unchecked";
+    isolated(TEST, true, |dev| {
+        tma_round_trip(
+            dev,
+            TEST,
+            "tiles_tma_2d_bf16_64x16",
+            Origin::BeforeUnchecked,
+            1,
+        )
+    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,9 +4,14 @@
 // The tensor map (CUtensorMap, 128 bytes) is encoded on the host (calico_cuda::tma) and passed
 // by value as a `const __grid_constant__ calico::tensor_map` kernel parameter; its address
 // is then a generic address the copy engine can read. Coordinates are element indices,
-// innermost first, and may be negative or past the end: elements outside the tensor read as
-// zero and are not written on stores. A load always completes the full box size in bytes on
-// its mbarrier, edge boxes included.
+// innermost first; the innermost one must fall on a 16-byte boundary (coordinate x element size
+// a multiple of 16). A load box may start before the tensor (negative coordinates) or run past
+// its end: elements outside read as zero, and a load always completes the full box size in
+// bytes on its mbarrier, edge boxes included. A store box may run past the end (those elements
+// are not written) but must not start before the tensor: a negative store coordinate, like a
+// misaligned innermost one, is not clipped but faults (illegal instruction at the UTMASTG,
+// which poisons the context). try_store_2d / try_store_3d check both and refuse such boxes;
+// calico_cuda::tma::check_coords is the host-side mirror.
 //
 // Shared-memory destinations must be aligned to 128 bytes, and to the swizzle repeat
 // (1024 bytes for 128B swizzle) so the smem layout matches tile.cuh's st<> and wgmma's
@@ -57,6 +62,26 @@ CALICO_DEVICE void store_3d(const tensor_map& m, const void* src, int c0, int c1
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3}], [%4];\n" ::"l"(map_addr(m)), "r"(c0),
                  "r"(c1), "r"(c2), "r"(smem_addr(src))
                  : "memory");
+}
+
+// Whether a store box at these coordinates can be issued (see the top of this file): the
+// innermost coordinate on a 16-byte boundary for elements of `elem_bytes`, none negative.
+CALICO_DEVICE bool store_coords_ok(int elem_bytes, int c0, int c1, int c2 = 0) {
+    return ((long long)c0 * elem_bytes) % 16 == 0 && c0 >= 0 && c1 >= 0 && c2 >= 0;
+}
+
+// store_2d / store_3d when store_coords_ok, for elements of T; false (nothing issued) otherwise.
+template <class T>
+CALICO_DEVICE bool try_store_2d(const tensor_map& m, const void* src, int c0, int c1) {
+    if (!store_coords_ok((int)sizeof(T), c0, c1)) return false;
+    store_2d(m, src, c0, c1);
+    return true;
+}
+template <class T>
+CALICO_DEVICE bool try_store_3d(const tensor_map& m, const void* src, int c0, int c1, int c2) {
+    if (!store_coords_ok((int)sizeof(T), c0, c1, c2)) return false;
+    store_3d(m, src, c0, c1, c2);
+    return true;
 }
 
 // Groups the stores issued so far; wait until at most N groups still read shared memory

@@ -2,6 +2,10 @@
 // dumps it through st::ptr (so the host sees what landed in shared memory: zeros for the
 // parts of the box outside the tensor) and stores it back with TMA into a second tensor
 // (which must receive exactly the in-bounds part: the host poisons everything around it).
+// Loads may start before the tensor; stores may not (tma.cuh): boxes whose store coordinates
+// are negative are refused by tma::try_store_* and reported (status -3), their in-bounds part
+// left unwritten. With `unchecked` != 0 the stores are issued regardless (tma::store_*), to
+// show that the hardware faults on them.
 //
 // 2-D: tma::load_2d / store_2d, one box {C, R} per tile (C * sizeof(T) <= 128: one swizzle
 //      chunk). Box (x, y) starts at element (col_origin + C * x, row_origin + R * y); the
@@ -11,7 +15,8 @@
 //
 // tile_out: the R x C tile as read through st::ptr, at tile * R * C (tile = block index,
 // x fastest). status[tile]: 1 when done, -1 when the shared tile is not 1024-aligned, -2 when
-// the mbarrier never completed (a bounded wait instead of a hang). Block: 32 threads.
+// the mbarrier never completed (a bounded wait instead of a hang), -3 when the store was
+// refused (a negative or misaligned store coordinate). Block: 32 threads.
 #include "calico/tile_ops.cuh"
 
 namespace tiles_tma {
@@ -26,7 +31,7 @@ CALICO_DEVICE bool bounded_wait(calico::mbarrier& bar, calico::uint32_t parity) 
 
 template <class T, int R, int C, int RANK>
 CALICO_DEVICE void run(const calico::tensor_map& in_map, const calico::tensor_map& out_map, T* tile_out, int* status, int col_origin,
-                       int row_origin) {
+                       int row_origin, int unchecked) {
     typedef calico::st<T, R, C> tile_t;
     static_assert(RANK == 3 || C * (int)sizeof(T) <= 128, "2-D boxes are one swizzle chunk wide");
     __shared__ tile_t sh;
@@ -61,16 +66,26 @@ CALICO_DEVICE void run(const calico::tensor_map& in_map, const calico::tensor_ma
     calico::fence_proxy_async();
     __syncthreads();
     if (thread == 0) {
+        bool stored = true;
         if constexpr (RANK == 2) {
-            calico::tma::store_2d(out_map, sh.raw, c0, r0);
+            if (unchecked)
+                calico::tma::store_2d(out_map, sh.raw, c0, r0);
+            else
+                stored = calico::tma::try_store_2d<T>(out_map, sh.raw, c0, r0);
         } else {
 #pragma unroll
-            for (int chunk = 0; chunk < C / tile_t::chunk_cols; ++chunk)
-                calico::tma::store_3d(out_map, sh.raw + chunk * tile_t::chunk_bytes, c0 + chunk * tile_t::chunk_cols, r0, batch);
+            for (int chunk = 0; chunk < C / tile_t::chunk_cols; ++chunk) {
+                const unsigned char* src = sh.raw + chunk * tile_t::chunk_bytes;
+                const int cc = c0 + chunk * tile_t::chunk_cols;
+                if (unchecked)
+                    calico::tma::store_3d(out_map, src, cc, r0, batch);
+                else
+                    stored = calico::tma::try_store_3d<T>(out_map, src, cc, r0, batch) && stored;
+            }
         }
         calico::tma::store_commit();
         calico::tma::store_wait<0>();
-        status[tile] = 1;
+        status[tile] = stored ? 1 : -3;
     }
 }
 
@@ -79,8 +94,8 @@ CALICO_DEVICE void run(const calico::tensor_map& in_map, const calico::tensor_ma
 #define CALICO_TILES_TMA(NAME, T, R, C, RANK)                                                                                     \
     CALICO_KERNEL void __launch_bounds__(32)                                                                                     \
         NAME(const __grid_constant__ calico::tensor_map in_map, const __grid_constant__ calico::tensor_map out_map, T* tile_out, \
-             int* status, int col_origin, int row_origin) {                                                                      \
-        tiles_tma::run<T, R, C, RANK>(in_map, out_map, tile_out, status, col_origin, row_origin);                               \
+             int* status, int col_origin, int row_origin, int unchecked) {                                                       \
+        tiles_tma::run<T, R, C, RANK>(in_map, out_map, tile_out, status, col_origin, row_origin, unchecked);                    \
     }
 
 // Entries: tiles_tma_<rank>d_<dtype>_<R>x<C>; 2-D boxes at each swizzle (128B, 64B, 32B, and
