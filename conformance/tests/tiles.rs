@@ -1418,6 +1418,17 @@ fn isolated(test: &str, expect_fault: bool, body: impl FnOnce(&Device)) {
     }
 }
 
+/// One drawn TMA case: (tiles, remainder) of rows and columns, batch, (input, output) row
+/// padding in 16-byte pieces, which origins are negative (bit 0 columns, bit 1 rows), seed.
+type TmaCase = (
+    (usize, usize),
+    (usize, usize),
+    usize,
+    (usize, usize),
+    usize,
+    u64,
+);
+
 /// A TMA round trip through one `tiles_tma_*` entry, `cases` property cases (one fixed case
 /// for `BeforeUnchecked`).
 fn tma_round_trip(dev: &Device, test: &str, entry: &'static str, origin: Origin, cases: u32) {
@@ -1435,14 +1446,7 @@ fn tma_round_trip(dev: &Device, test: &str, entry: &'static str, origin: Origin,
         1usize..=3,
         any::<u64>(),
     );
-    let case = |&((tr, rr), (tc, rc), batch, (pad_in, pad_out), shift, seed): &(
-        (usize, usize),
-        (usize, usize),
-        usize,
-        (usize, usize),
-        usize,
-        u64,
-    )|
+    let case = |&((tr, rr), (tc, rc), batch, (pad_in, pad_out), shift, seed): &TmaCase|
      -> Result<(), String> {
         let dtype = dtype_of(entry);
         let elem = dtype.size_bytes();
