@@ -82,6 +82,8 @@ constexpr int W_CHUNKS = BN * ROW_CHUNKS / THREADS;  // 4
 // half-warp hit distinct banks and every row starts 16-byte aligned (for v4 remote loads).
 constexpr int OUT_PITCH = BN + 8;
 constexpr int QUADS_PER_ROW = BN / 4;
+// Quads of the partial tile each thread reduces (the tile's MP * 16 quads over the cluster).
+constexpr int QUADS_PER_THREAD = (MP * QUADS_PER_ROW + SPLIT * THREADS - 1) / (SPLIT * THREADS);
 
 static_assert(MT == 1 || MT == 2 || MT == 4, "CALICO_SKINNY_MT must be 1, 2 or 4");
 static_assert(STAGES >= 2 && STAGES <= 6, "CALICO_SKINNY_STAGES must be 2..6");
@@ -106,6 +108,11 @@ CALICO_DEVICE void ld_cluster_v4(float (&v)[4], unsigned addr) {
                  : "memory");
 }
 
+// The two halves of cluster::sync(): arrive (releasing this thread's prior memory accesses to
+// the cluster) and wait (acquiring the others').
+CALICO_DEVICE void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release;\n" ::: "memory"); }
+CALICO_DEVICE void cluster_wait() { asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory"); }
+
 // One CTA: the partial product of columns [n0, n0 + 64) over K tiles [t0, t1), reduced across
 // the cluster and finished into D.
 CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict__ w, i64 w_rs,
@@ -125,46 +132,49 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
     const i64 t1 = t0 + per < k_tiles ? t0 + per : k_tiles;
     const int nt = t1 > t0 ? int(t1 - t0) : 0;
 
-    // This thread's chunks: fixed rows, chunk positions and shared offsets; only the K offset
-    // moves. Chunk i of a stage is (row id / 8, chunk id % 8) with id = tid + i * THREADS, so
-    // 8 consecutive threads copy one contiguous 128-byte row segment.
-    const In* a_row[A_CHUNKS];
+    // This thread's chunks: fixed rows, chunk positions and shared offsets; the pointers move
+    // along K by BK per copy. Chunk i of a stage is (row id / 8, chunk id % 8) with
+    // id = tid + i * THREADS, so 8 consecutive threads copy one contiguous 128-byte row piece.
+    // Every thread's chunks share one K offset `kc`, hence one byte count per tile.
+    const int c_log = tid % ROW_CHUNKS;
+    const int kc = c_log * CHUNK;
+    const In* a_src[A_CHUNKS];
+    const In* w_src[W_CHUNKS];
     bool a_in[A_CHUNKS];
-    const In* w_row[W_CHUNKS];
     bool w_in[W_CHUNKS];
-    const int kc = (tid % ROW_CHUNKS) * CHUNK;  // the same K offset for every chunk of the thread
 #pragma unroll
     for (int i = 0; i < A_CHUNKS; ++i) {
         const int r = (tid + i * THREADS) / ROW_CHUNKS;
         a_in[i] = r < m;
-        a_row[i] = a + (a_in[i] ? i64(r) * a_rs : 0) + kc;
+        a_src[i] = a + (a_in[i] ? i64(r) * a_rs : 0) + t0 * BK + kc;
     }
 #pragma unroll
     for (int i = 0; i < W_CHUNKS; ++i) {
         const int r = (tid + i * THREADS) / ROW_CHUNKS;
         w_in[i] = n0 + r < n;
-        w_row[i] = w + (w_in[i] ? (n0 + r) * w_rs : 0) + kc;
+        w_src[i] = w + (w_in[i] ? (n0 + r) * w_rs : 0) + t0 * BK + kc;
     }
-    const int c_log = tid % ROW_CHUNKS;
+    i64 k_left = k - t0 * BK - kc;  // elements of K from this thread's next chunk to the end
 
-    // Copies K tile t0 + j into stage j % STAGES. Out-of-range chunks read nothing (from a
-    // valid address) and land as zeros.
-    auto issue = [&](int j) {
-        const unsigned st = base + unsigned(j % STAGES) * STAGE_BYTES;
-        const i64 k0 = (t0 + j) * BK;
-        const int bytes_k = chunk_bytes(k - k0 - kc);
+    // Copies the next K tile (t0, t0 + 1, ... in order) into the stage at `st`. Chunks outside
+    // the matrix read nothing (from a valid address) and land as zeros.
+    auto issue = [&](unsigned st) {
+        const int bytes_k = chunk_bytes(k_left);
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const int r = (tid + i * THREADS) / ROW_CHUNKS;
             const int bytes = a_in[i] ? bytes_k : 0;
-            sm80::cp_async_16(st + swz(r, c_log), bytes ? a_row[i] + k0 : a, bytes);
+            sm80::cp_async_16(st + swz(r, c_log), bytes ? a_src[i] : a, bytes);
+            a_src[i] += BK;
         }
 #pragma unroll
         for (int i = 0; i < W_CHUNKS; ++i) {
             const int r = (tid + i * THREADS) / ROW_CHUNKS;
             const int bytes = w_in[i] ? bytes_k : 0;
-            sm80::cp_async_16(st + A_BYTES + swz(r, c_log), bytes ? w_row[i] + k0 : w, bytes);
+            sm80::cp_async_16(st + A_BYTES + swz(r, c_log), bytes ? w_src[i] : w, bytes);
+            w_src[i] += BK;
         }
+        k_left -= BK;
     };
 
     float acc[MT][2][4];
@@ -179,17 +189,21 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
     // wait counts stay uniform.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < nt) issue(s);
+        if (s < nt) issue(base + unsigned(s) * STAGE_BYTES);
         sm80::cp_async_commit();
     }
+    int read_stage = 0;               // the stage tile j sits in: j % STAGES
+    int write_stage = STAGES - 1;     // the stage tile j + STAGES - 1 goes to
     for (int j = 0; j < nt; ++j) {
         sm80::cp_async_wait<STAGES - 2>();
         // Tile j has landed for every thread, and every warp is done with tile j - 1, whose
         // stage the next copy reuses.
         sync_threads();
-        if (j + STAGES - 1 < nt) issue(j + STAGES - 1);
+        if (j + STAGES - 1 < nt) issue(base + unsigned(write_stage) * STAGE_BYTES);
         sm80::cp_async_commit();
-        const unsigned st = base + unsigned(j % STAGES) * STAGE_BYTES;
+        write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
+        const unsigned st = base + unsigned(read_stage) * STAGE_BYTES;
+        read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
         const unsigned sw = st + A_BYTES;
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
@@ -239,33 +253,49 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
     // Release this CTA's partial tile to the cluster and acquire the others'.
     cluster::sync();
 
-    // Quads of 4 columns: rows 0..M-1 x 16 quads, split round-robin over the cluster's CTAs.
+    // Quads of 4 columns: rows 0..M-1 x 16 quads, dealt round-robin to the cluster's CTAs.
+    // Each quad is the sum over ranks 0..SPLIT-1 in rank order, whichever CTA computes it.
+    // All remote reads happen first; then this CTA tells the cluster it is done with their
+    // shared memory (arrive) and writes D while the others finish, and waits for all of them
+    // before exiting (its own shared memory must outlive their reads).
     const int rows = m < MP ? int(m) : MP;
     const int quads = rows * QUADS_PER_ROW;
-    for (int q = rank * THREADS + tid; q < quads; q += SPLIT * THREADS) {
-        const int r = q / QUADS_PER_ROW;
-        const int cl = (q % QUADS_PER_ROW) * 4;
-        const unsigned local = base + unsigned((r * OUT_PITCH + cl) * 4);
-        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float sum[QUADS_PER_THREAD][4];
 #pragma unroll
-        for (int s = 0; s < SPLIT; ++s) {
-            float v[4];
-            ld_cluster_v4(v, cluster::map_shared(local, unsigned(s)));
+    for (int i = 0; i < QUADS_PER_THREAD; ++i) {
+        const int q = (i * SPLIT + rank) * THREADS + tid;
 #pragma unroll
-            for (int e = 0; e < 4; ++e) sum[e] += v[e];
-        }
+        for (int e = 0; e < 4; ++e) sum[i][e] = 0.0f;
+        if (q < quads) {
+            const unsigned local = base + unsigned(((q / QUADS_PER_ROW) * OUT_PITCH + (q % QUADS_PER_ROW) * 4) * 4);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const i64 col = n0 + cl + e;
-            if (col < n) {
-                const Out* c_at = CALICO_GEMM_HAS_C ? c + r * c_rs + col * c_cs : nullptr;
-                const Out* bias_at = CALICO_GEMM_HAS_BIAS ? bias + col : nullptr;
-                d[r * d_rs + col * d_cs] = gemm::finish<Out>(sum[e], alpha, beta, c_at, bias_at);
+            for (int s = 0; s < SPLIT; ++s) {
+                float v[4];
+                ld_cluster_v4(v, cluster::map_shared(local, unsigned(s)));
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sum[i][e] += v[e];
             }
         }
     }
-    // No CTA may exit (freeing its shared memory) while another can still read it.
-    cluster::sync();
+    cluster_arrive_release();
+#pragma unroll
+    for (int i = 0; i < QUADS_PER_THREAD; ++i) {
+        const int q = (i * SPLIT + rank) * THREADS + tid;
+        if (q < quads) {
+            const i64 r = q / QUADS_PER_ROW;
+            const i64 col0 = n0 + (q % QUADS_PER_ROW) * 4;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const i64 col = col0 + e;
+                if (col < n) {
+                    const Out* c_at = CALICO_GEMM_HAS_C ? c + r * c_rs + col * c_cs : nullptr;
+                    const Out* bias_at = CALICO_GEMM_HAS_BIAS ? bias + col : nullptr;
+                    d[r * d_rs + col * d_cs] = gemm::finish<Out>(sum[i][e], alpha, beta, c_at, bias_at);
+                }
+            }
+        }
+    }
+    cluster_wait();
 }
 
 }  // namespace gemm_skinny
