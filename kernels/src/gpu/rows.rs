@@ -25,7 +25,7 @@ pub(crate) fn plan(cols: usize, vec: usize, arch: &Arch) -> RowPlan {
     let threads = vectors
         .div_ceil(TARGET_VECTORS)
         .next_multiple_of(lanes)
-        .clamp(lanes, 1024);
+        .clamp(lanes, MAX_REGISTER_THREADS.max(lanes));
     let per_thread = vectors.div_ceil(threads);
     if per_thread > MAX_VECTORS {
         return RowPlan {
