@@ -12,8 +12,8 @@
 //     (<= 48 KiB of shared memory and <= 128 registers per thread for 128 threads).
 //   * Each CTA streams its W slab (64 rows x K/SPLIT) and the matching A[0:M, k] (tiny,
 //     L2-resident) with 16-byte cp.async through a STAGES-deep ring of 64-wide K tiles;
-//     ~3 tiles of 8 KiB are in flight per CTA, ~100 KiB per SM, far more than the ~30 KiB
-//     that Little's law asks for at full HBM bandwidth.
+//     STAGES - 1 = 2..3 W tiles of 8 KiB are in flight per CTA, 64-96 KiB per SM, well above
+//     the ~30 KiB that Little's law asks for at full HBM bandwidth (23 GB/s per SM x ~1.3 us).
 //   * 4 warps, each 16 columns x all M rows (MT m16 tiles): mma.sync m16n8k16, f32
 //     accumulators, fragments by ldmatrix from XOR-swizzled 128-byte rows (conflict free).
 //     Rows of A at or past M, columns of W past N and K past the end are zero-filled by
@@ -25,7 +25,12 @@
 //     independent of which CTA does it), applies the shared epilogue (gemm/epilogue.cuh) and
 //     writes D with any strides. C is read only when CALICO_GEMM_HAS_C; each element of C is
 //     read by the thread that then writes that element of D, so C may alias D.
-//   No workspace, one launch: the price is sm_90 clusters (SPLIT <= 8, the portable limit).
+//   No workspace, one launch: the price is sm_90 clusters (SPLIT <= 8, the portable limit), so
+//   Ampere keeps the sm_80 kernel. A workspace + second reduction kernel would cost a memset
+//   (Backend::alloc zero-fills) and a dependent launch, ~2-4 us against an 11 us floor.
+//
+// Budget (sm_90a, NVRTC 13): 67 / 86 / 122 registers for MT = 1 / 2 / 4, no local memory;
+// 40 / 48 / 48 KiB of shared memory: 4 CTAs (16 warps) per SM for every MT, 5 for MT = 1.
 //
 // Defines:
 //   CALICO_GEMM_IN         bf16 | f16
