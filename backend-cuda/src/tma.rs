@@ -212,6 +212,12 @@ pub fn encode_tiled_3d(
 ///   not start before it: every store coordinate must be non-negative. Loads may start before
 ///   the tensor (the elements outside read as zero).
 ///
+/// Not a fault, but a limit on that clipping: stores write whole 16-byte chunks of a row, so when
+/// the innermost extent in bytes is not a multiple of 16, the rest of a row's last chunk (up to
+/// its 16-byte boundary, past `dims[0]`) is written too, with the box's contents there. A
+/// destination whose row padding belongs to something else (a column slice of a wider tensor)
+/// needs an innermost extent in whole 16-byte pieces, or another way to store its last columns.
+///
 /// Kernels compute their coordinates on the device (see tma.cuh's `tma::store_coords_ok`);
 /// hosts that pick the origins use this to refuse, or to predict, the boxes that cannot be
 /// copied.

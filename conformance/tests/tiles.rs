@@ -599,6 +599,94 @@ impl Mat {
     }
 }
 
+impl Mat {
+    /// `untouched`, except that the row tails `cols..tail_end` of the rows `(b, r)` for which
+    /// `tail` holds may also hold `tail_value` (a store that writes whole chunks of a row).
+    /// Returns how many tail elements were written and how many there are.
+    fn untouched_but_tails(
+        &self,
+        what: &str,
+        dtype: DType,
+        buf: &[f64],
+        tail_end: usize,
+        tail_value: f64,
+        tail: impl Fn(usize, usize) -> bool,
+    ) -> Result<(usize, usize), String> {
+        let poison = round(dtype, SENTINEL);
+        let (mut written, mut len) = (0, 0);
+        for (i, &v) in buf.iter().enumerate().take(self.len) {
+            if self.inside(i) {
+                continue;
+            }
+            let (b, rem) = (i / self.batch_stride, i % self.batch_stride);
+            let (r, c) = (rem / self.stride, rem % self.stride);
+            let in_tail =
+                b < self.batch && r < self.rows && (self.cols..tail_end).contains(&c) && tail(b, r);
+            len += usize::from(in_tail);
+            if v == poison {
+                continue;
+            }
+            if !(in_tail && v == tail_value) {
+                return Err(format!(
+                    "`{what}`: element {i} (batch {b}, row {r}, column {c}) outside the matrix \
+                     ({self:?}) was written: {v}{}",
+                    if in_tail {
+                        format!(
+                            " (a row's tail up to column {tail_end} may only receive {tail_value})"
+                        )
+                    } else {
+                        String::new()
+                    }
+                ));
+            }
+            written += 1;
+        }
+        Ok((written, len))
+    }
+}
+
+#[test]
+fn whole_chunk_store_tails_are_told_from_stray_writes() {
+    // bf16, 9 columns in rows of 24: a store writing whole 16-byte chunks also writes
+    // columns 9..16 of the rows it stores (here all but row 1 of batch 1).
+    let m = Mat::new(3, 9, 2, 7 + 8, 8, 32);
+    let poison = round(DType::BF16, SENTINEL);
+    let stored = |b: usize, r: usize| !(b == 1 && r == 1);
+    let mut buf = m.fill(poison, |b, r, c| (100 * b + 10 * r + c) as f64);
+    let check = |buf: &[f64]| m.untouched_but_tails("t", DType::BF16, buf, 16, 0.0, stored);
+    assert_eq!(check(&buf), Ok((0, 5 * 7)));
+    for b in 0..2 {
+        for r in 0..3 {
+            for c in 9..16 {
+                if stored(b, r) {
+                    buf[m.at(b, r, c)] = 0.0;
+                }
+            }
+        }
+    }
+    assert_eq!(check(&buf), Ok((5 * 7, 5 * 7)));
+    // Past the chunk, in a refused row, another value, past the last row: all stray writes.
+    for (b, r, c, v) in [
+        (0, 0, 16, 0.0),
+        (1, 1, 9, 0.0),
+        (0, 2, 15, 1.0),
+        (1, 2, 23, 0.0),
+    ] {
+        let mut bad = buf.clone();
+        bad[m.at(b, r, c)] = v;
+        assert!(check(&bad).is_err(), "({b}, {r}, {c}) = {v} went unnoticed");
+    }
+    let mut bad = buf.clone();
+    bad[m.at(0, 3, 0)] = 0.0;
+    assert!(
+        check(&bad).is_err(),
+        "a write past the last row went unnoticed"
+    );
+    let mut bad = buf;
+    bad[m.len - 1] = 0.0;
+    assert!(check(&bad).is_err(), "a write in the guard went unnoticed");
+}
+
 /// `n` random values rounded to `dtype`.
 fn random_values(rng: &mut Rng, dtype: DType, n: usize, scale: f64) -> Vec<f64> {
     (0..n)
@@ -1066,6 +1154,40 @@ fn reductions_and_broadcasts() {
 // ---------------------------------------------------------------------------------------------
 // Maps and conversions
 
+/// What the device makes of `v` converted to `dtype`: the f32 it holds (`v` as uploaded or
+/// passed), rounded to `dtype` to nearest even (`__float2bfloat16_rn`, `__floats2half2_rn`: the
+/// `cvt.rn` of `pack` and `from_float`). Not `round(dtype, v)`: half's `bf16::from_f64` (and the
+/// fallback of `f16::from_f64`) looks only at the upper 32 bits of the f64 for the sticky bit,
+/// so an f32 just above a halfway point whose remaining bits sit in the lower word (mantissa
+/// bits 21..23) is taken for a tie and rounded down to even, one ulp below the device.
+fn from_f32(dtype: DType, v: f64) -> f64 {
+    let f = v as f32;
+    match dtype {
+        DType::BF16 => half::bf16::from_f32(f).to_f64(),
+        DType::F16 => half::f16::from_f32(f).to_f64(),
+        DType::F32 => f as f64,
+        other => panic!("from_f32: {other} is not a standard float"),
+    }
+}
+
+#[test]
+fn conversions_round_the_f32_to_nearest_even() {
+    // 5.203125 is halfway between the bf16 neighbours 5.1875 (even) and 5.21875.
+    let tie = 5.203125f32;
+    let above = f32::from_bits(tie.to_bits() + 1);
+    let below = f32::from_bits(tie.to_bits() - 1);
+    assert_eq!(from_f32(DType::BF16, tie as f64), 5.1875);
+    assert_eq!(from_f32(DType::BF16, above as f64), 5.21875);
+    assert_eq!(from_f32(DType::BF16, below as f64), 5.1875);
+    assert_eq!(from_f32(DType::BF16, -(above as f64)), -5.21875);
+    // f16 at [4, 8): ulp 2^-8; 4 + 2^-9 is a tie to 4 (even), one f32 ulp more rounds up.
+    let tie = 4.0f32 + 2f32.powi(-9);
+    assert_eq!(from_f32(DType::F16, tie as f64), 4.0);
+    let above = f32::from_bits(tie.to_bits() + 1);
+    assert_eq!(from_f32(DType::F16, above as f64), 4.0 + 2f64.powi(-8));
+    assert_eq!(from_f32(DType::F32, 0.1), 0.1f32 as f64);
+}
+
 /// |got - want| <= tol * |want| for every element.
 fn check_relative(what: &str, got: &[f64], want: &[f64], tol: f64) -> Result<(), String> {
     match (0..want.len()).find(|&i| !within(got[i], want[i], tol * want[i].abs() + 1e-30)) {
@@ -1172,10 +1294,14 @@ fn maps_and_conversions() {
                 &map(&|i| x[i] * s),
                 tol,
             )?;
-            check_exact(&format!("{entry} fill"), &z(4), &map(&|_| s))?;
+            check_exact(
+                &format!("{entry} fill"),
+                &z(4),
+                &vec![from_f32(ti, s); rows * cols],
+            )?;
             z_m.untouched(entry, ti, &z_got)?;
             let w_got = gw.read()?;
-            let cast: Vec<f64> = x.iter().map(|&v| round(to, v)).collect();
+            let cast: Vec<f64> = x.iter().map(|&v| from_f32(to, v)).collect();
             check_exact(
                 &format!("{entry} copy (conversion)"),
                 &w_m.gather(&w_got),
@@ -1366,7 +1492,8 @@ fn check_status(entry: &str, status: &[i32]) -> Result<(), String> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Origin {
     /// Boxes from element (0, 0): the last ones hang past the end of the tensor (loads read
-    /// zeros there, stores skip it).
+    /// zeros there, stores skip it, but for the rest of a row's last 16-byte chunk: TMA stores
+    /// write whole chunks, so a row padding up to its 16-byte boundary may receive those zeros).
     Zero,
     /// 2-D: boxes from a negative origin (columns, rows or both), so the first ones start
     /// before the tensor. The loads read zeros there; the stores of those boxes are refused
@@ -1604,7 +1731,30 @@ fn tma_round_trip(dev: &Device, test: &str, entry: &'static str, origin: Origin,
             &out_m.gather(&got),
             &want_out,
         )?;
-        out_m.untouched(&format!("{entry} store"), dtype, &got)
+        // Nothing around the tensor was written, except that TMA stores write whole 16-byte
+        // chunks of a row: where `cols` ends inside a chunk, the rest of that chunk (row
+        // padding up to the next 16-byte boundary) may receive what the box holds there, the
+        // zeros its load filled in. Only rows a store was issued for (not refused) may show it.
+        let (tail_written, tail_len) = out_m.untouched_but_tails(
+            &format!("{entry} store"),
+            dtype,
+            &got,
+            div_up(cols, piece) * piece,
+            0.0,
+            |b, r| {
+                let tx = (cols as i64 - 1 - col_origin) as usize / tile_c;
+                let ty = (r as i64 - row_origin) as usize / tile_r;
+                stored[(b * gy + ty) * gx + tx]
+            },
+        )?;
+        if tail_written > 0 {
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "[{test}] {cols} columns: the stores wrote {tail_written} of {tail_len} padding \
+                 elements up to the rows' 16-byte boundaries (whole 16-byte chunks)"
+            );
+        }
+        Ok(())
     };
     if origin == Origin::BeforeUnchecked {
         // Both origins negative: every kind of refused box is issued.

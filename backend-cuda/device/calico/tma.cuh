@@ -11,7 +11,11 @@
 // are not written) but must not start before the tensor: a negative store coordinate, like a
 // misaligned innermost one, is not clipped but faults (illegal instruction at the UTMASTG,
 // which poisons the context). try_store_2d / try_store_3d check both and refuse such boxes;
-// calico_cuda::tma::check_coords is the host-side mirror.
+// calico_cuda::tma::check_coords is the host-side mirror. The clipping past the end has one
+// exception: stores write whole 16-byte chunks of a row, so where the innermost extent ends
+// inside a chunk, the rest of that chunk (up to the row's next 16-byte boundary) receives the
+// box's contents there. Keep that padding free: a destination that is a column slice of a wider
+// tensor needs an innermost extent in whole 16-byte pieces.
 //
 // Shared-memory destinations must be aligned to 128 bytes, and to the swizzle repeat
 // (1024 bytes for 128B swizzle) so the smem layout matches tile.cuh's st<> and wgmma's

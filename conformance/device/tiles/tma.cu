@@ -1,7 +1,9 @@
 // TMA (sm_90) round trips: one block per box loads the box into a shared tile with TMA,
 // dumps it through st::ptr (so the host sees what landed in shared memory: zeros for the
 // parts of the box outside the tensor) and stores it back with TMA into a second tensor
-// (which must receive exactly the in-bounds part: the host poisons everything around it).
+// (which must receive exactly the in-bounds part: the host poisons everything around it, and
+// accepts only the box's zeros in the rest of a row's last 16-byte chunk, which TMA stores
+// write whole).
 // Loads may start before the tensor; stores may not (tma.cuh): boxes whose store coordinates
 // are negative are refused by tma::try_store_* and reported (status -3), their in-bounds part
 // left unwritten. With `unchecked` != 0 the stores are issued regardless (tma::store_*), to
