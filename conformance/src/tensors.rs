@@ -9,9 +9,11 @@ pub const SENTINEL: f64 = 12345.0;
 
 /// `v` rounded to `dtype` (round-to-nearest-even) and back.
 pub fn round(dtype: DType, v: f64) -> f64 {
+    // Through f32, as the devices do: they compute in f32 and round that to 16 bits (and
+    // half's from_f64 decides ties from the upper 32 bits only, misrounding just above them).
     match dtype {
-        DType::BF16 => bf16::from_f64(v).to_f64(),
-        DType::F16 => f16::from_f64(v).to_f64(),
+        DType::BF16 => bf16::from_f32(v as f32).to_f64(),
+        DType::F16 => f16::from_f32(v as f32).to_f64(),
         DType::F32 => v as f32 as f64,
         other => panic!("round: {other} is not a standard float"),
     }
@@ -27,12 +29,15 @@ pub fn write(t: &Tensor, values: &[f64]) -> Result<()> {
         DType::BF16 => t.copy_from_slice(
             &values
                 .iter()
-                .map(|&v| bf16::from_f64(v))
+                .map(|&v| bf16::from_f32(v as f32))
                 .collect::<Vec<_>>(),
         ),
-        DType::F16 => {
-            t.copy_from_slice(&values.iter().map(|&v| f16::from_f64(v)).collect::<Vec<_>>())
-        }
+        DType::F16 => t.copy_from_slice(
+            &values
+                .iter()
+                .map(|&v| f16::from_f32(v as f32))
+                .collect::<Vec<_>>(),
+        ),
         DType::F32 => t.copy_from_slice(&values.iter().map(|&v| v as f32).collect::<Vec<_>>()),
         other => Err(calico::Error::unsupported(format!("write: {other}"))),
     }

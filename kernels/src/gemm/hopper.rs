@@ -197,7 +197,10 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
 fn d_tma_ok(p: &GemmProblem) -> bool {
     let elem = p.out_dtype.size_bytes();
     let d = &p.d;
+    // TMA stores may write a row's last 16-byte chunk whole: with N * elem not a multiple of
+    // 16, a view's neighbouring columns could be overwritten, so those take the register path.
     matches!(p.out_dtype, DType::BF16 | DType::F16)
+        && (p.n * elem) % 16 == 0
         && d.ptr % 16 == 0
         && (d.col_stride == 1 || p.n <= 1)
         && (p.m <= 1 || (d.row_stride > 0 && (d.row_stride * elem) % 16 == 0))
