@@ -38,6 +38,20 @@
 //    and asynchronous, and the next tile's wgmma starts right after the last box is handed
 //    over. The leader waits (wait_group.read 0) before the barrier of the next box, so a
 //    staging box is reused only after the store that read it two boxes ago is done.
+//  * PINGPONG = 1 (opt-in, CALICO_HOPPER_TUNE mode=pingpong): each consumer warpgroup owns a
+//    whole BM x BN tile (BM/64 m64nBNk16 accumulators, at most 128 registers: 128x128, 64x256,
+//    ...) and the two take the CTA's tiles in turn: consumer c computes local tiles c, c + 2,
+//    ... of the persistent sequence. The producer is unchanged (one ring, tile order); a slot
+//    is read by one warpgroup only, so empty[s] counts 4 arrivals x CLUSTER. An ordering
+//    handshake on named barriers ORDER_BAR + c (ids 3 and 4, 256 threads: one warpgroup
+//    bar.arrive's, the other bar.sync's) hands the tensor cores over: local tile j > 0 starts
+//    its main loop only after tile j - 1's main loop has passed all its full[] waits and issued
+//    its wgmma, and that consumer then runs its epilogue while the partner's main loop runs.
+//    The hand-over is also what keeps the full[] parities right: a consumer skips its
+//    partner's k-tiles, so it may only wait on a slot once every earlier phase of that slot
+//    has completed, which the chain of turns guarantees. Tile j signals j + 1 only when the
+//    CTA has a tile j + 1, so every arrive meets exactly one sync (odd tile counts end with
+//    consumer 0's tile and no signal; a CTA with one tile leaves consumer 1 idle).
 //  * CLUSTER = 2 (__cluster_dims__): CTAs 2i, 2i+1 take row tiles 2p, 2p+1 of one column tile.
 //    Each loads its A and half of the B slot, multicast to both CTAs, so B's L2 -> SM bytes
 //    are halved. full[s] still expects STAGE_BYTES (own A + both halves of B); empty[s]
@@ -58,7 +72,8 @@
 //  CALICO_GEMM_BN 32..256 (multiple of 32 for K-major B; 128|256 for N-major, 64|128|256 when BM=128),
 //  CALICO_GEMM_STAGES 2..8, CALICO_GEMM_B_KMAJOR 0|1, CALICO_GEMM_EPILOGUE 0 none|1 gelu|2 silu,
 //  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1, CALICO_GEMM_TMA_STORE 0|1 (16-bit out, warpgroup columns a multiple of 64),
-//  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks).
+//  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks),
+//  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64).
 #include "calico/calico.h"
 #include "calico/cluster.cuh"
 #include "calico/mbarrier.cuh"
@@ -71,6 +86,9 @@
 #endif
 #ifndef CALICO_GEMM_CLUSTER
 #define CALICO_GEMM_CLUSTER 1
+#endif
+#ifndef CALICO_GEMM_PINGPONG
+#define CALICO_GEMM_PINGPONG 0
 #endif
 
 namespace gemm_hopper {
@@ -87,11 +105,21 @@ constexpr int STAGES = CALICO_GEMM_STAGES;
 constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
 constexpr bool TMA_STORE = CALICO_GEMM_TMA_STORE != 0;
 constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
+constexpr bool PINGPONG = CALICO_GEMM_PINGPONG != 0;
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
-constexpr bool SPLIT_N = BM == 64;
+constexpr bool SPLIT_N = !PINGPONG && BM == 64;
 constexpr int WG_N = SPLIT_N ? BN / 2 : BN;
 constexpr int ACC = WG_N / 2;
+// m64 accumulator blocks per consumer warpgroup: its 64 rows (cooperative), or all BM rows of
+// its own tile (ping-pong).
+constexpr int MI = PINGPONG ? BM / 64 : 1;
+// Consumer warpgroups reading (and releasing) each ring slot.
+constexpr int SLOT_READERS = PINGPONG ? 1 : CONSUMERS;
+// Ping-pong hand-over: named barrier ORDER_BAR + c means "consumer c may run its main loop"
+// (the TMA-store epilogue uses ids 1 and 2).
+constexpr int ORDER_BAR = 3;
+constexpr int ORDER_THREADS = 2 * calico::WARPGROUP_THREADS;
 constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
@@ -110,6 +138,7 @@ static_assert(BM == 64 || BM == 128, "BM is 64 or 128");
 static_assert(WG_N % 16 == 0 && WG_N >= 16 && WG_N <= 256 && (WG_N & (WG_N - 1)) == 0, "wgmma N per warpgroup is 16..256, a power of two");
 static_assert(B_KMAJOR || WG_N % N_CHUNK == 0, "N-major B needs 64-column chunks per warpgroup");
 static_assert(STAGES >= 2 && STAGES <= 8, "2..8 stages");
+static_assert(MI * ACC <= 128, "at most 128 f32 accumulators per thread");
 static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "slots stay 1024-aligned");
 static_assert(!TMA_STORE || (sizeof(out_t) == 2 && WG_N % STORE_COLS == 0), "TMA store: 16-bit output, 64-column boxes per warpgroup");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
@@ -339,7 +368,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
 #pragma unroll
         for (int s = 0; s < STAGES; ++s) {
             calico::init(full[s], 1);
-            calico::init(empty[s], CONSUMERS * calico::WARPGROUP_WARPS * CLUSTER);
+            calico::init(empty[s], SLOT_READERS * calico::WARPGROUP_WARPS * CLUSTER);
         }
         calico::fence_barrier_init();
     }
@@ -403,7 +432,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         const int warp = calico::warpgroup_warp();
         const int lane = threadIdx.x % 32;
         // This warpgroup's corner of the slot, in bytes.
-        const uint32_t a_part = SPLIT_N ? 0 : consumer * 64 * BK * 2;
+        const uint32_t a_part = (SPLIT_N || PINGPONG) ? 0 : consumer * 64 * BK * 2;
         const uint32_t b_part = !SPLIT_N ? 0 : (B_KMAJOR ? consumer * WG_N * BK * 2 : consumer * (WG_N / N_CHUNK) * N_CHUNK_BYTES);
         const uint32_t a_base = calico::smem_addr(smem + A_OFFSET) + a_part;
         const uint32_t b_base = calico::smem_addr(smem + B_OFFSET) + b_part;
@@ -425,13 +454,24 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         e.d_pairs = pairs_aligned(d, d_row_stride, d_batch_stride);
         e.c_pairs = CALICO_GEMM_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
 
-        float acc[ACC];
-        uint32_t it = 0;
-        for (int w = first_work; w < work; w += work_step) {
+        float acc[MI][ACC];
+        // Ping-pong: this warpgroup takes local tiles consumer, consumer + 2, ...; `it` still
+        // counts every k-tile of the CTA (the partner's are skipped), as the producer does.
+        const int tile_step = PINGPONG ? 2 : 1;
+        int local = PINGPONG ? consumer : 0;
+        uint32_t it = PINGPONG ? static_cast<uint32_t>(consumer) * k_tiles : 0;
+        for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
             const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
             const int tile_m = tc.m * CLUSTER + rank;
+            if constexpr (PINGPONG) {
+                // Wait for the partner's main loop on the previous local tile to hand over.
+                if (local > 0) calico::named_barrier_sync(ORDER_BAR + consumer, ORDER_THREADS);
+            }
 #pragma unroll
-            for (int i = 0; i < ACC; ++i) acc[i] = 0.0f;
+            for (int i = 0; i < MI; ++i) {
+#pragma unroll
+                for (int r = 0; r < ACC; ++r) acc[i][r] = 0.0f;
+            }
             int prev_slot = -1;
             for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int slot = it % STAGES;
@@ -442,10 +482,13 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 calico::wgmma::fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; ++kk) {
-                    const uint64_t desc_a = calico::wgmma::desc_kmajor_128b(a_slot + kk * 32);
                     const uint64_t desc_b = B_KMAJOR ? calico::wgmma::desc_kmajor_128b(b_slot + kk * 32)
                                                      : calico::wgmma::desc_mnmajor_128b(b_slot + kk * 16 * 128, BK);
-                    calico::wgmma::mma<in_t, WG_N>::template ss<B_KMAJOR ? 0 : 1>(acc, desc_a, desc_b, 1);
+#pragma unroll
+                    for (int i = 0; i < MI; ++i) {
+                        const uint64_t desc_a = calico::wgmma::desc_kmajor_128b(a_slot + i * 64 * BK * 2 + kk * 32);
+                        calico::wgmma::mma<in_t, WG_N>::template ss<B_KMAJOR ? 0 : 1>(acc[i], desc_a, desc_b, 1);
+                    }
                 }
                 calico::wgmma::commit_group();
                 // Keep this k-tile's batch in flight; the previous one is done after this.
@@ -453,17 +496,26 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
                 prev_slot = slot;
             }
+            if constexpr (PINGPONG) {
+                // Every full[] wait of this tile has passed and its wgmma are issued: hand the
+                // tensor cores to the partner, if the CTA has a next tile (it is the partner's).
+                if (w < work - work_step) calico::named_barrier_arrive(ORDER_BAR + (1 - consumer), ORDER_THREADS);
+                it += k_tiles;  // the partner's tile
+            }
             calico::wgmma::wait_group<0>();
             if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
 
             e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
-            const int row_base = tile_m * BM + (SPLIT_N ? 0 : consumer * 64);
             const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);
-            if constexpr (TMA_STORE) {
-                store_tile_tma(e, acc, map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
-            } else {
-                e.d = d + tc.batch * d_batch_stride;
-                store_tile(e, acc, row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
+#pragma unroll
+            for (int i = 0; i < MI; ++i) {
+                const int row_base = tile_m * BM + (PINGPONG ? i * 64 : (SPLIT_N ? 0 : consumer * 64));
+                if constexpr (TMA_STORE) {
+                    store_tile_tma(e, acc[i], map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
+                } else {
+                    e.d = d + tc.batch * d_batch_stride;
+                    store_tile(e, acc[i], row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
+                }
             }
         }
         if constexpr (TMA_STORE) {

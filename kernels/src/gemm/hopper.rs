@@ -35,6 +35,10 @@ struct TileConfig {
     tma_store: bool,
     /// CTAs per cluster (1 or 2); with 2, a pair of row tiles shares B through multicast.
     cluster: usize,
+    /// Ping-pong consumers: each warpgroup computes a whole tile and the two alternate on the
+    /// tensor cores (one's epilogue overlaps the other's main loop). Otherwise they cooperate
+    /// on each tile.
+    pingpong: bool,
 }
 
 impl TileConfig {
@@ -71,8 +75,10 @@ impl TileConfig {
 const STORE_BOX: usize = 64;
 
 /// Overrides for A/B tuning runs, read once from `CALICO_HOPPER_TUNE`, e.g.
-/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132`. Entries that do not parse,
-/// or that the problem cannot use, are ignored.
+/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132,mode=pingpong`. Entries that
+/// do not parse, or that the problem cannot use, are ignored. `mode=pingpong` gives each
+/// consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128 accumulators), taken in
+/// turns; `mode=cooperative` (the default) has both share each tile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Tune {
     bm: Option<usize>,
@@ -82,6 +88,7 @@ struct Tune {
     cluster: Option<usize>,
     group_m: Option<i32>,
     grid: Option<usize>,
+    pingpong: Option<bool>,
 }
 
 impl Tune {
@@ -109,6 +116,13 @@ impl Tune {
                     t.group_m = num.filter(|v| (1..=64).contains(v)).map(|v| v as i32)
                 }
                 "grid" => t.grid = num.filter(|&v| v >= 1),
+                "mode" | "schedule" => {
+                    t.pingpong = match value {
+                        "pingpong" | "ping-pong" | "pp" => Some(true),
+                        "cooperative" | "coop" => Some(false),
+                        _ => None,
+                    }
+                }
                 _ => {}
             }
         }
@@ -238,9 +252,16 @@ fn pick(
         (64, 32),
         (128, 64),
     ];
-    let wg_n = |bm: usize, bn: usize| if bm == 64 { bn / 2 } else { bn };
+    let pingpong = tune.pingpong == Some(true);
+    // Columns per consumer warpgroup: ping-pong warpgroups own whole tiles (BM / 64 m64
+    // blocks of BN / 2 accumulators, 128 at most); cooperative ones split BM = 128 by rows
+    // and BM = 64 by columns.
+    let wg_n = |bm: usize, bn: usize| if bm == 64 && !pingpong { bn / 2 } else { bn };
     let allowed = |&(bm, bn): &(usize, usize)| {
-        wg_n(bm, bn) >= 16 && wg_n(bm, bn) <= 256 && (b_kmajor || wg_n(bm, bn) % N_CHUNK == 0)
+        wg_n(bm, bn) >= 16
+            && wg_n(bm, bn) <= 256
+            && (b_kmajor || wg_n(bm, bn) % N_CHUNK == 0)
+            && (!pingpong || bm * bn <= 128 * 128)
     };
     let with_stages = |(bm, bn): (usize, usize)| {
         let tma_store = d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false);
@@ -254,6 +275,7 @@ fn pick(
             stages: 1,
             tma_store,
             cluster,
+            pingpong,
         };
         // 1024 bytes of alignment slack, and 1024 that ptxas reports as static shared memory.
         let budget = arch
@@ -386,6 +408,10 @@ impl Variant {
                 u8::from(self.tile.tma_store).to_string(),
             ),
             ("CALICO_GEMM_CLUSTER", self.tile.cluster.to_string()),
+            (
+                "CALICO_GEMM_PINGPONG",
+                u8::from(self.tile.pingpong).to_string(),
+            ),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -405,6 +431,11 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         stages,
         tma_store,
         cluster,
+        pingpong: false,
+    };
+    let pingpong = |bm, bn, stages, tma_store, cluster| TileConfig {
+        pingpong: true,
+        ..tile(bm, bn, stages, tma_store, cluster)
     };
     let big = tile(128, 256, 4, false, 1);
     let big_tma = tile(128, 256, 4, true, 1);
@@ -493,6 +524,44 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             true,
             true,
         ),
+        // Ping-pong (CALICO_HOPPER_TUNE mode=pingpong): the 128x128 default with TMA stores,
+        // N-major B, the register epilogue with f32 out, 64x256 in a cluster.
+        (
+            DType::BF16,
+            DType::BF16,
+            pingpong(128, 128, 6, true, 1),
+            true,
+            Epilogue::None,
+            false,
+            false,
+        ),
+        (
+            DType::F16,
+            DType::F16,
+            pingpong(128, 128, 6, true, 1),
+            false,
+            Epilogue::Gelu,
+            true,
+            true,
+        ),
+        (
+            DType::BF16,
+            DType::F32,
+            pingpong(128, 128, 6, false, 1),
+            true,
+            Epilogue::Silu,
+            true,
+            true,
+        ),
+        (
+            DType::BF16,
+            DType::BF16,
+            pingpong(64, 256, 4, true, 2),
+            true,
+            Epilogue::None,
+            false,
+            false,
+        ),
     ];
     for (in_dtype, out_dtype, tile, b_kmajor, epilogue, bias, c) in cases {
         let v = Variant {
@@ -505,12 +574,13 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             c,
         };
         let label = format!(
-            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}",
+            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}",
             tile.bm,
             tile.bn,
             tile.stages,
             if tile.tma_store { "tma" } else { "reg" },
-            tile.cluster
+            tile.cluster,
+            if tile.pingpong { " mode=pingpong" } else { "" }
         );
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -734,6 +804,7 @@ mod tests {
             stages: 4,
             tma_store: false,
             cluster: 1,
+            pingpong: false,
         };
         assert_eq!(c.smem_bytes(), 1024 + 4 * 49152 + 64);
         let c = TileConfig {
@@ -757,6 +828,7 @@ mod tests {
                 cluster: Some(2),
                 group_m: Some(4),
                 grid: Some(64),
+                pingpong: None,
             }
         );
         // Nonsense is ignored.
@@ -777,5 +849,56 @@ mod tests {
         // Too many stages for the shape: the most that fit.
         let c = pick(&h100(), &p, true, true, Tune::parse("stages=8")).unwrap();
         assert_eq!(c.stages, 4);
+        assert!(!c.pingpong);
+    }
+
+    #[test]
+    fn pingpong_is_opt_in_and_keeps_128_accumulators() {
+        assert_eq!(Tune::parse("mode=pingpong").pingpong, Some(true));
+        assert_eq!(Tune::parse("bn=128;mode=coop").pingpong, Some(false));
+        assert_eq!(Tune::parse("mode=sideways").pingpong, None);
+        let p = problem(4096, 4096, 4096, true);
+        let pp = Tune::parse("mode=pingpong");
+        // The big shape: 128 x 128 per warpgroup (128x256 would need 256 accumulators).
+        let c = pick(&h100(), &p, true, true, pp).unwrap();
+        assert_eq!(
+            (c.bm, c.bn, c.stages, c.tma_store, c.pingpong),
+            (128, 128, 6, true, true)
+        );
+        assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
+        // A forced 128x256 is out of reach; forced 64x256 keeps one m64n256 accumulator.
+        let c = pick(
+            &h100(),
+            &p,
+            true,
+            true,
+            Tune::parse("mode=pingpong,bm=128,bn=256"),
+        )
+        .unwrap();
+        assert_eq!((c.bm, c.bn), (128, 128));
+        let c = pick(
+            &h100(),
+            &p,
+            true,
+            true,
+            Tune::parse("mode=pingpong,bm=64,bn=256"),
+        )
+        .unwrap();
+        assert_eq!((c.bm, c.bn, c.stages, c.pingpong), (64, 256, 4, true));
+        // Ping-pong warpgroups take whole tiles: N-major B needs BN a multiple of 64, and
+        // BM = 64 no longer halves the columns (64x32 is fine with K-major B).
+        let c = pick(&h100(), &problem(16, 4096, 4096, false), false, true, pp).unwrap();
+        assert_eq!(c.bn % N_CHUNK, 0);
+        let c = pick(&h100(), &problem(16, 4096, 4096, true), true, true, pp).unwrap();
+        assert_eq!((c.bm, c.bn, c.tma_store), (64, 32, false));
+        // Odd N * elem: register epilogue.
+        let mut odd = problem(4096, 4095, 4096, true);
+        odd.d.row_stride = 4096;
+        assert!(!d_tma_ok(&odd));
+        let c = pick(&h100(), &odd, true, d_tma_ok(&odd), pp).unwrap();
+        assert!(c.pingpong && !c.tma_store);
+        // The default stays cooperative.
+        let c = pick(&h100(), &p, true, true, Tune::default()).unwrap();
+        assert!(!c.pingpong);
     }
 }
