@@ -311,7 +311,10 @@ fn pick(
             }
         }
     };
-    let wave = (arch.compute_units as usize * 3 / 4).max(1);
+    // Ping-pong overlaps one warpgroup's epilogue with the other's main loop only when a CTA
+    // has at least two tiles: ask for about two waves.
+    let waves = if pingpong { 2 } else { 1 };
+    let wave = (arch.compute_units as usize * 3 / 4 * waves).max(1);
     let chosen = candidates
         .iter()
         .copied()
@@ -897,6 +900,13 @@ mod tests {
         assert!(!d_tma_ok(&odd));
         let c = pick(&h100(), &odd, true, d_tma_ok(&odd), pp).unwrap();
         assert!(c.pingpong && !c.tma_store);
+        // Two tiles per CTA wanted: 2048 x 1024 gets 128 x 128 cooperative but 64 x 128 (256
+        // tiles, about two per SM) in ping-pong.
+        let mid = problem(2048, 1024, 4096, true);
+        let c = pick(&h100(), &mid, true, true, Tune::parse("bm=128")).unwrap();
+        assert_eq!((c.bm, c.bn), (128, 128));
+        let c = pick(&h100(), &mid, true, true, pp).unwrap();
+        assert_eq!((c.bm, c.bn), (64, 128));
         // The default stays cooperative.
         let c = pick(&h100(), &p, true, true, Tune::default()).unwrap();
         assert!(!c.pingpong);
