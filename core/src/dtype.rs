@@ -88,7 +88,12 @@ impl Element for half::bf16 {
         self.to_f64()
     }
     fn from_f64(v: f64) -> Self {
-        half::bf16::from_f64(v)
+        let r = round_via_f32(
+            v,
+            |f| half::bf16::from_f32(f).to_bits(),
+            |b| half::bf16::from_bits(b).to_f64(),
+        );
+        half::bf16::from_bits(r)
     }
 }
 
@@ -98,7 +103,40 @@ impl Element for half::f16 {
         self.to_f64()
     }
     fn from_f64(v: f64) -> Self {
-        half::f16::from_f64(v)
+        let r = round_via_f32(
+            v,
+            |f| half::f16::from_f32(f).to_bits(),
+            |b| half::f16::from_bits(b).to_f64(),
+        );
+        half::f16::from_bits(r)
+    }
+}
+
+/// Rounds `v` to a 16-bit float (given as bits by `from_f32`, valued by `value`) to nearest even.
+/// Going through f32 (whose conversions are exact RNE) can round twice the wrong way only when
+/// the f32 lands exactly halfway between two 16-bit values that `v` itself is not halfway
+/// between; that case is decided here by `v`. (half's own from_f64 judges ties from the upper
+/// 32 bits of the f64 only, and misrounds values just above a tie.)
+fn round_via_f32(v: f64, from_f32: impl Fn(f32) -> u16, value: impl Fn(u16) -> f64) -> u16 {
+    let f = v as f32;
+    let r = from_f32(f);
+    let (fv, rv) = (f as f64, value(r));
+    if fv == v || !f.is_finite() || !rv.is_finite() || fv == rv {
+        return r;
+    }
+    // The neighbour of r on f's side (16-bit floats are sign-magnitude).
+    let toward_larger_magnitude = (fv > rv) == (r & 0x8000 == 0);
+    let other = if toward_larger_magnitude {
+        r.wrapping_add(1)
+    } else {
+        r.wrapping_sub(1)
+    };
+    let ov = value(other);
+    let mid = (rv + ov) / 2.0;
+    if fv == mid && (v > mid) == (ov > mid) {
+        other
+    } else {
+        r
     }
 }
 
@@ -159,6 +197,38 @@ mod tests {
             assert_eq!(DType::parse(d.name()), Some(d));
         }
         assert_eq!(DType::parse("f64"), None);
+    }
+
+    #[test]
+    fn from_f64_rounds_to_nearest_even_just_above_and_below_ties() {
+        let tie = 5.203125; // halfway between the bf16 values 5.1875 and 5.21875
+        let above = tie + 2f64.powi(-21);
+        let below = tie - 2f64.powi(-21);
+        assert_eq!(<half::bf16 as Element>::from_f64(tie).to_f64(), 5.1875); // to even
+        assert_eq!(<half::bf16 as Element>::from_f64(above).to_f64(), 5.21875);
+        assert_eq!(<half::bf16 as Element>::from_f64(below).to_f64(), 5.1875);
+        assert_eq!(<half::bf16 as Element>::from_f64(-above).to_f64(), -5.21875);
+        // f16: 1 + 2^-11 is halfway between 1 and 1 + 2^-10.
+        let t16 = 1.0 + 2f64.powi(-11);
+        assert_eq!(<half::f16 as Element>::from_f64(t16).to_f64(), 1.0);
+        assert_eq!(
+            <half::f16 as Element>::from_f64(t16 + 2f64.powi(-40)).to_f64(),
+            1.0 + 2f64.powi(-10)
+        );
+        assert_eq!(
+            <half::f16 as Element>::from_f64(t16 - 2f64.powi(-40)).to_f64(),
+            1.0
+        );
+        // Every f64 that is exactly an f32 rounds as the f32 does.
+        for bits in (0u32..=u32::MAX).step_by(9_973) {
+            let f = f32::from_bits(bits);
+            if f.is_finite() {
+                assert_eq!(
+                    <half::bf16 as Element>::from_f64(f as f64),
+                    half::bf16::from_f32(f)
+                );
+            }
+        }
     }
 
     #[test]
