@@ -703,61 +703,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::Epilogue;
-
-    fn problem(m: usize, n: usize, k: usize, b_kmajor: bool) -> GemmProblem {
-        let a = MatrixArg {
-            ptr: 1 << 20,
-            rows: m,
-            cols: k,
-            row_stride: k,
-            col_stride: 1,
-            batch_stride: 0,
-        };
-        let b = if b_kmajor {
-            MatrixArg {
-                ptr: 2 << 20,
-                rows: k,
-                cols: n,
-                row_stride: 1,
-                col_stride: k,
-                batch_stride: 0,
-            }
-        } else {
-            MatrixArg {
-                ptr: 2 << 20,
-                rows: k,
-                cols: n,
-                row_stride: n,
-                col_stride: 1,
-                batch_stride: 0,
-            }
-        };
-        let d = MatrixArg {
-            ptr: 3 << 20,
-            rows: m,
-            cols: n,
-            row_stride: n,
-            col_stride: 1,
-            batch_stride: 0,
-        };
-        GemmProblem {
-            batch: 1,
-            m,
-            n,
-            k,
-            in_dtype: DType::BF16,
-            out_dtype: DType::BF16,
-            a,
-            b,
-            c: None,
-            d,
-            bias: None,
-            alpha: 1.0,
-            beta: 0.0,
-            epilogue: Epilogue::None,
-        }
-    }
+    use crate::gemm::portable::tests::problem;
 
     fn h100() -> Arch {
         Arch::for_target("sm_90a").unwrap()
