@@ -27,7 +27,7 @@ pub fn key_instructions(target: &str) -> &'static [&'static str] {
     if target.starts_with("gfx") {
         &["v_mfma", "buffer_load", "global_load_dwordx4"]
     } else {
-        &["HGMMA", "UTMALDG", "HMMA", "LDGSTS"]
+        &["HGMMA", "UTMALDG", "UTMASTG", "HMMA", "LDGSTS"]
     }
 }
 
@@ -117,10 +117,10 @@ mod tests {
 
     #[test]
     fn counts_per_vendor() {
-        let sass = "  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4]\n  UTMALDG.2D [UR8], [UR10]\n  HGMMA.64x128x16 R24\n";
+        let sass = "  HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4]\n  UTMALDG.2D [UR8], [UR10]\n  HGMMA.64x128x16 R24\n  UTMASTG.3D [UR4], [UR6]\n";
         assert_eq!(
             count_instructions(sass, key_instructions("sm_90a")),
-            vec![2, 1, 0, 0]
+            vec![2, 1, 1, 0, 0]
         );
         let gcn = "v_mfma_f32_16x16x16_bf16 a[0:3]\nbuffer_load_dwordx4 v[0:3]\nglobal_load_dwordx4 v[4:7]\n";
         assert_eq!(
