@@ -6,28 +6,16 @@ use crate::convert::{float_dtype, load, store};
 use crate::math;
 use crate::rows::{carve_rows, rows_of};
 use crate::views::with_views;
-use calico_core::{DType, Error, Result, Tensor};
+use calico_core::{DType, Epilogue, Error, Result, Tensor};
 use rayon::prelude::*;
 
-/// The activation applied after `alpha * A @ B + beta * C + bias`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Epilogue {
-    #[default]
-    None,
-    /// GELU, exact erf form: `0.5 * x * (1 + erf(x / sqrt(2)))`.
-    Gelu,
-    /// SiLU: `x / (1 + exp(-x))`.
-    Silu,
-}
-
-impl Epilogue {
-    #[inline]
-    fn apply(self, x: f32) -> f32 {
-        match self {
-            Epilogue::None => x,
-            Epilogue::Gelu => math::gelu(x),
-            Epilogue::Silu => math::silu(x),
-        }
+/// The epilogue's function of one element.
+#[inline]
+fn apply(epilogue: Epilogue, x: f32) -> f32 {
+    match epilogue {
+        Epilogue::None => x,
+        Epilogue::Gelu => math::gelu(x),
+        Epilogue::Silu => math::silu(x),
     }
 }
 
@@ -299,7 +287,7 @@ impl Finish<'_> {
             row.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
         }
         if self.epilogue != Epilogue::None {
-            row.iter_mut().for_each(|v| *v = self.epilogue.apply(*v));
+            row.iter_mut().for_each(|v| *v = apply(self.epilogue, *v));
         }
     }
 }

@@ -16,8 +16,9 @@ mod softmax;
 mod storage;
 mod views;
 
+pub use calico_core::Epilogue;
 pub use device::CpuDevice;
-pub use gemm::{gemm, Epilogue};
+pub use gemm::gemm;
 pub use norm::{layer_norm, rms_norm};
 pub use rope::rope;
 pub use softmax::softmax;

@@ -9,6 +9,7 @@ pub mod arch;
 pub mod backend;
 pub mod cache;
 pub mod dtype;
+pub mod epilogue;
 pub mod error;
 pub mod kernel;
 pub mod lanes;
@@ -22,6 +23,7 @@ pub use backend::{
 };
 pub use cache::DiskCache;
 pub use dtype::{DType, Element};
+pub use epilogue::Epilogue;
 pub use error::{Error, Result};
 pub use kernel::{HeaderSet, KernelSource};
 pub use layout::{Layout, Rows};

@@ -12,29 +12,8 @@ mod sm80;
 
 use crate::ops_check as check;
 use crate::Device;
+pub use calico_core::Epilogue;
 use calico_core::{DType, Error, Result, Tensor};
-
-/// The function applied to each output element after bias.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Epilogue {
-    #[default]
-    None,
-    /// GELU, exact (erf) form.
-    Gelu,
-    /// SiLU: `x * sigmoid(x)`.
-    Silu,
-}
-
-impl Epilogue {
-    /// The value of the `EPILOGUE` define in the kernels.
-    pub(crate) fn define(self) -> &'static str {
-        match self {
-            Epilogue::None => "0",
-            Epilogue::Gelu => "1",
-            Epilogue::Silu => "2",
-        }
-    }
-}
 
 /// One operand as the kernels see it: a device pointer and strides in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,14 +95,16 @@ pub fn gemm(
         return Ok(());
     }
     match dev {
-        Device::Cpu(_) => {
-            let epilogue = match opts.epilogue {
-                Epilogue::None => calico_cpu::Epilogue::None,
-                Epilogue::Gelu => calico_cpu::Epilogue::Gelu,
-                Epilogue::Silu => calico_cpu::Epilogue::Silu,
-            };
-            calico_cpu::gemm(a, b, opts.c, d, opts.alpha, opts.beta, epilogue, opts.bias)
-        }
+        Device::Cpu(_) => calico_cpu::gemm(
+            a,
+            b,
+            opts.c,
+            d,
+            opts.alpha,
+            opts.beta,
+            opts.epilogue,
+            opts.bias,
+        ),
         _ => launch(dev, &p),
     }
 }
