@@ -4,9 +4,8 @@
 //
 // Publishing: every thread of a group writes its data, the group synchronises, then one
 // thread makes the writes visible device-wide (fence) and stores the flag with release
-// semantics. Waiting: one thread spins on an acquire load until the flag holds the epoch, then
-// the group synchronises before reading the data (with loads that bypass L1, which is not
-// coherent between SMs).
+// semantics. Waiting: every thread spins on acquire loads until the flag holds the epoch, then
+// reads the data (with loads that bypass L1, which is not coherent between SMs).
 #pragma once
 #include "calico/ptx.cuh"
 
@@ -28,9 +27,12 @@ CALICO_DEVICE void raise_flag(uint32_t* flag, uint32_t epoch) {
     store_release_gpu(flag, epoch);
 }
 
-// Called by one thread; the group synchronises afterwards.
+// Called by every thread of a (converged) warp: each lane's own acquire load sees the flag up,
+// so each may read the data after it. The exit test is a warp vote, uniform by construction,
+// so the compiler keeps treating the warp as converged afterwards (a lane-divergent spin
+// loop here costs the GEMM's main loop its uniform datapath).
 CALICO_DEVICE void wait_flag(const uint32_t* flag, uint32_t epoch) {
-    while (load_acquire_gpu(flag) != epoch) __nanosleep(64);
+    while (!__all_sync(0xffffffffu, load_acquire_gpu(flag) == epoch)) __nanosleep(64);
 }
 
 }  // namespace calico

@@ -30,7 +30,7 @@
 //  * Stream-K tail (sk_tiles > 0; cooperative, CLUSTER = 1): when the tile count leaves the
 //    last wave part-empty, the last sk_tiles tiles are not dealt out whole. Their k-tiles,
 //    sk_tiles * k_tiles "iterations" in tile order, are cut into gridDim.x contiguous shares
-//    (CTA g: [g*I/G, (g+1)*I/G)), so every SM ends at the same time. A CTA walks its share
+//    that differ by at most one iteration, so every SM ends at the same time. A CTA walks its share
 //    from the end backwards in per-tile segments. The segment holding a tile's last k-tile
 //    finishes the tile: it adds the partial sums of the lower CTAs that hold the tile's
 //    earlier k-tiles, then runs the epilogue. Any other segment (at most one per CTA: the
@@ -221,15 +221,22 @@ struct work_piece {
 // the end backwards, one piece per tile it touches.
 struct work_list {
     int dp_tiles, k_tiles, cta, ctas;
-    long long sk_iters;
+    // Stream-K iterations sk_tiles * k_tiles (< 2^31, the host checks) = ctas * base + extra:
+    // CTA g's share starts at g * base + min(g, extra), so the first `extra` CTAs take one
+    // more. All 32-bit: 64-bit division here costs a call per piece and, worse, makes the
+    // compiler give up the uniform datapath in the main loop.
+    int base, extra;
     int next_dp;
-    long long pos, begin;
+    int pos, begin;
 
     // First stream-K iteration of CTA g (g = ctas gives the end).
-    CALICO_DEVICE long long share_begin(int g) const { return sk_iters * g / ctas; }
+    CALICO_DEVICE int share_begin(int g) const { return g * base + min(g, extra); }
 
     CALICO_DEVICE work_list(int tiles, int sk_tiles, int k_tiles_, int cta_, int ctas_)
-        : dp_tiles(tiles - sk_tiles), k_tiles(k_tiles_), cta(cta_), ctas(ctas_), sk_iters((long long)sk_tiles * k_tiles_), next_dp(cta_) {
+        : dp_tiles(tiles - sk_tiles), k_tiles(k_tiles_), cta(cta_), ctas(ctas_), next_dp(cta_) {
+        const int sk_iters = sk_tiles * k_tiles;
+        base = sk_iters / ctas;
+        extra = sk_iters - base * ctas;
         begin = share_begin(cta);
         pos = share_begin(cta + 1);
     }
@@ -241,11 +248,10 @@ struct work_list {
             return true;
         }
         if (pos <= begin) return false;
-        const long long t = (pos - 1) / k_tiles;
-        const long long tile_start = t * k_tiles;
-        const long long from = max(begin, tile_start);
-        p = {dp_tiles + static_cast<int>(t), static_cast<int>(from - tile_start), static_cast<int>(pos - tile_start),
-             pos == tile_start + k_tiles};
+        const int t = (pos - 1) / k_tiles;
+        const int tile_start = t * k_tiles;
+        const int from = max(begin, tile_start);
+        p = {dp_tiles + t, from - tile_start, pos - tile_start, pos == tile_start + k_tiles};
         pos = from;
         return true;
     }
@@ -410,10 +416,8 @@ CALICO_DEVICE void publish_partial(const float (&acc)[ACC], float* partials, uin
 }
 
 // Stream-K: adds the partial sums CTA `from` published for this warpgroup, once its flag is up.
-CALICO_DEVICE void add_partial(float (&acc)[ACC], const float* partials, const uint32_t* flags, int from, int consumer, uint32_t epoch,
-                               int bar_id, bool leader) {
-    if (leader) calico::wait_flag(flags + 2 * from + consumer, epoch);
-    calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
+CALICO_DEVICE void add_partial(float (&acc)[ACC], const float* partials, const uint32_t* flags, int from, int consumer, uint32_t epoch) {
+    calico::wait_flag(flags + 2 * from + consumer, epoch);
     const int tid = threadIdx.x % calico::WARPGROUP_THREADS;
     const float4* slot =
         reinterpret_cast<const float4*>(partials + (long long)from * SLOT_FLOATS) + consumer * (ACC / 4) * calico::WARPGROUP_THREADS;
@@ -640,10 +644,10 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 if (piece.k_begin > 0) {
                     // Finish a stream-K tile: add the partials of the CTAs below that hold its
                     // first k-tiles (CTA g holds iterations from share_begin(g)).
-                    const long long tile_start = (long long)(piece.tile - list.dp_tiles) * k_tiles;
+                    const int tile_start = (piece.tile - list.dp_tiles) * k_tiles;
                     for (int from = list.cta - 1; from >= 0; --from) {
                         if (list.share_begin(from) == list.share_begin(from + 1)) continue;  // an empty share
-                        add_partial(acc[0], partials, scratch, from, consumer, epoch, 1 + consumer, leader);
+                        add_partial(acc[0], partials, scratch, from, consumer, epoch);
                         if (list.share_begin(from) <= tile_start) break;
                     }
                 }

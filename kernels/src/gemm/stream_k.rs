@@ -4,7 +4,8 @@
 //!
 //! A persistent grid of G CTAs over T tiles runs ceil(T / G) waves; when T % G is small the
 //! last wave leaves most SMs idle for a whole tile's time. Stream-K cuts the last `sk` tiles'
-//! `sk * k_tiles` k-iterations into G equal contiguous shares, so every CTA ends together; a
+//! `sk * k_tiles` k-iterations into G contiguous shares differing by at most one, so every CTA
+//! ends together; a
 //! tile split between CTAs is finished by the CTA holding its last k-tile, which adds the
 //! others' f32 partial sums from a scratch buffer.
 
@@ -75,7 +76,8 @@ pub(crate) fn plan(mode: Mode, tiles: usize, ctas: usize, k_tiles: usize) -> usi
             }
         }
     };
-    if sk == 0 || per_cta(sk) < MIN_ITERS_PER_CTA {
+    // The kernel counts stream-K iterations in 32 bits.
+    if sk == 0 || per_cta(sk) < MIN_ITERS_PER_CTA || sk * k_tiles > i32::MAX as usize {
         0
     } else {
         sk
@@ -106,11 +108,14 @@ pub(crate) struct Piece {
 pub(crate) struct WorkList {
     dp_tiles: usize,
     k_tiles: usize,
+    /// The stream-K iterations are `ctas * base + extra`; CTA g starts at
+    /// `g * base + min(g, extra)` (the first `extra` CTAs take one more).
+    base: usize,
+    extra: usize,
     ctas: usize,
-    sk_iters: u64,
     next_dp: usize,
-    pos: u64,
-    begin: u64,
+    pos: usize,
+    begin: usize,
 }
 
 #[cfg(test)]
@@ -122,22 +127,25 @@ impl WorkList {
         cta: usize,
         ctas: usize,
     ) -> Self {
-        let sk_iters = (sk_tiles * k_tiles) as u64;
-        let share = |g: usize| sk_iters * g as u64 / ctas as u64;
-        WorkList {
+        let sk_iters = sk_tiles * k_tiles;
+        let mut list = WorkList {
             dp_tiles: tiles - sk_tiles,
             k_tiles,
+            base: sk_iters / ctas,
+            extra: sk_iters % ctas,
             ctas,
-            sk_iters,
             next_dp: cta,
-            pos: share(cta + 1),
-            begin: share(cta),
-        }
+            pos: 0,
+            begin: 0,
+        };
+        list.begin = list.share_begin(cta);
+        list.pos = list.share_begin(cta + 1);
+        list
     }
 
     /// First stream-K iteration of CTA `g`.
-    pub(crate) fn share_begin(&self, g: usize) -> u64 {
-        self.sk_iters * g as u64 / self.ctas as u64
+    pub(crate) fn share_begin(&self, g: usize) -> usize {
+        g * self.base + g.min(self.extra)
     }
 }
 
@@ -159,14 +167,14 @@ impl Iterator for WorkList {
         if self.pos <= self.begin {
             return None;
         }
-        let k = self.k_tiles as u64;
+        let k = self.k_tiles;
         let t = (self.pos - 1) / k;
         let tile_start = t * k;
         let from = self.begin.max(tile_start);
         let p = Piece {
-            tile: self.dp_tiles + t as usize,
-            k_begin: (from - tile_start) as usize,
-            k_end: (self.pos - tile_start) as usize,
+            tile: self.dp_tiles + t,
+            k_begin: from - tile_start,
+            k_end: self.pos - tile_start,
             last: self.pos == tile_start + k,
         };
         self.pos = from;
@@ -211,7 +219,7 @@ mod tests {
                 finished[p.tile] += 1;
                 if p.k_begin > 0 {
                     assert_eq!(i, pieces.len() - 1, "split tiles are finished last");
-                    let tile_start = ((p.tile - (tiles - sk)) * k_tiles) as u64;
+                    let tile_start = (p.tile - (tiles - sk)) * k_tiles;
                     let mut from = cta;
                     loop {
                         assert!(from > 0, "a split tile always has a lower contributor");
