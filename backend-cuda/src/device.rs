@@ -5,7 +5,7 @@ use crate::storage::{CudaStorage, Queue};
 use crate::{nvrtc, probe};
 use calico_core::{
     Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg,
-    KernelSource, LaunchConfig, Result, Scratch, ScratchPool, Storage, Tensor,
+    KernelSource, LaunchConfig, Result, Storage, Tensor,
 };
 use cudarc::driver::{result, sys, CudaContext, CudaSlice, DevicePtr, DeviceRepr};
 use std::collections::HashMap;
@@ -39,7 +39,6 @@ struct Inner {
     compiler: CompilerInfo,
     disk: DiskCache,
     kernels: Mutex<HashMap<[u8; 32], Arc<LoadedKernel>>>,
-    scratch: ScratchPool,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -110,7 +109,6 @@ impl CudaDevice {
                 compiler,
                 disk: DiskCache::from_env(),
                 kernels: Mutex::new(HashMap::new()),
-                scratch: ScratchPool::default(),
             }),
         })
     }
@@ -349,9 +347,6 @@ impl GpuBackend for CudaDevice {
     }
     fn compiler(&self) -> &CompilerInfo {
         &self.inner.compiler
-    }
-    fn scratch(&self, bytes: usize) -> Result<Scratch> {
-        self.inner.scratch.get(bytes, |n| self.alloc(n))
     }
     fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>> {
         let target = self.inner.arch.target.as_str();

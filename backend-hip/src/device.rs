@@ -7,7 +7,7 @@ use crate::storage::{self, HipStorage};
 use crate::{compile, launch, sys, timing};
 use calico_core::{
     Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg,
-    KernelSource, LaunchConfig, Result, Scratch, ScratchPool, Storage,
+    KernelSource, LaunchConfig, Result, Storage,
 };
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::Arc;
@@ -29,7 +29,6 @@ struct Inner {
     max_threads_per_block: u32,
     compiler: CompilerInfo,
     cache: DiskCache,
-    scratch: Arc<ScratchPool>,
 }
 
 /// What a device reports about itself.
@@ -114,7 +113,6 @@ impl HipDevice {
                     version,
                 },
                 cache: DiskCache::from_env(),
-                scratch: Arc::default(),
             }),
         })
     }
@@ -315,10 +313,6 @@ impl GpuBackend for HipDevice {
 
     fn compiler(&self) -> &CompilerInfo {
         &self.inner.compiler
-    }
-
-    fn scratch(&self, bytes: usize) -> Result<Scratch> {
-        self.inner.scratch.get(bytes, |n| self.alloc(n))
     }
 
     fn launch(

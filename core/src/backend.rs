@@ -168,7 +168,4 @@ pub trait GpuBackend: Backend {
     /// Compiles `source` for this device (or fetches it from the disk cache) and returns the
     /// binary; used by `calico compile` and to warm caches.
     fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>>;
-    /// The device's scratch buffer (at least `bytes`, zero-filled when first allocated, kept
-    /// for later launches) and a launch epoch no earlier call returned; see [`crate::Scratch`].
-    fn scratch(&self, bytes: usize) -> Result<crate::Scratch>;
 }

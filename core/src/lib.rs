@@ -14,7 +14,6 @@ pub mod error;
 pub mod kernel;
 pub mod lanes;
 pub mod layout;
-pub mod scratch;
 pub mod tensor;
 
 pub use arch::{Arch, AsyncCopy, Fp8Flavour, MmaAtom, MmaKind, Vendor};
@@ -28,7 +27,6 @@ pub use epilogue::Epilogue;
 pub use error::{Error, Result};
 pub use kernel::{HeaderSet, KernelSource};
 pub use layout::{Layout, Rows};
-pub use scratch::{Scratch, ScratchPool};
 pub use tensor::Tensor;
 
 /// The device headers both vendors share (`calico/*.h` in `core/device`). Each vendor

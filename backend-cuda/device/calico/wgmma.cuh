@@ -48,9 +48,6 @@ CALICO_DEVICE uint64_t make_desc(uint32_t smem_addr, uint32_t lbo_bytes, uint32_
 // The descriptor for a tile whose rows are 128 bytes with 128B swizzle, K-major.
 CALICO_DEVICE uint64_t desc_kmajor_128b(uint32_t smem_addr) { return make_desc(smem_addr, 16, 1024, swizzle::b128); }
 
-// The same for rows of 64 bytes with 64B swizzle (8-row groups of 512 bytes), K-major.
-CALICO_DEVICE uint64_t desc_kmajor_64b(uint32_t smem_addr) { return make_desc(smem_addr, 16, 512, swizzle::b64); }
-
 // MN-major, 128B swizzle: 64-element (16-bit) chunks of MN each holding `k_rows` rows of
 // 128 bytes, chunks contiguous (what TMA writes for boxes of {64, k_rows} placed back to back).
 CALICO_DEVICE uint64_t desc_mnmajor_128b(uint32_t smem_addr, uint32_t k_rows) {

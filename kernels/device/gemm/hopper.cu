@@ -11,10 +11,9 @@
 //    128x256 default keeps 2 x 128 accumulators and needs 48 KB per stage, 4 stages = 192 KB).
 //    BM = 64 (skinny M): both consumers share the 64 rows and split the columns, so small
 //    M still gets two warpgroups of MMA issue and more CTAs (smaller BN) to spread B's bytes.
-//  * Slots: A box {BK (K), BM} and B box {BK (K), BN} (B K-major, torch Linear weight) or
-//    BN/64 boxes {64 (N), BK (K)} (B N-major, KxN row-major). BK = 64: K-major rows are 128
-//    bytes with 128B swizzle, descriptors with SBO = 1024 (8 rows of 128 B); BK = 32: 64-byte
-//    rows with 64B swizzle, SBO = 512. K-major descriptors step K by 32 bytes;
+//  * Slots: A box {64 (K), BM} and B box {64 (K), BN} (B K-major, torch Linear weight) or
+//    BN/64 boxes {64 (N), 64 (K)} (B N-major, KxN row-major), all with 128B swizzle. K-major
+//    operands use wgmma descriptors with SBO = 1024 (8 rows of 128 B) and step K by 32 bytes;
 //    N-major B uses the MN-major form (LBO = 64*128 between 64-column chunks, SBO = 1024) with
 //    the transpose bit, stepping K by 16 rows = 2048 bytes. Slot bases are 1024-aligned.
 //  * Handshake per slot: full[s] (1 arrival: the producer's arrive.expect_tx of the stage's
@@ -27,19 +26,6 @@
 //  * Persistent grid (grid = min(tiles, SMs)); CTA i takes tiles i, i + grid, ... in a grouped
 //    order: GROUP_M row-tiles sweep all column tiles before moving on, so concurrently running
 //    CTAs share A rows and B columns in L2. Batches follow one another.
-//  * Stream-K tail (sk_tiles > 0; cooperative, CLUSTER = 1): when the tile count leaves the
-//    last wave part-empty, the last sk_tiles tiles are not dealt out whole. Their k-tiles,
-//    sk_tiles * k_tiles "iterations" in tile order, are cut into gridDim.x contiguous shares
-//    that differ by at most one iteration, so every SM ends at the same time. A CTA walks its share
-//    from the end backwards in per-tile segments. The segment holding a tile's last k-tile
-//    finishes the tile: it adds the partial sums of the lower CTAs that hold the tile's
-//    earlier k-tiles, then runs the epilogue. Any other segment (at most one per CTA: the
-//    first one it walks) writes its f32 accumulators to the CTA's slot in the scratch buffer
-//    and raises the CTA's flag (= epoch, new every launch). Because shares are walked
-//    backwards, a contribution is the first thing its CTA computes and the wait for it is the
-//    last thing the finishing CTA does; waits only point to lower CTAs, which the hardware
-//    starts first. Partials are added in a fixed order (own, g-1, g-2, ...): results are
-//    deterministic for a given grid. The producer walks the same list (work_list).
 //  * Epilogue (TMA_STORE = 0) in registers straight from the wgmma layout: alpha, beta*C,
 //    bias[n], GELU (erf) or SiLU, converted to the output type, stored as 2-element vectors
 //    when D (and C) are aligned for it, scalars otherwise. While consumers run it, the
@@ -50,8 +36,8 @@
 //    warpgroup (ids 1 and 2), then its leader thread issues a bulk tensor store (clipped at
 //    M/N by the copy engine) and moves on without waiting for it: global writes are coalesced
 //    and asynchronous, and the next tile's wgmma starts right after the last box is handed
-//    over. Before writing a box the leader waits (wait_group.read 1) for the store that read
-//    the same buffer two boxes ago, and a barrier passes that on.
+//    over. The leader waits (wait_group.read 0) before the barrier of the next box, so a
+//    staging box is reused only after the store that read it two boxes ago is done.
 //  * PINGPONG = 1 (opt-in, CALICO_HOPPER_TUNE mode=pingpong): each consumer warpgroup owns a
 //    whole BM x BN tile (BM/64 m64nBNk16 accumulators, at most 128 registers: 128x128, 64x256,
 //    ...) and the two take the CTA's tiles in turn: consumer c computes local tiles c, c + 2,
@@ -82,7 +68,7 @@
 //    the host only picks this kernel when that holds (and the inner dimension is contiguous).
 //
 // DEFINES (set by kernels/src/gemm/hopper.rs):
-//  CALICO_GEMM_IN bf16|f16, CALICO_GEMM_OUT bf16|f16|float, CALICO_GEMM_BM 64|128, CALICO_GEMM_BK 32|64,
+//  CALICO_GEMM_IN bf16|f16, CALICO_GEMM_OUT bf16|f16|float, CALICO_GEMM_BM 64|128,
 //  CALICO_GEMM_BN 32..256 (multiple of 32 for K-major B; 128|256 for N-major, 64|128|256 when BM=128),
 //  CALICO_GEMM_STAGES 2..8, CALICO_GEMM_B_KMAJOR 0|1, CALICO_GEMM_EPILOGUE 0 none|1 gelu|2 silu,
 //  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1, CALICO_GEMM_TMA_STORE 0|1 (16-bit out, warpgroup columns a multiple of 64),
@@ -90,7 +76,6 @@
 //  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64).
 #include "calico/calico.h"
 #include "calico/cluster.cuh"
-#include "calico/flag.cuh"
 #include "calico/mbarrier.cuh"
 #include "calico/tma.cuh"
 #include "calico/warpgroup.cuh"
@@ -115,13 +100,7 @@ using out_t = CALICO_GEMM_OUT;
 
 constexpr int BM = CALICO_GEMM_BM;
 constexpr int BN = CALICO_GEMM_BN;
-// K per ring slot: 64 (128-byte rows, 128B swizzle) or 32 (64-byte rows, 64B swizzle: half
-// the bytes per slot, twice the slots, so more of the ring is in flight while two slots are
-// being read).
-#ifndef CALICO_GEMM_BK
-#define CALICO_GEMM_BK 64
-#endif
-constexpr int BK = CALICO_GEMM_BK;
+constexpr int BK = 64;  // one 128-byte swizzled row of 16-bit elements
 constexpr int STAGES = CALICO_GEMM_STAGES;
 constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
 constexpr bool TMA_STORE = CALICO_GEMM_TMA_STORE != 0;
@@ -145,7 +124,7 @@ constexpr int A_STAGE_BYTES = BM * BK * 2;
 constexpr int B_STAGE_BYTES = BN * BK * 2;
 constexpr int STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
 constexpr int N_CHUNK = 64;                      // columns per N-major TMA box (128 bytes)
-constexpr int N_CHUNK_BYTES = N_CHUNK * BK * 2;  // one N-major box: BK K rows of 128 bytes
+constexpr int N_CHUNK_BYTES = N_CHUNK * BK * 2;  // one N-major box: 64 K rows of 128 bytes
 constexpr int B_PART_BYTES = B_STAGE_BYTES / CLUSTER;  // the part of a B slot each CTA of a cluster loads
 constexpr int STORE_COLS = 64;                          // columns per TMA-store box (128 bytes of 16-bit)
 constexpr int STORE_ROWS = 64;                          // rows per TMA-store box: one warpgroup's rows
@@ -156,7 +135,6 @@ constexpr int CONSUMER_REGS = 232;
 
 static_assert(sizeof(in_t) == 2, "inputs are 16-bit");
 static_assert(BM == 64 || BM == 128, "BM is 64 or 128");
-static_assert(BK == 32 || BK == 64, "BK is 32 or 64");
 static_assert(WG_N % 16 == 0 && WG_N >= 16 && WG_N <= 256 && (WG_N & (WG_N - 1)) == 0, "wgmma N per warpgroup is 16..256, a power of two");
 static_assert(B_KMAJOR || WG_N % N_CHUNK == 0, "N-major B needs 64-column chunks per warpgroup");
 static_assert(STAGES >= 2 && STAGES <= 8, "2..8 stages");
@@ -178,15 +156,6 @@ struct tile_coord {
     int m, n, batch;
 };
 
-// Descriptor of a K-major operand block in a ring slot (rows of BK 16-bit elements).
-CALICO_DEVICE uint64_t kmajor_desc(uint32_t addr) {
-    if constexpr (BK == 64) {
-        return calico::wgmma::desc_kmajor_128b(addr);
-    } else {
-        return calico::wgmma::desc_kmajor_64b(addr);
-    }
-}
-
 // Tile t of the grouped order: within a batch, GROUP_M row-tiles walk all column tiles.
 CALICO_DEVICE tile_coord tile_at(int t, int m_tiles, int n_tiles, int group_m) {
     const int per_batch = m_tiles * n_tiles;
@@ -199,63 +168,6 @@ CALICO_DEVICE tile_coord tile_at(int t, int m_tiles, int n_tiles, int group_m) {
     const int in_group = r - group * per_group;
     return {first_m + in_group % rows, in_group / rows, batch};
 }
-
-// Stream-K needs every consumer warpgroup to own one m64 accumulator block of a shared tile.
-constexpr bool CAN_STREAM_K = !PINGPONG && CLUSTER == 1;
-// Scratch layout (hopper.rs builds the same): FLAG_BYTES of u32 flags, flag 2 * cta + consumer,
-// then one partial slot per CTA: per consumer ACC / 4 rows of 128 float4 (one per thread), so
-// each warp's stores and loads are 512 contiguous bytes.
-constexpr int FLAG_BYTES = 65536;
-constexpr int SLOT_FLOATS = CONSUMERS * ACC * calico::WARPGROUP_THREADS;
-
-// One piece of a CTA's work: k-tiles [k_begin, k_end) of work unit `tile`. `last` when it holds
-// the tile's last k-tile (the piece that finishes the tile).
-struct work_piece {
-    int tile;
-    int k_begin, k_end;
-    bool last;
-};
-
-// The pieces of one CTA, in order: data-parallel tiles cta, cta + ctas, ... below dp_tiles,
-// then its share of the stream-K iterations over tiles [dp_tiles, dp_tiles + sk_tiles), from
-// the end backwards, one piece per tile it touches.
-struct work_list {
-    int dp_tiles, k_tiles, cta, ctas;
-    // Stream-K iterations sk_tiles * k_tiles (< 2^31, the host checks) = ctas * base + extra:
-    // CTA g's share starts at g * base + min(g, extra), so the first `extra` CTAs take one
-    // more. All 32-bit: 64-bit division here costs a call per piece and, worse, makes the
-    // compiler give up the uniform datapath in the main loop.
-    int base, extra;
-    int next_dp;
-    int pos, begin;
-
-    // First stream-K iteration of CTA g (g = ctas gives the end).
-    CALICO_DEVICE int share_begin(int g) const { return g * base + min(g, extra); }
-
-    CALICO_DEVICE work_list(int tiles, int sk_tiles, int k_tiles_, int cta_, int ctas_)
-        : dp_tiles(tiles - sk_tiles), k_tiles(k_tiles_), cta(cta_), ctas(ctas_), next_dp(cta_) {
-        const int sk_iters = sk_tiles * k_tiles;
-        base = sk_iters / ctas;
-        extra = sk_iters - base * ctas;
-        begin = share_begin(cta);
-        pos = share_begin(cta + 1);
-    }
-
-    CALICO_DEVICE bool next(work_piece& p) {
-        if (next_dp < dp_tiles) {
-            p = {next_dp, 0, k_tiles, true};
-            next_dp += ctas;
-            return true;
-        }
-        if (pos <= begin) return false;
-        const int t = (pos - 1) / k_tiles;
-        const int tile_start = t * k_tiles;
-        const int from = max(begin, tile_start);
-        p = {dp_tiles + t, from - tile_start, pos - tile_start, pos == tile_start + k_tiles};
-        pos = from;
-        return true;
-    }
-};
 
 CALICO_DEVICE float activate(float x) {
 #if CALICO_GEMM_EPILOGUE == 1
@@ -352,11 +264,10 @@ CALICO_DEVICE void st_shared_b32(uint32_t addr, uint32_t v) { asm volatile("st.s
 // that clips at M and N; the warpgroup does not wait for the global writes. `stores` counts
 // this warpgroup's boxes over the whole kernel and picks the buffer.
 //
-// Buffer reuse: box q writes buffer q % 2, last read by the store of box q - 2. Before
-// writing, the leader waits until at most one store is still reading (wait_group.read 1:
-// store q - 1 may be, store q - 2 is done) and a named barrier passes that on; a second
-// barrier after the writes hands the box to the leader. Waiting for q - 2 rather than q - 1
-// gives each store a whole box of writes to finish reading.
+// Buffer reuse: box q writes buffer q % 2, last read by the store of box q - 2. The leader
+// waits (wait_group.read 0) for every store it issued before the named barrier that ends
+// box q - 1, and store q - 1 is only issued after that barrier; so once box q - 1's barrier is
+// passed, store q - 2 has finished reading.
 CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], const calico::tensor_map& map_d, unsigned char* staging,
                                   uint32_t& stores, int row_base, int col_base, int batch, int warp, int lane, int bar_id, bool leader) {
     const int g = lane / 4;
@@ -365,8 +276,6 @@ CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], con
     for (int q = 0; q < WG_N / STORE_COLS; ++q) {
         unsigned char* buf = staging + (stores & 1) * STORE_BOX_BYTES;
         const uint32_t buf_addr = calico::smem_addr(buf);
-        if (leader) calico::tma::store_wait_read<1>();
-        calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
 #pragma unroll
         for (int jj = 0; jj < STORE_COLS / 8; ++jj) {
             const int j = q * (STORE_COLS / 8) + jj;
@@ -392,42 +301,13 @@ CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], con
             }
         }
         calico::fence_proxy_async();
+        if (leader) calico::tma::store_wait_read<0>();
         calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
         if (leader) {
             calico::tma::store_3d(map_d, buf, col_base + q * STORE_COLS, row_base, batch);
             calico::tma::store_commit();
         }
         ++stores;
-    }
-}
-
-// Stream-K: this warpgroup's partial sums of a tile go to its part of slot `cta`, then the
-// flag says they are there.
-CALICO_DEVICE void publish_partial(const float (&acc)[ACC], float* partials, uint32_t* flags, int cta, int consumer, uint32_t epoch,
-                                   int bar_id, bool leader) {
-    const int tid = threadIdx.x % calico::WARPGROUP_THREADS;
-    float4* slot = reinterpret_cast<float4*>(partials + (long long)cta * SLOT_FLOATS) + consumer * (ACC / 4) * calico::WARPGROUP_THREADS;
-#pragma unroll
-    for (int r = 0; r < ACC / 4; ++r) {
-        __stcg(slot + r * calico::WARPGROUP_THREADS + tid, make_float4(acc[4 * r], acc[4 * r + 1], acc[4 * r + 2], acc[4 * r + 3]));
-    }
-    calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
-    if (leader) calico::raise_flag(flags + 2 * cta + consumer, epoch);
-}
-
-// Stream-K: adds the partial sums CTA `from` published for this warpgroup, once its flag is up.
-CALICO_DEVICE void add_partial(float (&acc)[ACC], const float* partials, const uint32_t* flags, int from, int consumer, uint32_t epoch) {
-    calico::wait_flag(flags + 2 * from + consumer, epoch);
-    const int tid = threadIdx.x % calico::WARPGROUP_THREADS;
-    const float4* slot =
-        reinterpret_cast<const float4*>(partials + (long long)from * SLOT_FLOATS) + consumer * (ACC / 4) * calico::WARPGROUP_THREADS;
-#pragma unroll
-    for (int r = 0; r < ACC / 4; ++r) {
-        const float4 v = __ldcg(slot + r * calico::WARPGROUP_THREADS + tid);
-        acc[4 * r] += v.x;
-        acc[4 * r + 1] += v.y;
-        acc[4 * r + 2] += v.z;
-        acc[4 * r + 3] += v.w;
     }
 }
 
@@ -451,8 +331,6 @@ CALICO_DEVICE void release(calico::mbarrier& bar) {
 //  map_d: with TMA_STORE, D {N, M, batch}, box {64, 64, 1}, 128B swizzle; unused otherwise.
 //  d, c, bias: output, optional C (may equal d), optional bias[N]; element strides for d/c rows
 //  and batches; a/b_batch_step: 1, or 0 to broadcast an operand over batches.
-//  sk_tiles: tiles at the end of the order done stream-K (0: none; needs CAN_STREAM_K), epoch:
-//  this launch's flag value, scratch: flags + partial slots (see FLAG_BYTES), or null.
 // CLUSTER = 2: CTAs 2i and 2i + 1 form a cluster and take row tiles 2p and 2p + 1 of the same
 // column tile; each loads its own A and half of the shared B slot, multicast to both.
 #if CALICO_GEMM_CLUSTER > 1
@@ -465,7 +343,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                        const __grid_constant__ calico::tensor_map map_d, gemm_hopper::out_t* d, const gemm_hopper::out_t* c,
                        const gemm_hopper::out_t* __restrict__ bias, int m, int n, int k, int batch, long long d_row_stride,
                        long long d_batch_stride, long long c_row_stride, long long c_batch_stride, int a_batch_step, int b_batch_step,
-                       int group_m, float alpha, float beta, int sk_tiles, unsigned int epoch, unsigned int* scratch) {
+                       int group_m, float alpha, float beta) {
     using namespace gemm_hopper;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // Dynamic shared memory is only guaranteed 16-byte alignment; 128B swizzle needs 1024.
@@ -505,14 +383,12 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             calico::tma::prefetch(map_a);
             calico::tma::prefetch(map_b);
             uint32_t it = 0;
-            work_list list(work, sk_tiles, k_tiles, first_work, work_step);
-            work_piece piece;
-            while (list.next(piece)) {
-                const tile_coord tc = tile_at(piece.tile, m_groups, n_tiles, group);
+            for (int w = first_work; w < work; w += work_step) {
+                const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
                 const int tile_m = tc.m * CLUSTER + rank;
                 const int a_batch = tc.batch * a_batch_step;
                 const int b_batch = tc.batch * b_batch_step;
-                for (int kt = piece.k_begin; kt < piece.k_end; ++kt, ++it) {
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int slot = it % STAGES;
                     const uint32_t parity = (it / STAGES) & 1;
                     calico::wait(empty[slot], parity ^ 1);
@@ -579,18 +455,13 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         e.c_pairs = CALICO_GEMM_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
 
         float acc[MI][ACC];
-        float* partials = scratch ? reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(scratch) + FLAG_BYTES) : nullptr;
-        // Ping-pong: this warpgroup takes local pieces consumer, consumer + 2, ...; `it` still
+        // Ping-pong: this warpgroup takes local tiles consumer, consumer + 2, ...; `it` still
         // counts every k-tile of the CTA (the partner's are skipped), as the producer does.
-        work_list list(work, sk_tiles, k_tiles, first_work, work_step);
-        work_piece piece;
-        uint32_t it = 0;
-        for (int local = 0; list.next(piece); ++local) {
-            if (PINGPONG && (local & 1) != consumer) {
-                it += piece.k_end - piece.k_begin;
-                continue;
-            }
-            const tile_coord tc = tile_at(piece.tile, m_groups, n_tiles, group);
+        const int tile_step = PINGPONG ? 2 : 1;
+        int local = PINGPONG ? consumer : 0;
+        uint32_t it = PINGPONG ? static_cast<uint32_t>(consumer) * k_tiles : 0;
+        for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
+            const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
             const int tile_m = tc.m * CLUSTER + rank;
             if constexpr (PINGPONG) {
                 // Wait for the partner's main loop on the previous local tile to hand over.
@@ -602,7 +473,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 for (int r = 0; r < ACC; ++r) acc[i][r] = 0.0f;
             }
             int prev_slot = -1;
-            for (int kt = piece.k_begin; kt < piece.k_end; ++kt, ++it) {
+            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int slot = it % STAGES;
                 const uint32_t parity = (it / STAGES) & 1;
                 calico::wait(full[slot], parity);
@@ -611,11 +482,11 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 calico::wgmma::fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; ++kk) {
-                    const uint64_t desc_b = B_KMAJOR ? kmajor_desc(b_slot + kk * 32)
+                    const uint64_t desc_b = B_KMAJOR ? calico::wgmma::desc_kmajor_128b(b_slot + kk * 32)
                                                      : calico::wgmma::desc_mnmajor_128b(b_slot + kk * 16 * 128, BK);
 #pragma unroll
                     for (int i = 0; i < MI; ++i) {
-                        const uint64_t desc_a = kmajor_desc(a_slot + i * 64 * BK * 2 + kk * 32);
+                        const uint64_t desc_a = calico::wgmma::desc_kmajor_128b(a_slot + i * 64 * BK * 2 + kk * 32);
                         calico::wgmma::mma<in_t, WG_N>::template ss<B_KMAJOR ? 0 : 1>(acc[i], desc_a, desc_b, 1);
                     }
                 }
@@ -628,30 +499,11 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             if constexpr (PINGPONG) {
                 // Every full[] wait of this tile has passed and its wgmma are issued: hand the
                 // tensor cores to the partner, if the CTA has a next tile (it is the partner's).
-                work_list rest = list;
-                work_piece after;
-                if (rest.next(after)) calico::named_barrier_arrive(ORDER_BAR + (1 - consumer), ORDER_THREADS);
+                if (w < work - work_step) calico::named_barrier_arrive(ORDER_BAR + (1 - consumer), ORDER_THREADS);
+                it += k_tiles;  // the partner's tile
             }
             calico::wgmma::wait_group<0>();
             if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
-
-            if constexpr (CAN_STREAM_K) {
-                if (!piece.last) {
-                    // The lower k-tiles of a stream-K tile: hand them to the CTA that finishes it.
-                    publish_partial(acc[0], partials, scratch, list.cta, consumer, epoch, 1 + consumer, leader);
-                    continue;
-                }
-                if (piece.k_begin > 0) {
-                    // Finish a stream-K tile: add the partials of the CTAs below that hold its
-                    // first k-tiles (CTA g holds iterations from share_begin(g)).
-                    const int tile_start = (piece.tile - list.dp_tiles) * k_tiles;
-                    for (int from = list.cta - 1; from >= 0; --from) {
-                        if (list.share_begin(from) == list.share_begin(from + 1)) continue;  // an empty share
-                        add_partial(acc[0], partials, scratch, from, consumer, epoch);
-                        if (list.share_begin(from) <= tile_start) break;
-                    }
-                }
-            }
 
             e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
             const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);

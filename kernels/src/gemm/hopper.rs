@@ -2,7 +2,6 @@
 //! (`kernels/device/gemm/hopper.cu` explains the kernel). This module decides when it applies,
 //! picks the tile shape, encodes the tensor maps and launches it.
 
-use super::stream_k;
 use super::{GemmProblem, MatrixArg};
 use calico_core::{
     Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, LaunchConfig, MmaKind,
@@ -14,9 +13,8 @@ const SOURCE: &str = include_str!("../../device/gemm/hopper.cu");
 const ENTRY: &str = "calico_gemm_hopper";
 /// One producer and two consumer warpgroups.
 const THREADS: u32 = 384;
-/// K per pipeline stage by default: one 128-byte swizzled row of 16-bit elements. 32 (64-byte
-/// rows, 64B swizzle, twice the stages) is the other choice.
-const DEFAULT_BK: usize = 64;
+/// K per pipeline stage: one 128-byte swizzled row of 16-bit elements.
+const BK: usize = 64;
 /// Columns per N-major TMA box (128 bytes of 16-bit elements).
 const N_CHUNK: usize = 64;
 const MAX_STAGES: usize = 8;
@@ -32,8 +30,6 @@ const MAX_EXTENT: usize = i32::MAX as usize;
 struct TileConfig {
     bm: usize,
     bn: usize,
-    /// K per ring slot: 64 or 32.
-    bk: usize,
     stages: usize,
     /// Epilogue through shared memory and TMA stores (16-bit output, 64-column boxes).
     tma_store: bool,
@@ -47,7 +43,7 @@ struct TileConfig {
 
 impl TileConfig {
     fn stage_bytes(self) -> usize {
-        (self.bm + self.bn) * self.bk * 2
+        (self.bm + self.bn) * BK * 2
     }
 
     /// Two 64x64 16-bit staging boxes per consumer warpgroup for the TMA-store epilogue.
@@ -65,17 +61,6 @@ impl TileConfig {
         1024 + self.stages * self.stage_bytes() + self.staging_bytes() + 2 * self.stages * 8
     }
 
-    /// f32 accumulators per consumer thread: half a warpgroup's columns (BM = 128: all BN
-    /// columns of 64 rows; BM = 64: half of BN).
-    fn acc_per_thread(self) -> usize {
-        let wg_n = if self.bm == 64 && !self.pingpong {
-            self.bn / 2
-        } else {
-            self.bn
-        };
-        wg_n / 2
-    }
-
     fn tiles(self, p: &GemmProblem) -> usize {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
     }
@@ -90,12 +75,10 @@ impl TileConfig {
 const STORE_BOX: usize = 64;
 
 /// Overrides for A/B tuning runs, read once from `CALICO_HOPPER_TUNE`, e.g.
-/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132,mode=pingpong,sk=tail`.
-/// Entries that do not parse, or that the problem cannot use, are ignored. `mode=pingpong`
-/// gives each consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128
-/// accumulators), taken in turns; `mode=cooperative` (the default) has both share each tile.
-/// `sk=auto|off|tail|wide` schedules the stream-K tail (see `stream_k`; cooperative, no
-/// cluster). `bk=32` halves K per ring slot (64B swizzle) for twice the slots.
+/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132,mode=pingpong`. Entries that
+/// do not parse, or that the problem cannot use, are ignored. `mode=pingpong` gives each
+/// consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128 accumulators), taken in
+/// turns; `mode=cooperative` (the default) has both share each tile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Tune {
     bm: Option<usize>,
@@ -106,8 +89,6 @@ struct Tune {
     group_m: Option<i32>,
     grid: Option<usize>,
     pingpong: Option<bool>,
-    stream_k: Option<stream_k::Mode>,
-    bk: Option<usize>,
 }
 
 impl Tune {
@@ -135,8 +116,6 @@ impl Tune {
                     t.group_m = num.filter(|v| (1..=64).contains(v)).map(|v| v as i32)
                 }
                 "grid" => t.grid = num.filter(|&v| v >= 1),
-                "sk" | "stream_k" => t.stream_k = stream_k::Mode::parse(value),
-                "bk" => t.bk = num.filter(|v| [32, 64].contains(v)),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -244,9 +223,9 @@ fn d_tma_ok(p: &GemmProblem) -> bool {
 
 /// True when a 2-CTA cluster can split the B slot: halves of a K-major box stay
 /// 1024-aligned, N-major B has an even number of 64-column chunks.
-fn cluster_splits_b(bn: usize, bk: usize, b_kmajor: bool) -> bool {
+fn cluster_splits_b(bn: usize, b_kmajor: bool) -> bool {
     if b_kmajor {
-        (bn / 2) * bk * 2 % 1024 == 0
+        (bn / 2) * BK * 2 % 1024 == 0
     } else {
         (bn / N_CHUNK) % 2 == 0
     }
@@ -274,7 +253,6 @@ fn pick(
         (128, 64),
     ];
     let pingpong = tune.pingpong == Some(true);
-    let bk = tune.bk.unwrap_or(DEFAULT_BK);
     // Columns per consumer warpgroup: ping-pong warpgroups own whole tiles (BM / 64 m64
     // blocks of BN / 2 accumulators, 128 at most); cooperative ones split BM = 128 by rows
     // and BM = 64 by columns.
@@ -288,13 +266,12 @@ fn pick(
     let with_stages = |(bm, bn): (usize, usize)| {
         let tma_store = d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false);
         let cluster = match tune.cluster {
-            Some(2) if cluster_splits_b(bn, bk, b_kmajor) && p.m.div_ceil(bm) >= 2 => 2,
+            Some(2) if cluster_splits_b(bn, b_kmajor) && p.m.div_ceil(bm) >= 2 => 2,
             _ => DEFAULT_CLUSTER,
         };
         let one = TileConfig {
             bm,
             bn,
-            bk,
             stages: 1,
             tma_store,
             cluster,
@@ -360,8 +337,7 @@ fn outer_stride_bytes(stride: usize, extent: usize, fallback_bytes: usize, elem:
     }
 }
 
-/// A 3-D map {inner, outer, batch} over one operand, box {box_inner, box_outer, 1}, swizzled
-/// to the box's row width (128 or 64 bytes).
+/// A 3-D map {inner, outer, batch} over one operand, box {box_inner, box_outer, 1}, 128B swizzle.
 #[allow(clippy::too_many_arguments)]
 fn operand_map(
     x: &MatrixArg,
@@ -373,15 +349,6 @@ fn operand_map(
     box_inner: usize,
     box_outer: usize,
 ) -> Result<(OpaqueParam128, i32)> {
-    let swizzle = match box_inner * dtype.size_bytes() {
-        128 => Swizzle::B128,
-        64 => Swizzle::B64,
-        other => {
-            return Err(Error::unsupported(format!(
-                "no TMA swizzle for {other}-byte box rows"
-            )))
-        }
-    };
     let elem = dtype.size_bytes();
     let inner = inner.max(1);
     let outer = outer.max(1);
@@ -396,7 +363,7 @@ fn operand_map(
         dims: [inner as u64, outer as u64, batch_dim as u64],
         strides_bytes: [row_bytes, batch_bytes, 0],
         box_dims: [box_inner as u32, box_outer as u32, 1],
-        swizzle,
+        swizzle: Swizzle::B128,
     }
     .encode()?;
     Ok((map, if broadcast { 0 } else { 1 }))
@@ -434,7 +401,6 @@ impl Variant {
             ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
             ("CALICO_GEMM_BM", self.tile.bm.to_string()),
             ("CALICO_GEMM_BN", self.tile.bn.to_string()),
-            ("CALICO_GEMM_BK", self.tile.bk.to_string()),
             ("CALICO_GEMM_STAGES", self.tile.stages.to_string()),
             ("CALICO_GEMM_B_KMAJOR", u8::from(self.b_kmajor).to_string()),
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
@@ -465,7 +431,6 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
     let tile = |bm, bn, stages, tma_store, cluster| TileConfig {
         bm,
         bn,
-        bk: DEFAULT_BK,
         stages,
         tma_store,
         cluster,
@@ -479,21 +444,8 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
     let big_tma = tile(128, 256, 4, true, 1);
     let big_cluster = tile(128, 256, 4, true, 2);
     let skinny = tile(64, 32, 8, false, 1);
-    let big_bk32 = TileConfig {
-        bk: 32,
-        ..tile(128, 256, 8, true, 1)
-    };
     let mut out = Vec::new();
     let cases = [
-        (
-            DType::BF16,
-            DType::BF16,
-            big_bk32,
-            true,
-            Epilogue::None,
-            false,
-            false,
-        ),
         (
             DType::BF16,
             DType::BF16,
@@ -625,10 +577,9 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             c,
         };
         let label = format!(
-            "hopper {in_dtype}->{out_dtype} {}x{}x{} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}",
+            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}",
             tile.bm,
             tile.bn,
-            tile.bk,
             tile.stages,
             if tile.tma_store { "tma" } else { "reg" },
             tile.cluster,
@@ -678,7 +629,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         p.m,
         p.a.row_stride,
         p.batch,
-        cfg.bk,
+        BK,
         cfg.bm,
     )?;
     let (map_b, b_step) = if b_kmajor {
@@ -690,7 +641,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
             p.n,
             p.b.col_stride,
             p.batch,
-            cfg.bk,
+            BK,
             cfg.bn / cfg.cluster,
         )?
     } else {
@@ -702,7 +653,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
             p.b.row_stride,
             p.batch,
             N_CHUNK,
-            cfg.bk,
+            BK,
         )?
     };
 
@@ -721,30 +672,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     // Persistent: one CTA per SM (whole clusters), or the tuning override.
     let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster;
     let clusters = clusters.max(1);
-    let sk_tiles = if cfg.cluster == 1 && !cfg.pingpong {
-        let mode = tune.stream_k.unwrap_or_default();
-        stream_k::plan(mode, cfg.work(p), clusters, p.k.div_ceil(cfg.bk))
-    } else {
-        0
-    };
-    // Stream-K shares its tiles' k-tiles over every CTA; otherwise no more CTAs than tiles.
-    let grid = if sk_tiles > 0 {
-        clusters
-    } else {
-        cfg.work(p).min(clusters) * cfg.cluster
-    };
-    let scratch = if sk_tiles > 0 {
-        Some(gpu.scratch(stream_k::scratch_bytes(grid, cfg.acc_per_thread()))?)
-    } else {
-        None
-    };
-    let scratch_ptr = match &scratch {
-        Some(s) => s
-            .storage
-            .device_address()
-            .ok_or_else(|| Error::unsupported("the GPU scratch buffer has no device address"))?,
-        None => 0,
-    };
+    let grid = (cfg.work(p).min(clusters) * cfg.cluster) as u32;
     let c = p.c.filter(|_| has_c);
     let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
     let args = [
@@ -767,19 +695,9 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         KernelArg::I32(tune.group_m.unwrap_or(GROUP_M)),
         KernelArg::F32(p.alpha),
         KernelArg::F32(p.beta),
-        KernelArg::I32(as_i32(sk_tiles, "stream-K tiles")?),
-        KernelArg::U32(scratch.as_ref().map_or(0, |s| s.epoch)),
-        KernelArg::Ptr(scratch_ptr),
     ];
-    let config = LaunchConfig::linear(as_u32(grid)?, THREADS, cfg.smem_bytes() as u32);
-    // `scratch` (if any) lives until the launch is queued: the buffer outlasts the kernel.
-    let launched = gpu.launch(&source, &config, &args);
-    drop(scratch);
-    launched
-}
-
-fn as_u32(v: usize) -> Result<u32> {
-    u32::try_from(v).map_err(|_| Error::unsupported(format!("grid of {v} CTAs")))
+    let config = LaunchConfig::linear(grid, THREADS, cfg.smem_bytes() as u32);
+    gpu.launch(&source, &config, &args)
 }
 
 #[cfg(test)]
@@ -832,7 +750,6 @@ mod tests {
         let c = TileConfig {
             bm: 128,
             bn: 256,
-            bk: 64,
             stages: 4,
             tma_store: false,
             cluster: 1,
@@ -861,8 +778,6 @@ mod tests {
                 group_m: Some(4),
                 grid: Some(64),
                 pingpong: None,
-                stream_k: None,
-                bk: None,
             }
         );
         // Nonsense is ignored.
@@ -884,16 +799,6 @@ mod tests {
         let c = pick(&h100(), &p, true, true, Tune::parse("stages=8")).unwrap();
         assert_eq!(c.stages, 4);
         assert!(!c.pingpong);
-    }
-
-    #[test]
-    fn bk32_doubles_the_stages() {
-        let p = problem(4096, 4096, 4096, true);
-        let c = pick(&h100(), &p, true, true, Tune::parse("bk=32")).unwrap();
-        assert_eq!((c.bm, c.bn, c.bk, c.stages), (128, 256, 32, 8));
-        assert_eq!(c.stage_bytes(), 24576);
-        assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
-        assert_eq!(Tune::parse("bk=48").bk, None);
     }
 
     #[test]

@@ -9,7 +9,6 @@ mod hopper;
 mod portable;
 mod skinny;
 mod sm80;
-mod stream_k;
 
 use crate::ops_check as check;
 use crate::Device;
