@@ -16,25 +16,18 @@ ncu --import "$out/stalls.ncu-rep" --page details >"$out/stalls-details.txt" 2>&
 python3 - "$out/stalls-sass.csv" <<'PY'
 import csv, sys
 rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+# The export starts with a "Kernel Name" line, then the column header.
+while rows and "Address" not in rows[0]:
+    rows.pop(0)
 if not rows:
-    print("no rows"); sys.exit()
-head = rows[0]
-print("columns:", [h for h in head][:40])
-def col(name):
-    for i, h in enumerate(head):
-        if h.strip() == name: return i
-    return None
-samp = col("Warp Stall Sampling (All Samples)")
-src = col("Source")
-addr = col("Address")
-if samp is None or src is None:
-    print("columns not found"); sys.exit()
-body = []
-for r in rows[1:]:
-    try: body.append((float(r[samp].replace(",", "") or 0), r[addr] if addr is not None else "", r[src]))
-    except (ValueError, IndexError): pass
-total = sum(b[0] for b in body) or 1
-stall_cols = [i for i, h in enumerate(head) if h.startswith("stall_") or "Stall" in h]
-for s, a, text in sorted(body, reverse=True)[:40]:
-    print(f"{100*s/total:6.2f}%  {a:>8}  {text}")
+    print("no SASS table in the export"); sys.exit()
+head, body = rows[0], rows[1:]
+samp, src, addr = (head.index(n) for n in ("Warp Stall Sampling (All Samples)", "Source", "Address"))
+reasons = [(i, h[len("stall_"):]) for i, h in enumerate(head) if h.startswith("stall_") and "Not Issued" not in h]
+num = lambda v: float(v.replace(",", "") or 0)
+data = [(num(r[samp]), r) for r in body if len(r) > samp]
+total = sum(d[0] for d in data) or 1
+for s, r in sorted(data, key=lambda d: -d[0])[:40]:
+    top = sorted(((num(r[i]), name) for i, name in reasons), reverse=True)[:2]
+    print(f"{100 * s / total:6.2f}%  {r[addr][-6:]:>6}  {r[src][:70]:70}  {top}")
 PY
