@@ -17,8 +17,9 @@ rc=0
 for t in "${test_tunes[@]}"; do
   echo "=== conformance gemm, CALICO_HOPPER_TUNE='$t'"
   start=$(date +%s)
-  CALICO_HOPPER_TUNE="$t" bash .gpu/run.sh tests gemm -q 2>&1 | grep -E "test result|FAILED|panicked|skipped" | head -20 || true
-  [[ ${PIPESTATUS[0]} -eq 0 ]] || rc=1
+  log="$out/conformance-$(printf '%s' "$t" | tr -c 'A-Za-z0-9=' '_').log"
+  CALICO_HOPPER_TUNE="$t" bash .gpu/run.sh tests gemm -q >"$log" 2>&1 || rc=1
+  grep -E "test result|FAILED|panicked" "$log" | head -20
   echo "    ($(( $(date +%s) - start )) s)"
 done
 n=0
