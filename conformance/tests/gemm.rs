@@ -434,6 +434,63 @@ fn gemm_large_on_gpu() {
             seed: 5,
             ..base.clone()
         },
+        // Small M with a long K: the Hopper kernel splits K over a cluster (8 CTAs here; 47
+        // k-tiles do not divide evenly), partial tiles summed through distributed shared memory.
+        GemmCase {
+            m: 64,
+            n: 1000,
+            k: 3000,
+            beta: 1.0,
+            c_mode: CMode::InPlace,
+            bias: true,
+            epilogue: Epilogue::Gelu,
+            seed: 6,
+            ..base.clone()
+        },
+        GemmCase {
+            in_dtype: DType::F16,
+            out_dtype: DType::F32,
+            batch: Some(2),
+            m: 48,
+            n: 512,
+            k: 4096,
+            b_mem: col,
+            alpha: 0.5,
+            seed: 7,
+            ..base.clone()
+        },
+        GemmCase {
+            in_dtype: DType::F16,
+            out_dtype: DType::F16,
+            m: 128,
+            n: 1024,
+            k: 2048,
+            bias: true,
+            epilogue: Epilogue::Silu,
+            seed: 8,
+            ..base.clone()
+        },
+        // Several tiles per CTA with the TMA-store epilogue: each tile's stores are deferred
+        // behind the next tile's first k-tiles (one k-tile only in the first case).
+        GemmCase {
+            m: 4096,
+            n: 2048,
+            k: 64,
+            seed: 9,
+            ..base.clone()
+        },
+        GemmCase {
+            in_dtype: DType::F16,
+            out_dtype: DType::F16,
+            m: 3000,
+            n: 4096,
+            k: 200,
+            bias: true,
+            beta: 1.0,
+            c_mode: CMode::Separate,
+            seed: 10,
+            ..base.clone()
+        },
     ];
     for dev in gpus {
         for g in &cases {

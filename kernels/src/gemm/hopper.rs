@@ -22,6 +22,13 @@ const MAX_STAGES: usize = 8;
 const GROUP_M: i32 = 8;
 /// CTAs per cluster unless CALICO_HOPPER_TUNE says otherwise.
 const DEFAULT_CLUSTER: usize = 1;
+/// Deferred TMA stores (a tile's output goes out during the next tile's first k-tiles) unless
+/// CALICO_HOPPER_TUNE says otherwise.
+const DEFAULT_DEFER_STORE: bool = true;
+/// The most CTAs a cluster may split a tile's K range over (the portable cluster size).
+const MAX_KSPLIT: usize = 8;
+/// Each CTA of a split-K cluster keeps at least this many k-tiles.
+const MIN_KTILES_PER_SPLIT: usize = 4;
 /// TMA coordinates and the kernel's tile counter are 32-bit.
 const MAX_EXTENT: usize = i32::MAX as usize;
 
@@ -39,6 +46,12 @@ struct TileConfig {
     /// tensor cores (one's epilogue overlaps the other's main loop). Otherwise they cooperate
     /// on each tile.
     pingpong: bool,
+    /// With the TMA-store epilogue: a tile's stores are issued while the next tile's first
+    /// k-tiles run (cooperative consumers only).
+    defer_store: bool,
+    /// CTAs of a cluster that split each tile's K range and sum their partial tiles through
+    /// distributed shared memory (1: no split). Small-M problems: more CTAs per tile.
+    ksplit: usize,
 }
 
 impl TileConfig {
@@ -55,10 +68,36 @@ impl TileConfig {
         }
     }
 
-    /// Must match hopper.cu: 1024 bytes of alignment slack, the slots, the staging boxes, two
-    /// mbarriers per slot.
+    /// Columns of the tile each consumer warpgroup computes.
+    fn warpgroup_n(self) -> usize {
+        if self.bm == 64 && !self.pingpong {
+            self.bn / 2
+        } else {
+            self.bn
+        }
+    }
+
+    /// Split-K partials: every consumer thread's accumulators (f32), plus two mbarriers.
+    fn split_bytes(self) -> usize {
+        if self.ksplit > 1 {
+            2 * 128 * (self.warpgroup_n() / 2) * 4 + 16
+        } else {
+            0
+        }
+    }
+
+    /// Must match hopper.cu: 1024 bytes of alignment slack, the slots, the staging boxes, the
+    /// split-K partials, two mbarriers per slot (and two for split-K).
     fn smem_bytes(self) -> usize {
-        1024 + self.stages * self.stage_bytes() + self.staging_bytes() + 2 * self.stages * 8
+        1024 + self.stages * self.stage_bytes()
+            + self.staging_bytes()
+            + self.split_bytes()
+            + 2 * self.stages * 8
+    }
+
+    /// CTAs per cluster.
+    fn cluster_ctas(self) -> usize {
+        self.cluster * self.ksplit
     }
 
     fn tiles(self, p: &GemmProblem) -> usize {
@@ -75,10 +114,12 @@ impl TileConfig {
 const STORE_BOX: usize = 64;
 
 /// Overrides for A/B tuning runs, read once from `CALICO_HOPPER_TUNE`, e.g.
-/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132,mode=pingpong`. Entries that
-/// do not parse, or that the problem cannot use, are ignored. `mode=pingpong` gives each
-/// consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128 accumulators), taken in
-/// turns; `mode=cooperative` (the default) has both share each tile.
+/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132,mode=pingpong,defer=0,ksplit=4`.
+/// Entries that do not parse, or that the problem cannot use, are ignored. `mode=pingpong`
+/// gives each consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128
+/// accumulators), taken in turns; `mode=cooperative` (the default) has both share each tile.
+/// `defer=0` issues a tile's TMA stores before the next tile starts; `ksplit=S` splits each
+/// tile's K range over an S-CTA cluster (`ksplit=1`: never).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Tune {
     bm: Option<usize>,
@@ -89,6 +130,8 @@ struct Tune {
     group_m: Option<i32>,
     grid: Option<usize>,
     pingpong: Option<bool>,
+    defer_store: Option<bool>,
+    ksplit: Option<usize>,
 }
 
 impl Tune {
@@ -116,6 +159,16 @@ impl Tune {
                     t.group_m = num.filter(|v| (1..=64).contains(v)).map(|v| v as i32)
                 }
                 "grid" => t.grid = num.filter(|&v| v >= 1),
+                "defer" => {
+                    t.defer_store = match value {
+                        "1" | "on" | "yes" => Some(true),
+                        "0" | "off" | "no" => Some(false),
+                        _ => None,
+                    }
+                }
+                "ksplit" | "split" => {
+                    t.ksplit = num.filter(|v| v.is_power_of_two() && *v <= MAX_KSPLIT)
+                }
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -263,10 +316,12 @@ fn pick(
             && (b_kmajor || wg_n(bm, bn) % N_CHUNK == 0)
             && (!pingpong || bm * bn <= 128 * 128)
     };
-    let with_stages = |(bm, bn): (usize, usize)| {
-        let tma_store = d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false);
+    // Split-K clusters take the register epilogue and no B multicast.
+    let with_split = |(bm, bn): (usize, usize), ksplit: usize| {
+        let tma_store =
+            d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false) && ksplit == 1;
         let cluster = match tune.cluster {
-            Some(2) if cluster_splits_b(bn, b_kmajor) && p.m.div_ceil(bm) >= 2 => 2,
+            Some(2) if cluster_splits_b(bn, b_kmajor) && p.m.div_ceil(bm) >= 2 && ksplit == 1 => 2,
             _ => DEFAULT_CLUSTER,
         };
         let one = TileConfig {
@@ -276,15 +331,18 @@ fn pick(
             tma_store,
             cluster,
             pingpong,
+            defer_store: tma_store && !pingpong && tune.defer_store.unwrap_or(DEFAULT_DEFER_STORE),
+            ksplit,
         };
         // 1024 bytes of alignment slack, and 1024 that ptxas reports as static shared memory.
         let budget = arch
             .shared_mem_per_block
-            .saturating_sub(2048 + one.staging_bytes());
+            .saturating_sub(2048 + one.staging_bytes() + one.split_bytes());
         let most = (budget / (one.stage_bytes() + 16)).min(MAX_STAGES);
         let stages = tune.stages.filter(|&s| s <= most).unwrap_or(most);
         (stages >= 2).then_some(TileConfig { stages, ..one })
     };
+    let with_stages = |shape: (usize, usize)| with_split(shape, 1);
     let forced: Option<(usize, usize)> = match (tune.bm, tune.bn) {
         (Some(bm), Some(bn)) => Some((bm, bn)),
         _ => None,
@@ -325,7 +383,55 @@ fn pick(
                 .copied()
                 .max_by_key(|c| (c.tiles(p), c.bm * c.bn))
         })?;
+    let chosen = split_k(arch, p, chosen, tune, with_split).unwrap_or(chosen);
     (chosen.tiles(p) <= MAX_EXTENT).then_some(chosen)
+}
+
+/// The split-K form of a small-M problem, if it should take one. Few output tiles with a long
+/// K each leave most SMs idle or, with tiles shrunk to spread them, re-read A once per narrow
+/// column tile and pay a barrier round trip per small k-tile. Splitting K over a cluster keeps
+/// 64 x 128 tiles and still fills the machine. Automatic when the 64 x 128 shape gives less
+/// than a wave of tiles, K has at least MIN_KTILES_PER_SPLIT k-tiles per CTA and the split
+/// reaches about a wave; `tune.ksplit` forces a split (1: never), with `tune.bm/bn` the shape.
+fn split_k(
+    arch: &Arch,
+    p: &GemmProblem,
+    chosen: TileConfig,
+    tune: Tune,
+    with_split: impl Fn((usize, usize), usize) -> Option<TileConfig>,
+) -> Option<TileConfig> {
+    if chosen.pingpong || tune.cluster == Some(2) {
+        return None;
+    }
+    let sms = arch.compute_units as usize;
+    let k_tiles = p.k.div_ceil(BK);
+    let shape = (tune.bm.unwrap_or(64), tune.bn.unwrap_or(128));
+    let split = match tune.ksplit {
+        Some(s) => s,
+        None => {
+            let unsplit = with_split(shape, 1)?;
+            let tiles = unsplit.tiles(p);
+            let wave = sms * 3 / 4;
+            if tiles >= wave {
+                return None;
+            }
+            let most = (sms / tiles.max(1))
+                .min(k_tiles / MIN_KTILES_PER_SPLIT)
+                .min(MAX_KSPLIT);
+            let s = if most >= 2 { 1 << most.ilog2() } else { 1 };
+            if tiles * s < wave {
+                return None;
+            }
+            s
+        }
+    };
+    if split <= 1 {
+        return None;
+    }
+    let c = with_split(shape, split)?;
+    // Each CTA of a cluster computes part of the same tile: keep the column groups a warpgroup
+    // owns divisible among the cluster.
+    (c.warpgroup_n() / 8 >= split).then_some(c)
 }
 
 /// A stride for a TMA dimension: the real one, or (extent 1 or broadcast) any valid value.
@@ -415,6 +521,11 @@ impl Variant {
                 "CALICO_GEMM_PINGPONG",
                 u8::from(self.tile.pingpong).to_string(),
             ),
+            (
+                "CALICO_GEMM_DEFER_STORE",
+                u8::from(self.tile.defer_store).to_string(),
+            ),
+            ("CALICO_GEMM_KSPLIT", self.tile.ksplit.to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -435,6 +546,16 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         tma_store,
         cluster,
         pingpong: false,
+        defer_store: false,
+        ksplit: 1,
+    };
+    let deferred = |bm, bn, stages| TileConfig {
+        defer_store: true,
+        ..tile(bm, bn, stages, true, 1)
+    };
+    let split = |bm, bn, stages, ksplit| TileConfig {
+        ksplit,
+        ..tile(bm, bn, stages, false, 1)
     };
     let pingpong = |bm, bn, stages, tma_store, cluster| TileConfig {
         pingpong: true,
@@ -499,6 +620,44 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             Epilogue::None,
             false,
             false,
+        ),
+        // The default for big GEMMs: stores deferred behind the next tile's first k-tiles.
+        (
+            DType::BF16,
+            DType::BF16,
+            deferred(128, 256, 4),
+            true,
+            Epilogue::None,
+            false,
+            false,
+        ),
+        (
+            DType::F16,
+            DType::F16,
+            deferred(128, 256, 4),
+            false,
+            Epilogue::Gelu,
+            true,
+            true,
+        ),
+        // Split-K clusters for small M.
+        (
+            DType::BF16,
+            DType::BF16,
+            split(64, 128, 7, 4),
+            true,
+            Epilogue::None,
+            false,
+            false,
+        ),
+        (
+            DType::F16,
+            DType::F32,
+            split(64, 256, 3, 8),
+            false,
+            Epilogue::Silu,
+            true,
+            true,
         ),
         (
             DType::BF16,
@@ -577,13 +736,22 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             c,
         };
         let label = format!(
-            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}",
+            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}{}",
             tile.bm,
             tile.bn,
             tile.stages,
-            if tile.tma_store { "tma" } else { "reg" },
+            match (tile.tma_store, tile.defer_store) {
+                (true, true) => "tma-deferred",
+                (true, false) => "tma",
+                _ => "reg",
+            },
             tile.cluster,
-            if tile.pingpong { " mode=pingpong" } else { "" }
+            if tile.pingpong { " mode=pingpong" } else { "" },
+            if tile.ksplit > 1 {
+                format!(" ksplit={}", tile.ksplit)
+            } else {
+                String::new()
+            }
         );
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -670,9 +838,9 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let source = variant.source(gpu.vendor_headers())?;
 
     // Persistent: one CTA per SM (whole clusters), or the tuning override.
-    let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster;
+    let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster_ctas();
     let clusters = clusters.max(1);
-    let grid = (cfg.work(p).min(clusters) * cfg.cluster) as u32;
+    let grid = (cfg.work(p).min(clusters) * cfg.cluster_ctas()) as u32;
     let c = p.c.filter(|_| has_c);
     let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
     let args = [
@@ -723,13 +891,16 @@ mod tests {
     #[test]
     fn skinny_m_spreads_over_more_ctas() {
         let t = Tune::default();
-        let c = pick(&h100(), &problem(16, 4096, 4096, true), true, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.tma_store), (64, 32, false));
+        let c = pick(&h100(), &problem(16, 4096, 256, true), true, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.tma_store, c.ksplit), (64, 32, false, 1));
         let c = pick(&h100(), &problem(256, 4096, 4096, true), true, true, t).unwrap();
         assert_eq!((c.bm, c.bn, c.tma_store), (64, 128, true));
         // N-major B needs 64-column chunks per consumer warpgroup.
-        let c = pick(&h100(), &problem(16, 4096, 4096, false), false, true, t).unwrap();
+        let c = pick(&h100(), &problem(16, 4096, 256, false), false, true, t).unwrap();
         assert_eq!((c.bm, c.bn), (128, 64));
+        // With a long K, split-K keeps 64 x 128 tiles instead (either B layout).
+        let c = pick(&h100(), &problem(16, 4096, 4096, false), false, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.ksplit), (64, 128, 4));
     }
 
     #[test]
@@ -754,6 +925,8 @@ mod tests {
             tma_store: false,
             cluster: 1,
             pingpong: false,
+            defer_store: false,
+            ksplit: 1,
         };
         assert_eq!(c.smem_bytes(), 1024 + 4 * 49152 + 64);
         let c = TileConfig {
@@ -778,6 +951,8 @@ mod tests {
                 group_m: Some(4),
                 grid: Some(64),
                 pingpong: None,
+                defer_store: None,
+                ksplit: None,
             }
         );
         // Nonsense is ignored.
@@ -799,6 +974,63 @@ mod tests {
         let c = pick(&h100(), &p, true, true, Tune::parse("stages=8")).unwrap();
         assert_eq!(c.stages, 4);
         assert!(!c.pingpong);
+    }
+
+    #[test]
+    fn big_gemms_defer_their_stores_unless_told_not_to() {
+        let p = problem(4096, 4096, 4096, true);
+        let c = pick(&h100(), &p, true, true, Tune::default()).unwrap();
+        assert!(c.tma_store && c.defer_store && c.ksplit == 1);
+        let c = pick(&h100(), &p, true, true, Tune::parse("defer=0")).unwrap();
+        assert!(c.tma_store && !c.defer_store);
+        // No TMA store (odd N), or ping-pong: nothing to defer.
+        let c = pick(&h100(), &p, true, false, Tune::default()).unwrap();
+        assert!(!c.defer_store);
+        let c = pick(&h100(), &p, true, true, Tune::parse("mode=pingpong")).unwrap();
+        assert!(!c.defer_store);
+    }
+
+    #[test]
+    fn small_m_with_long_k_splits_k_over_a_cluster() {
+        let t = Tune::default();
+        // M = 64: 32 tiles of 64 x 128, split 4 ways = 128 CTAs.
+        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.ksplit), (64, 128, 4));
+        assert!(!c.tma_store && !c.defer_store && c.cluster == 1);
+        assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
+        assert_eq!(c.cluster_ctas(), 4);
+        // Enough tiles already, or too little K to share: no split.
+        let c = pick(&h100(), &problem(256, 4096, 4096, true), true, true, t).unwrap();
+        assert_eq!(c.ksplit, 1);
+        let c = pick(&h100(), &problem(64, 4096, 256, true), true, true, t).unwrap();
+        assert_eq!(c.ksplit, 1);
+        // Forced: shape and split from the tuning string; ksplit=1 turns it off.
+        let f = Tune::parse("bm=64,bn=256,ksplit=8");
+        assert_eq!(f.ksplit, Some(8));
+        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, f).unwrap();
+        assert_eq!((c.bm, c.bn, c.ksplit), (64, 256, 8));
+        assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
+        let off = Tune::parse("ksplit=1");
+        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, off).unwrap();
+        assert_eq!((c.bm, c.bn, c.ksplit), (64, 32, 1));
+        assert_eq!(Tune::parse("ksplit=3").ksplit, None);
+        assert_eq!(Tune::parse("ksplit=16").ksplit, None);
+    }
+
+    #[test]
+    fn split_k_smem_matches_the_kernel() {
+        let c = TileConfig {
+            bm: 64,
+            bn: 128,
+            stages: 7,
+            tma_store: false,
+            cluster: 1,
+            pingpong: false,
+            defer_store: false,
+            ksplit: 4,
+        };
+        // Slots, 2 warpgroups x 128 threads x 32 partials x 4 bytes, 2 x 7 + 2 barriers.
+        assert_eq!(c.smem_bytes(), 1024 + 7 * 24576 + 32768 + 16 + 2 * 7 * 8);
     }
 
     #[test]
