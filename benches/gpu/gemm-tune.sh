@@ -17,9 +17,9 @@ rc=0
 for t in "${test_tunes[@]}"; do
   echo "=== conformance gemm, CALICO_HOPPER_TUNE='$t'"
   start=$(date +%s)
-  log="$out/conformance-$(printf '%s' "$t" | tr -c 'A-Za-z0-9=' '_').log"
+  log="$out/conformance-$(printf '%s' "$t" | tr -c 'A-Za-z0-9' '_').log"
   CALICO_HOPPER_TUNE="$t" bash .gpu/run.sh tests gemm -q >"$log" 2>&1 || rc=1
-  grep -E "test result|FAILED|panicked" "$log" | head -20
+  grep -E "test result|FAILED|panicked" "$log" | head -20 | tee -a "$out/conformance.summary"
   echo "    ($(( $(date +%s) - start )) s)"
 done
 n=0
@@ -30,9 +30,11 @@ for t in "${bench_tunes[@]}"; do
   echo "$t" >"$out/$n.tune"
 done
 echo
+echo "=== conformance (each tune in order)"
+cat "$out/conformance.summary" 2>/dev/null
 echo "=== summary (TFLOP/s, cuBLASLt, ratio) per tune"
 for ((i = 1; i <= n; i++)); do
   echo "--- [$i] CALICO_HOPPER_TUNE='$(cat "$out/$i.tune")'"
-  grep -h "^| gemm" "$out/$i"/*/report.md 2>/dev/null | awk -F'|' '{printf "%-34s %8s %8s %7s\n", $2, $5, $7, $8}' || tail -5 "$out/$i.log"
+  grep -h "^| gemm" "$out/$i"/*/report.md 2>/dev/null | awk -F'|' 'NF > 8 {printf "%-34s %8s %8s %7s\n", $2, $5, $7, $8}' || tail -5 "$out/$i.log"
 done
 exit $rc

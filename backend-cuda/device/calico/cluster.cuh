@@ -41,12 +41,10 @@ CALICO_DEVICE void arrive_remote(uint32_t cluster_addr) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
 }
 
-// One arrival with release semantics at cluster scope: this thread's earlier shared-memory
-// writes (and reads) are ordered before the arrival for any CTA of the cluster that observes
-// the phase with wait_acquire(). Used to hand data through distributed shared memory.
-CALICO_DEVICE void arrive_remote_release(uint32_t cluster_addr) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
-}
+// Orders this thread's earlier memory accesses (and, through a preceding warp or CTA barrier,
+// those of the threads synchronised with it) before its later ones for the whole cluster: a
+// MEMBAR at GPU scope, so one thread per warp runs it before handing data over.
+CALICO_DEVICE void fence_acq_rel() { asm volatile("fence.acq_rel.cluster;\n" ::: "memory"); }
 
 // Waits (in this CTA) for the phase of parity `parity` with acquire semantics at cluster
 // scope: writes released by remote arrivals on that phase are visible afterwards.

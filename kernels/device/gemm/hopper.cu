@@ -70,7 +70,7 @@
 // DEFINES (set by kernels/src/gemm/hopper.rs):
 //  CALICO_GEMM_IN bf16|f16, CALICO_GEMM_OUT bf16|f16|float, CALICO_GEMM_BM 64|128,
 //  CALICO_GEMM_BN 32..256 (multiple of 32 for K-major B; 128|256 for N-major, 64|128|256 when BM=128),
-//  CALICO_GEMM_STAGES 2..8, CALICO_GEMM_B_KMAJOR 0|1, CALICO_GEMM_EPILOGUE 0 none|1 gelu|2 silu,
+//  CALICO_GEMM_STAGES 2..16, CALICO_GEMM_B_KMAJOR 0|1, CALICO_GEMM_EPILOGUE 0 none|1 gelu|2 silu,
 //  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1, CALICO_GEMM_TMA_STORE 0|1 (16-bit out, warpgroup columns a multiple of 64),
 //  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks),
 //  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64).
@@ -152,7 +152,7 @@ static_assert(sizeof(in_t) == 2, "inputs are 16-bit");
 static_assert(BM == 64 || BM == 128, "BM is 64 or 128");
 static_assert(WG_N % 16 == 0 && WG_N >= 16 && WG_N <= 256 && (WG_N & (WG_N - 1)) == 0, "wgmma N per warpgroup is 16..256, a power of two");
 static_assert(B_KMAJOR || WG_N % N_CHUNK == 0, "N-major B needs 64-column chunks per warpgroup");
-static_assert(STAGES >= 2 && STAGES <= 8, "2..8 stages");
+static_assert(STAGES >= 2 && STAGES <= 16, "2..16 stages");
 static_assert(MI * ACC <= 128, "at most 128 f32 accumulators per thread");
 static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "slots stay 1024-aligned");
 static_assert(!TMA_STORE || (sizeof(out_t) == 2 && WG_N % STORE_COLS == 0), "TMA store: 16-bit output, 64-column boxes per warpgroup");
@@ -431,9 +431,9 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             calico::init(empty[s], SLOT_READERS * calico::WARPGROUP_WARPS * CLUSTER);
         }
         if constexpr (KSPLIT > 1) {
-            // Every consumer thread of every CTA of the cluster arrives once per tile.
-            calico::init(*red_full, KSPLIT * CONSUMERS * calico::WARPGROUP_THREADS);
-            calico::init(*red_empty, KSPLIT * CONSUMERS * calico::WARPGROUP_THREADS);
+            // Every consumer warp of every CTA of the cluster arrives once per tile.
+            calico::init(*red_full, KSPLIT * CONSUMERS * calico::WARPGROUP_WARPS);
+            calico::init(*red_empty, KSPLIT * CONSUMERS * calico::WARPGROUP_WARPS);
         }
         calico::fence_barrier_init();
     }
@@ -608,10 +608,17 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 for (int j = 0; j < ACC; ++j) {
                     asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(red_base + j * calico::WARPGROUP_THREADS * 4), "f"(acc[0][j]) : "memory");
                 }
+                // One cluster-scope fence per warp (after the warp's lanes synchronise) makes
+                // the warp's partials visible before its arrivals; a fence per thread or a
+                // release per arrival would each cost a MEMBAR.GPU.
                 const uint32_t red_full_addr = calico::smem_addr(red_full);
                 const uint32_t red_empty_addr = calico::smem_addr(red_empty);
+                __syncwarp();
+                if (lane == 0) {
+                    calico::cluster::fence_acq_rel();
 #pragma unroll
-                for (int r = 0; r < KSPLIT; ++r) calico::cluster::arrive_remote_release(calico::cluster::map_shared(red_full_addr, r));
+                    for (int r = 0; r < KSPLIT; ++r) calico::cluster::arrive_remote(calico::cluster::map_shared(red_full_addr, r));
+                }
                 calico::cluster::wait_acquire(*red_full, tiles_done & 1);
                 j_begin = rank * (WG_N / 8) / KSPLIT;
                 j_end = (rank + 1) * (WG_N / 8) / KSPLIT;
@@ -628,8 +635,13 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     }
                     acc[0][j] = sum;
                 }
+                // The peers may overwrite their partials once every warp's reads are done.
+                __syncwarp();
+                if (lane == 0) {
+                    calico::cluster::fence_acq_rel();
 #pragma unroll
-                for (int r = 0; r < KSPLIT; ++r) calico::cluster::arrive_remote_release(calico::cluster::map_shared(red_empty_addr, r));
+                    for (int r = 0; r < KSPLIT; ++r) calico::cluster::arrive_remote(calico::cluster::map_shared(red_empty_addr, r));
+                }
                 ++tiles_done;
             }
 #pragma unroll

@@ -17,7 +17,10 @@ const THREADS: u32 = 384;
 const BK: usize = 64;
 /// Columns per N-major TMA box (128 bytes of 16-bit elements).
 const N_CHUNK: usize = 64;
-const MAX_STAGES: usize = 8;
+/// The deepest ring the kernel takes (CALICO_HOPPER_TUNE stages=...).
+const MAX_STAGES: usize = 16;
+/// The deepest ring picked by default.
+const DEFAULT_MAX_STAGES: usize = 8;
 /// Row tiles that sweep all column tiles together (L2 reuse of A rows and B columns).
 const GROUP_M: i32 = 8;
 /// CTAs per cluster unless CALICO_HOPPER_TUNE says otherwise.
@@ -27,6 +30,11 @@ const DEFAULT_CLUSTER: usize = 1;
 const DEFAULT_DEFER_STORE: bool = true;
 /// The most CTAs a cluster may split a tile's K range over (the portable cluster size).
 const MAX_KSPLIT: usize = 8;
+/// The split picked by default. With one ~200 KB CTA per SM, clusters of 4 or 8 do not pack
+/// the H100's GPCs (measured: 32 clusters of 4 ran as two waves), pairs do.
+const AUTO_KSPLIT: usize = 2;
+/// Column tiles tried for an automatic split, widest first.
+const SPLIT_BN: [usize; 2] = [128, 64];
 /// Each CTA of a split-K cluster keeps at least this many k-tiles.
 const MIN_KTILES_PER_SPLIT: usize = 4;
 /// TMA coordinates and the kernel's tile counter are 32-bit.
@@ -339,7 +347,10 @@ fn pick(
             .shared_mem_per_block
             .saturating_sub(2048 + one.staging_bytes() + one.split_bytes());
         let most = (budget / (one.stage_bytes() + 16)).min(MAX_STAGES);
-        let stages = tune.stages.filter(|&s| s <= most).unwrap_or(most);
+        let stages = tune
+            .stages
+            .filter(|&s| s <= most)
+            .unwrap_or(most.min(DEFAULT_MAX_STAGES));
         (stages >= 2).then_some(TileConfig { stages, ..one })
     };
     let with_stages = |shape: (usize, usize)| with_split(shape, 1);
@@ -389,10 +400,11 @@ fn pick(
 
 /// The split-K form of a small-M problem, if it should take one. Few output tiles with a long
 /// K each leave most SMs idle or, with tiles shrunk to spread them, re-read A once per narrow
-/// column tile and pay a barrier round trip per small k-tile. Splitting K over a cluster keeps
-/// 64 x 128 tiles and still fills the machine. Automatic when the 64 x 128 shape gives less
-/// than a wave of tiles, K has at least MIN_KTILES_PER_SPLIT k-tiles per CTA and the split
-/// reaches about a wave; `tune.ksplit` forces a split (1: never), with `tune.bm/bn` the shape.
+/// column tile and keep few bytes in flight per SM. Splitting K over a cluster keeps wider
+/// tiles and still fills the machine. Automatic (AUTO_KSPLIT CTAs, the widest SPLIT_BN tile
+/// whose split fits one wave) when the unsplit 64 x 128 shape gives less than a wave of tiles
+/// and each CTA keeps at least MIN_KTILES_PER_SPLIT k-tiles; `tune.ksplit` forces a split (1:
+/// never), with `tune.bm/bn` the shape (64 x 128 if not given).
 fn split_k(
     arch: &Arch,
     p: &GemmProblem,
@@ -405,32 +417,28 @@ fn split_k(
     }
     let sms = arch.compute_units as usize;
     let k_tiles = p.k.div_ceil(BK);
-    let shape = (tune.bm.unwrap_or(64), tune.bn.unwrap_or(128));
-    let split = match tune.ksplit {
-        Some(s) => s,
+    let (shape, split) = match tune.ksplit {
+        Some(s) => ((tune.bm.unwrap_or(64), tune.bn.unwrap_or(128)), s),
         None => {
-            let unsplit = with_split(shape, 1)?;
-            let tiles = unsplit.tiles(p);
             let wave = sms * 3 / 4;
-            if tiles >= wave {
+            let s = AUTO_KSPLIT;
+            if with_split((64, SPLIT_BN[0]), 1)?.tiles(p) >= wave
+                || k_tiles < s * MIN_KTILES_PER_SPLIT
+            {
                 return None;
             }
-            let most = (sms / tiles.max(1))
-                .min(k_tiles / MIN_KTILES_PER_SPLIT)
-                .min(MAX_KSPLIT);
-            let s = if most >= 2 { 1 << most.ilog2() } else { 1 };
-            if tiles * s < wave {
-                return None;
-            }
-            s
+            let bn = SPLIT_BN.iter().copied().find(|&bn| {
+                with_split((64, bn), 1)
+                    .is_some_and(|c| c.tiles(p) * s <= sms && c.tiles(p) * s >= wave)
+            })?;
+            ((64, bn), s)
         }
     };
     if split <= 1 {
         return None;
     }
     let c = with_split(shape, split)?;
-    // Each CTA of a cluster computes part of the same tile: keep the column groups a warpgroup
-    // owns divisible among the cluster.
+    // Each CTA of a cluster finishes a share of the warpgroup's 8-column groups.
     (c.warpgroup_n() / 8 >= split).then_some(c)
 }
 
@@ -644,7 +652,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         (
             DType::BF16,
             DType::BF16,
-            split(64, 128, 7, 4),
+            split(64, 64, 8, 2),
             true,
             Epilogue::None,
             false,
@@ -898,9 +906,13 @@ mod tests {
         // N-major B needs 64-column chunks per consumer warpgroup.
         let c = pick(&h100(), &problem(16, 4096, 256, false), false, true, t).unwrap();
         assert_eq!((c.bm, c.bn), (128, 64));
-        // With a long K, split-K keeps 64 x 128 tiles instead (either B layout).
+        // With a long K, split-K keeps 64 x 64 tiles instead (either B layout).
         let c = pick(&h100(), &problem(16, 4096, 4096, false), false, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit), (64, 128, 4));
+        assert_eq!((c.bm, c.bn, c.ksplit), (64, 64, 2));
+        // A deeper ring only when asked for.
+        let deep = Tune::parse("bm=64,bn=32,stages=16,ksplit=1");
+        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, deep).unwrap();
+        assert_eq!((c.bm, c.bn, c.stages), (64, 32, 16));
     }
 
     #[test]
@@ -993,12 +1005,17 @@ mod tests {
     #[test]
     fn small_m_with_long_k_splits_k_over_a_cluster() {
         let t = Tune::default();
-        // M = 64: 32 tiles of 64 x 128, split 4 ways = 128 CTAs.
+        // M = 64: 64 tiles of 64 x 64, split 2 ways = 128 CTAs (64 x 128 would give 64).
         let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit), (64, 128, 4));
+        assert_eq!((c.bm, c.bn, c.ksplit, c.stages), (64, 64, 2, 8));
         assert!(!c.tma_store && !c.defer_store && c.cluster == 1);
         assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
-        assert_eq!(c.cluster_ctas(), 4);
+        assert_eq!(c.cluster_ctas(), 2);
+        // Twice the columns: 64 x 128 tiles split 2 ways; half: no split reaches a wave.
+        let c = pick(&h100(), &problem(64, 8192, 4096, true), true, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.ksplit), (64, 128, 2));
+        let c = pick(&h100(), &problem(64, 2048, 4096, true), true, true, t).unwrap();
+        assert_eq!(c.ksplit, 1);
         // Enough tiles already, or too little K to share: no split.
         let c = pick(&h100(), &problem(256, 4096, 4096, true), true, true, t).unwrap();
         assert_eq!(c.ksplit, 1);
