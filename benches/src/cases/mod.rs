@@ -137,6 +137,12 @@ pub fn gemm_specs(gpu: bool, profile: Profile) -> Vec<GemmSpec> {
             skinny(16),
             skinny(64),
             skinny(256),
+            // Decode through a narrow projection (GQA keys/values: 8 heads x 128): too few
+            // column tiles to fill the SMs without splitting K.
+            GemmSpec {
+                n: 1024,
+                ..skinny(64)
+            },
         ],
         (true, Profile::Quick) => vec![sq(4096), llm(14336, 4096), skinny(64)],
         (false, Profile::Full) => vec![sq(256), sq(512)],
@@ -178,9 +184,10 @@ mod tests {
             .any(|m| m.name() == "add_layer_norm bf16 65536x8192"));
         assert!(mem.iter().any(|m| m.name() == "rope bf16 16x1024x32x128"));
         let g = gemm_specs(true, Profile::Full);
-        assert_eq!(g.len(), 10);
+        assert_eq!(g.len(), 11);
         assert!(g.iter().any(|g| g.name() == "gemm llm 8192x28672x4096"));
         assert!(g.iter().any(|g| g.name() == "gemm skinny 16x4096x4096"));
+        assert!(g.iter().any(|g| g.name() == "gemm skinny 64x1024x4096"));
     }
 
     #[test]

@@ -17,24 +17,18 @@ const THREADS: u32 = 384;
 const BK: usize = 64;
 /// Columns per N-major TMA box (128 bytes of 16-bit elements).
 const N_CHUNK: usize = 64;
-/// The deepest ring the kernel takes (CALICO_HOPPER_TUNE stages=...).
+/// The deepest ring the kernel takes. Small tiles fill shared memory with up to this many
+/// stages: skinny problems are bound by the bytes each SM keeps in flight.
 const MAX_STAGES: usize = 16;
-/// The deepest ring picked by default.
-const DEFAULT_MAX_STAGES: usize = 8;
 /// Row tiles that sweep all column tiles together (L2 reuse of A rows and B columns).
 const GROUP_M: i32 = 8;
 /// CTAs per cluster unless CALICO_HOPPER_TUNE says otherwise.
 const DEFAULT_CLUSTER: usize = 1;
-/// Deferred TMA stores (a tile's output goes out during the next tile's first k-tiles) unless
-/// CALICO_HOPPER_TUNE says otherwise.
-const DEFAULT_DEFER_STORE: bool = true;
+/// Deferred TMA stores (a tile's output goes out during the next tile's first k-tiles) only
+/// when CALICO_HOPPER_TUNE asks: measured no faster (docs/perf-log.md, session 3).
+const DEFAULT_DEFER_STORE: bool = false;
 /// The most CTAs a cluster may split a tile's K range over (the portable cluster size).
 const MAX_KSPLIT: usize = 8;
-/// The split picked by default. With one ~200 KB CTA per SM, clusters of 4 or 8 do not pack
-/// the H100's GPCs (measured: 32 clusters of 4 ran as two waves), pairs do.
-const AUTO_KSPLIT: usize = 2;
-/// Column tiles tried for an automatic split, widest first.
-const SPLIT_BN: [usize; 2] = [128, 64];
 /// Each CTA of a split-K cluster keeps at least this many k-tiles.
 const MIN_KTILES_PER_SPLIT: usize = 4;
 /// TMA coordinates and the kernel's tile counter are 32-bit.
@@ -347,10 +341,7 @@ fn pick(
             .shared_mem_per_block
             .saturating_sub(2048 + one.staging_bytes() + one.split_bytes());
         let most = (budget / (one.stage_bytes() + 16)).min(MAX_STAGES);
-        let stages = tune
-            .stages
-            .filter(|&s| s <= most)
-            .unwrap_or(most.min(DEFAULT_MAX_STAGES));
+        let stages = tune.stages.filter(|&s| s <= most).unwrap_or(most);
         (stages >= 2).then_some(TileConfig { stages, ..one })
     };
     let with_stages = |shape: (usize, usize)| with_split(shape, 1);
@@ -398,12 +389,10 @@ fn pick(
     (chosen.tiles(p) <= MAX_EXTENT).then_some(chosen)
 }
 
-/// The split-K form of a small-M problem, if it should take one. Few output tiles with a long
-/// K each leave most SMs idle or, with tiles shrunk to spread them, re-read A once per narrow
-/// column tile and keep few bytes in flight per SM. Splitting K over a cluster keeps wider
-/// tiles and still fills the machine. Automatic (AUTO_KSPLIT CTAs, the widest SPLIT_BN tile
-/// whose split fits one wave) when the unsplit 64 x 128 shape gives less than a wave of tiles
-/// and each CTA keeps at least MIN_KTILES_PER_SPLIT k-tiles; `tune.ksplit` forces a split (1:
+/// The split-K form of a small-M problem, if it should take one: when even the chosen (small)
+/// tile leaves more than half the SMs without a tile, each tile's K range is split over a
+/// cluster of up to MAX_KSPLIT CTAs (a power of two, at most one CTA per SM in all, each with
+/// at least MIN_KTILES_PER_SPLIT k-tiles). The shape stays; `tune.ksplit` forces a split (1:
 /// never), with `tune.bm/bn` the shape (64 x 128 if not given).
 fn split_k(
     arch: &Arch,
@@ -416,30 +405,27 @@ fn split_k(
         return None;
     }
     let sms = arch.compute_units as usize;
-    let k_tiles = p.k.div_ceil(BK);
     let (shape, split) = match tune.ksplit {
         Some(s) => ((tune.bm.unwrap_or(64), tune.bn.unwrap_or(128)), s),
         None => {
-            let wave = sms * 3 / 4;
-            let s = AUTO_KSPLIT;
-            if with_split((64, SPLIT_BN[0]), 1)?.tiles(p) >= wave
-                || k_tiles < s * MIN_KTILES_PER_SPLIT
-            {
+            let tiles = chosen.tiles(p);
+            if tiles * 2 > sms {
                 return None;
             }
-            let bn = SPLIT_BN.iter().copied().find(|&bn| {
-                with_split((64, bn), 1)
-                    .is_some_and(|c| c.tiles(p) * s <= sms && c.tiles(p) * s >= wave)
-            })?;
-            ((64, bn), s)
+            let most = (sms / tiles.max(1))
+                .min(p.k.div_ceil(BK) / MIN_KTILES_PER_SPLIT)
+                .min(MAX_KSPLIT);
+            if most < 2 {
+                return None;
+            }
+            ((chosen.bm, chosen.bn), 1 << most.ilog2())
         }
     };
     if split <= 1 {
         return None;
     }
-    let c = with_split(shape, split)?;
-    // Each CTA of a cluster finishes a share of the warpgroup's 8-column groups.
-    (c.warpgroup_n() / 8 >= split).then_some(c)
+    // A CTA whose share of the 8-column groups is empty only adds its partial.
+    with_split(shape, split)
 }
 
 /// A stride for a TMA dimension: the real one, or (extent 1 or broadcast) any valid value.
@@ -652,7 +638,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         (
             DType::BF16,
             DType::BF16,
-            split(64, 64, 8, 2),
+            split(64, 32, 16, 4),
             true,
             Epilogue::None,
             false,
@@ -906,13 +892,10 @@ mod tests {
         // N-major B needs 64-column chunks per consumer warpgroup.
         let c = pick(&h100(), &problem(16, 4096, 256, false), false, true, t).unwrap();
         assert_eq!((c.bm, c.bn), (128, 64));
-        // With a long K, split-K keeps 64 x 64 tiles instead (either B layout).
-        let c = pick(&h100(), &problem(16, 4096, 4096, false), false, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit), (64, 64, 2));
-        // A deeper ring only when asked for.
-        let deep = Tune::parse("bm=64,bn=32,stages=16,ksplit=1");
-        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, deep).unwrap();
-        assert_eq!((c.bm, c.bn, c.stages), (64, 32, 16));
+        // A shallower ring when asked for.
+        let shallow = Tune::parse("stages=8");
+        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, shallow).unwrap();
+        assert_eq!((c.bm, c.bn, c.stages), (64, 32, 8));
     }
 
     #[test]
@@ -989,38 +972,50 @@ mod tests {
     }
 
     #[test]
-    fn big_gemms_defer_their_stores_unless_told_not_to() {
+    fn deferred_stores_are_opt_in() {
         let p = problem(4096, 4096, 4096, true);
         let c = pick(&h100(), &p, true, true, Tune::default()).unwrap();
-        assert!(c.tma_store && c.defer_store && c.ksplit == 1);
+        assert!(c.tma_store && !c.defer_store && c.ksplit == 1);
+        let c = pick(&h100(), &p, true, true, Tune::parse("defer=1")).unwrap();
+        assert!(c.tma_store && c.defer_store);
         let c = pick(&h100(), &p, true, true, Tune::parse("defer=0")).unwrap();
         assert!(c.tma_store && !c.defer_store);
         // No TMA store (odd N), or ping-pong: nothing to defer.
-        let c = pick(&h100(), &p, true, false, Tune::default()).unwrap();
+        let c = pick(&h100(), &p, true, false, Tune::parse("defer=1")).unwrap();
         assert!(!c.defer_store);
-        let c = pick(&h100(), &p, true, true, Tune::parse("mode=pingpong")).unwrap();
+        let c = pick(
+            &h100(),
+            &p,
+            true,
+            true,
+            Tune::parse("mode=pingpong,defer=1"),
+        )
+        .unwrap();
         assert!(!c.defer_store);
     }
 
     #[test]
     fn small_m_with_long_k_splits_k_over_a_cluster() {
         let t = Tune::default();
-        // M = 64: 64 tiles of 64 x 64, split 2 ways = 128 CTAs (64 x 128 would give 64).
+        // M = 64, N = 4096: 128 tiles of 64 x 32 with a 16-stage ring, no split.
         let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit, c.stages), (64, 64, 2, 8));
+        assert_eq!((c.bm, c.bn, c.stages, c.ksplit), (64, 32, 16, 1));
+        // N = 1024: 32 tiles would leave 100 SMs idle; split 4 ways = 128 CTAs.
+        let c = pick(&h100(), &problem(64, 1024, 4096, true), true, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.ksplit), (64, 32, 4));
         assert!(!c.tma_store && !c.defer_store && c.cluster == 1);
         assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
-        assert_eq!(c.cluster_ctas(), 2);
-        // Twice the columns: 64 x 128 tiles split 2 ways; half: no split reaches a wave.
-        let c = pick(&h100(), &problem(64, 8192, 4096, true), true, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit), (64, 128, 2));
-        let c = pick(&h100(), &problem(64, 2048, 4096, true), true, true, t).unwrap();
-        assert_eq!(c.ksplit, 1);
+        assert_eq!(c.cluster_ctas(), 4);
         // Enough tiles already, or too little K to share: no split.
         let c = pick(&h100(), &problem(256, 4096, 4096, true), true, true, t).unwrap();
         assert_eq!(c.ksplit, 1);
-        let c = pick(&h100(), &problem(64, 4096, 256, true), true, true, t).unwrap();
+        let c = pick(&h100(), &problem(64, 1024, 256, true), true, true, t).unwrap();
         assert_eq!(c.ksplit, 1);
+        // At most 8 CTAs per cluster, each with 4 k-tiles or more.
+        let c = pick(&h100(), &problem(16, 256, 65536, false), false, true, t).unwrap();
+        assert_eq!(c.ksplit, 8);
+        let c = pick(&h100(), &problem(16, 256, 1024, false), false, true, t).unwrap();
+        assert_eq!(c.ksplit, 4);
         // Forced: shape and split from the tuning string; ksplit=1 turns it off.
         let f = Tune::parse("bm=64,bn=256,ksplit=8");
         assert_eq!(f.ksplit, Some(8));
@@ -1028,7 +1023,7 @@ mod tests {
         assert_eq!((c.bm, c.bn, c.ksplit), (64, 256, 8));
         assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
         let off = Tune::parse("ksplit=1");
-        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, off).unwrap();
+        let c = pick(&h100(), &problem(64, 1024, 4096, true), true, true, off).unwrap();
         assert_eq!((c.bm, c.bn, c.ksplit), (64, 32, 1));
         assert_eq!(Tune::parse("ksplit=3").ksplit, None);
         assert_eq!(Tune::parse("ksplit=16").ksplit, None);
