@@ -434,8 +434,9 @@ fn gemm_large_on_gpu() {
             seed: 5,
             ..base.clone()
         },
-        // Small M with a long K: the Hopper kernel splits K over a cluster (8 CTAs here; 47
-        // k-tiles do not divide evenly), partial tiles summed through distributed shared memory.
+        // Small M with a long K and narrow N: routed to the skinny split-K kernel (47 k-tiles
+        // do not divide evenly); a batched N-major case and M = 128 take the Hopper kernel with
+        // its 16-stage ring for small tiles.
         GemmCase {
             m: 64,
             n: 1000,
@@ -470,8 +471,8 @@ fn gemm_large_on_gpu() {
             seed: 8,
             ..base.clone()
         },
-        // Several tiles per CTA with the TMA-store epilogue: each tile's stores are deferred
-        // behind the next tile's first k-tiles (one k-tile only in the first case).
+        // Several tiles per CTA with the TMA-store epilogue (one k-tile per tile in the first
+        // case): staging boxes reused across tiles.
         GemmCase {
             m: 4096,
             n: 2048,

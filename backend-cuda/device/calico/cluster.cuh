@@ -41,31 +41,6 @@ CALICO_DEVICE void arrive_remote(uint32_t cluster_addr) {
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_addr) : "memory");
 }
 
-// Orders this thread's earlier memory accesses (and, through a preceding warp or CTA barrier,
-// those of the threads synchronised with it) before its later ones for the whole cluster: a
-// MEMBAR at GPU scope, so one thread per warp runs it before handing data over.
-CALICO_DEVICE void fence_acq_rel() { asm volatile("fence.acq_rel.cluster;\n" ::: "memory"); }
-
-// Waits (in this CTA) for the phase of parity `parity` with acquire semantics at cluster
-// scope: writes released by remote arrivals on that phase are visible afterwards.
-CALICO_DEVICE void wait_acquire(mbarrier& b, uint32_t parity) {
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done)
-            : "r"(smem_addr(&b)), "r"(parity)
-            : "memory");
-    }
-}
-
-// A 32-bit float from shared::cluster address `cluster_addr` (any CTA of the cluster).
-CALICO_DEVICE float ld_f32(uint32_t cluster_addr) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(cluster_addr) : "memory");
-    return v;
-}
-
 // Global -> shared of every CTA in `cta_mask`, at the same shared-memory offset in each, and
 // completing the box bytes on the mbarrier at the same offset in each.
 CALICO_DEVICE void load_3d_multicast(void* dst, const tensor_map& m, int c0, int c1, int c2, mbarrier& bar, unsigned short cta_mask) {

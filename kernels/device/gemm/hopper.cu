@@ -90,12 +90,6 @@
 #ifndef CALICO_GEMM_PINGPONG
 #define CALICO_GEMM_PINGPONG 0
 #endif
-#ifndef CALICO_GEMM_DEFER_STORE
-#define CALICO_GEMM_DEFER_STORE 0
-#endif
-#ifndef CALICO_GEMM_KSPLIT
-#define CALICO_GEMM_KSPLIT 1
-#endif
 
 namespace gemm_hopper {
 
@@ -112,10 +106,6 @@ constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
 constexpr bool TMA_STORE = CALICO_GEMM_TMA_STORE != 0;
 constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
 constexpr bool PINGPONG = CALICO_GEMM_PINGPONG != 0;
-constexpr bool DEFER_STORE = CALICO_GEMM_DEFER_STORE != 0;
-constexpr int KSPLIT = CALICO_GEMM_KSPLIT;
-// CTAs per cluster: CLUSTER row tiles sharing B, or KSPLIT CTAs sharing one tile's K range.
-constexpr int CLUSTER_CTAS = CLUSTER * KSPLIT;
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr bool SPLIT_N = !PINGPONG && BM == 64;
@@ -140,11 +130,6 @@ constexpr int STORE_COLS = 64;                          // columns per TMA-store
 constexpr int STORE_ROWS = 64;                          // rows per TMA-store box: one warpgroup's rows
 constexpr int STORE_BOX_BYTES = STORE_ROWS * STORE_COLS * 2;
 constexpr int STAGING_BYTES = TMA_STORE ? CONSUMERS * 2 * STORE_BOX_BYTES : 0;  // two boxes per consumer
-constexpr int STORE_BOXES = WG_N / STORE_COLS;        // TMA-store boxes per warpgroup tile
-constexpr int FIRST_BOXES = (STORE_BOXES + 1) / 2;    // boxes in the first of two store rounds
-constexpr int PACKED = ACC / 2;                       // 16-bit output pairs per thread
-// Split-K partials: each consumer thread's ACC floats, stored [consumer][j][thread].
-constexpr int RED_BYTES = KSPLIT > 1 ? CONSUMERS * calico::WARPGROUP_THREADS * ACC * 4 : 0;
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
 
@@ -157,10 +142,6 @@ static_assert(MI * ACC <= 128, "at most 128 f32 accumulators per thread");
 static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "slots stay 1024-aligned");
 static_assert(!TMA_STORE || (sizeof(out_t) == 2 && WG_N % STORE_COLS == 0), "TMA store: 16-bit output, 64-column boxes per warpgroup");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
-static_assert(!DEFER_STORE || (TMA_STORE && !PINGPONG), "deferred stores: TMA-store epilogue, cooperative consumers");
-static_assert(KSPLIT == 1 || KSPLIT == 2 || KSPLIT == 4 || KSPLIT == 8, "K split over 1, 2, 4 or 8 CTAs");
-static_assert(KSPLIT == 1 || (CLUSTER == 1 && !PINGPONG && !TMA_STORE), "split-K: no B multicast, cooperative, register epilogue");
-static_assert(!TMA_STORE || FIRST_BOXES <= 2, "two staging boxes per warpgroup");
 static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHUNK) % CLUSTER == 0),
               "each CTA of a cluster loads a 1024-aligned part of B");
 
@@ -168,10 +149,8 @@ static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHU
 constexpr int A_OFFSET = 0;
 constexpr int B_OFFSET = STAGES * A_STAGE_BYTES;
 constexpr int STAGING_OFFSET = B_OFFSET + STAGES * B_STAGE_BYTES;
-constexpr int RED_OFFSET = STAGING_OFFSET + STAGING_BYTES;
-constexpr int BAR_OFFSET = RED_OFFSET + RED_BYTES;
-// The host allocates SMEM_BYTES = 1024 (alignment slack) + BAR_OFFSET + 2 * STAGES * 8, and
-// 16 more with KSPLIT > 1 (the two split-K barriers).
+constexpr int BAR_OFFSET = STAGING_OFFSET + STAGING_BYTES;
+// The host allocates SMEM_BYTES = 1024 (alignment slack) + BAR_OFFSET + 2 * STAGES * 8.
 
 struct tile_coord {
     int m, n, batch;
@@ -244,12 +223,10 @@ CALICO_DEVICE void finish_pair(const epilogue_args& e, float a0, float a1, int r
 }
 
 // Applies the epilogue to one warp's 16 x WG_N accumulator slice and stores it to global
-// memory from registers (masked at M and N). Only 8-column groups [j_begin, j_end) are
-// stored (split-K: each CTA of the cluster stores its share).
-CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row0, int col0, int j_begin = 0, int j_end = WG_N / 8) {
+// memory from registers (masked at M and N).
+CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row0, int col0) {
 #pragma unroll
     for (int j = 0; j < WG_N / 8; ++j) {
-        if (j < j_begin || j >= j_end) continue;
         const int col = col0 + 8 * j;
         if (col >= e.n) continue;
         const bool has_second = col + 1 < e.n;
@@ -280,87 +257,59 @@ CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row
 
 CALICO_DEVICE void st_shared_b32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 
-// The TMA-store epilogue of one consumer warpgroup, in two steps, so the second can overlap
-// the next tile's main loop (DEFER_STORE):
-//  * pack_tile applies the epilogue to the 64 x WG_N accumulators and converts them to
-//    16-bit pairs in registers (PACKED per thread); the accumulators are then free.
-//  * store_boxes<Q0, Q1> writes 64 x 64 boxes Q0..Q1-1 (at most two) of the packed tile into
-//    the warpgroup's two 128B-swizzled staging boxes, fences them to the async proxy, and the
-//    warpgroup's leader issues one bulk tensor store per box (clipped at M and N by the copy
-//    engine) without waiting for it.
-// Staging reuse: a round first has the leader wait (wait_group.read 0) until every store it
-// issued has finished reading shared memory, then a named barrier of the warpgroup tells the
-// other threads the boxes are free. With deferred stores the previous round's stores were
-// issued a k-tile earlier, so that wait is normally already satisfied.
-CALICO_DEVICE void pack_tile(const epilogue_args& e, float (&acc)[ACC], uint32_t (&packed)[PACKED], int row_base, int col_base, int warp,
-                             int lane) {
+// The TMA-store epilogue of one consumer warpgroup: its 64 x WG_N tile, at (row_base,
+// col_base) of batch `batch`, goes out in 64 x 64 boxes. Each box is written (epilogue
+// applied, converted) into one of the warpgroup's two 128B-swizzled staging buffers, fenced
+// to the async proxy, and stored by the warpgroup's leader thread with a bulk tensor store
+// that clips at M and N; the warpgroup does not wait for the global writes. `stores` counts
+// this warpgroup's boxes over the whole kernel and picks the buffer.
+//
+// Buffer reuse: box q writes buffer q % 2, last read by the store of box q - 2. The leader
+// waits (wait_group.read 0) for every store it issued before the named barrier that ends
+// box q - 1, and store q - 1 is only issued after that barrier; so once box q - 1's barrier is
+// passed, store q - 2 has finished reading.
+CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], const calico::tensor_map& map_d, unsigned char* staging,
+                                  uint32_t& stores, int row_base, int col_base, int batch, int warp, int lane, int bar_id, bool leader) {
     const int g = lane / 4;
     const int t = lane % 4;
 #pragma unroll
-    for (int j = 0; j < WG_N / 8; ++j) {
-        const int col = col_base + 8 * j + 2 * t;
-        const bool col_ok = col < e.n;
-        const bool has_second = col + 1 < e.n;
-        float bias0 = 0.0f, bias1 = 0.0f;
+    for (int q = 0; q < WG_N / STORE_COLS; ++q) {
+        unsigned char* buf = staging + (stores & 1) * STORE_BOX_BYTES;
+        const uint32_t buf_addr = calico::smem_addr(buf);
+#pragma unroll
+        for (int jj = 0; jj < STORE_COLS / 8; ++jj) {
+            const int j = q * (STORE_COLS / 8) + jj;
+            const int col = col_base + 8 * j + 2 * t;
+            const bool col_ok = col < e.n;
+            const bool has_second = col + 1 < e.n;
+            float bias0 = 0.0f, bias1 = 0.0f;
 #if CALICO_GEMM_HAS_BIAS
-        if (col_ok) bias0 = load_out(e.bias + col);
-        if (has_second) bias1 = load_out(e.bias + col + 1);
+            if (col_ok) bias0 = load_out(e.bias + col);
+            if (has_second) bias1 = load_out(e.bias + col + 1);
 #endif
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const int row = row_base + 16 * warp + 8 * h + g;
-            float v0, v1;
-            finish_pair(e, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], row, col, col_ok && row < e.m, has_second, bias0, bias1, v0, v1);
-            calico::vec<out_t, 2> dv;
-            dv.v[0] = calico::from_float<out_t>(v0);
-            dv.v[1] = calico::from_float<out_t>(v1);
-            packed[2 * j + h] = *reinterpret_cast<const uint32_t*>(&dv);
-        }
-    }
-}
-
-template <int Q0, int Q1>
-CALICO_DEVICE void store_boxes(const uint32_t (&packed)[PACKED], const calico::tensor_map& map_d, unsigned char* staging, int row_base,
-                               int col_base, int batch, int warp, int lane, int bar_id, bool leader) {
-    if constexpr (Q1 > Q0) {
-        static_assert(Q1 - Q0 <= 2, "two staging boxes");
-        const int g = lane / 4;
-        const int t = lane % 4;
-        if (leader) calico::tma::store_wait_read<0>();
-        calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
-#pragma unroll
-        for (int q = Q0; q < Q1; ++q) {
-            const uint32_t buf_addr = calico::smem_addr(staging + (q - Q0) * STORE_BOX_BYTES);
-#pragma unroll
-            for (int jj = 0; jj < STORE_COLS / 8; ++jj) {
-                const int j = q * (STORE_COLS / 8) + jj;
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int r = 16 * warp + 8 * h + g;  // row within the box
-                    // 128B swizzle: 16-byte chunk jj of row r sits at chunk jj ^ (r % 8).
-                    st_shared_b32(buf_addr + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * t, packed[2 * j + h]);
-                }
+            for (int h = 0; h < 2; ++h) {
+                const int r = 16 * warp + 8 * h + g;  // row within the box
+                const int row = row_base + r;
+                float v0, v1;
+                finish_pair(e, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], row, col, col_ok && row < e.m, has_second, bias0, bias1, v0, v1);
+                calico::vec<out_t, 2> dv;
+                dv.v[0] = calico::from_float<out_t>(v0);
+                dv.v[1] = calico::from_float<out_t>(v1);
+                // 128B swizzle: 16-byte chunk jj of row r sits at chunk jj ^ (r % 8).
+                st_shared_b32(buf_addr + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * t, *reinterpret_cast<const uint32_t*>(&dv));
             }
         }
         calico::fence_proxy_async();
+        if (leader) calico::tma::store_wait_read<0>();
         calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
         if (leader) {
-#pragma unroll
-            for (int q = Q0; q < Q1; ++q) {
-                calico::tma::store_3d(map_d, staging + (q - Q0) * STORE_BOX_BYTES, col_base + q * STORE_COLS, row_base, batch);
-            }
+            calico::tma::store_3d(map_d, buf, col_base + q * STORE_COLS, row_base, batch);
             calico::tma::store_commit();
         }
+        ++stores;
     }
 }
-
-// Where a packed tile waits for its TMA stores (DEFER_STORE: while the next tile's first
-// k-tiles run). `round` is 0 when nothing is pending, 1 before the first round of boxes, 2
-// before the second.
-struct pending_store {
-    int row_base, col_base, batch;
-    int round;
-};
 
 // Frees a ring slot: one arrival per consumer warp on the slot's empty barrier of every CTA
 // of the cluster (their producers multicast into this CTA's slot too).
@@ -384,10 +333,8 @@ CALICO_DEVICE void release(calico::mbarrier& bar) {
 //  and batches; a/b_batch_step: 1, or 0 to broadcast an operand over batches.
 // CLUSTER = 2: CTAs 2i and 2i + 1 form a cluster and take row tiles 2p and 2p + 1 of the same
 // column tile; each loads its own A and half of the shared B slot, multicast to both.
-// KSPLIT = S > 1: CTAs Si .. Si + S - 1 form a cluster that computes each of its tiles
-// together, CTA r over k-tiles [r * k_tiles / S, (r + 1) * k_tiles / S).
-#if CALICO_GEMM_CLUSTER * CALICO_GEMM_KSPLIT > 1
-#define CALICO_GEMM_CLUSTER_DIMS __cluster_dims__(CALICO_GEMM_CLUSTER * CALICO_GEMM_KSPLIT, 1, 1)
+#if CALICO_GEMM_CLUSTER > 1
+#define CALICO_GEMM_CLUSTER_DIMS __cluster_dims__(CALICO_GEMM_CLUSTER, 1, 1)
 #else
 #define CALICO_GEMM_CLUSTER_DIMS
 #endif
@@ -404,10 +351,6 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     unsigned char* smem = smem_raw + ((1024 - (calico::smem_addr(smem_raw) & 1023)) & 1023);
     calico::mbarrier* full = reinterpret_cast<calico::mbarrier*>(smem + BAR_OFFSET);
     calico::mbarrier* empty = full + STAGES;
-    // Split-K: red_full completes when every CTA of the cluster has parked its partial tile,
-    // red_empty when every CTA has read this CTA's partial (the buffer may be rewritten).
-    calico::mbarrier* red_full = empty + STAGES;
-    calico::mbarrier* red_empty = red_full + 1;
 
     const int m_tiles = (m + BM - 1) / BM;
     const int n_tiles = (n + BN - 1) / BN;
@@ -417,12 +360,9 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     const int work = m_groups * n_tiles * batch;
     const int k_tiles = (k + BK - 1) / BK;
     const int group = max(group_m / CLUSTER, 1);
-    const int first_work = blockIdx.x / CLUSTER_CTAS;
-    const int work_step = gridDim.x / CLUSTER_CTAS;
-    const int rank = CLUSTER_CTAS > 1 ? static_cast<int>(calico::cluster::ctarank()) : 0;
-    const int m_rank = CLUSTER > 1 ? rank : 0;  // which row tile of the cluster's group
-    const int kt_begin = KSPLIT > 1 ? rank * k_tiles / KSPLIT : 0;
-    const int kt_end = KSPLIT > 1 ? (rank + 1) * k_tiles / KSPLIT : k_tiles;
+    const int first_work = blockIdx.x / CLUSTER;
+    const int work_step = gridDim.x / CLUSTER;
+    const int rank = CLUSTER > 1 ? static_cast<int>(calico::cluster::ctarank()) : 0;
 
     if (threadIdx.x == 0) {
 #pragma unroll
@@ -430,15 +370,10 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             calico::init(full[s], 1);
             calico::init(empty[s], SLOT_READERS * calico::WARPGROUP_WARPS * CLUSTER);
         }
-        if constexpr (KSPLIT > 1) {
-            // Every consumer warp of every CTA of the cluster arrives once per tile.
-            calico::init(*red_full, KSPLIT * CONSUMERS * calico::WARPGROUP_WARPS);
-            calico::init(*red_empty, KSPLIT * CONSUMERS * calico::WARPGROUP_WARPS);
-        }
         calico::fence_barrier_init();
     }
     __syncthreads();
-    if constexpr (CLUSTER_CTAS > 1) calico::cluster::sync();  // the peers' barriers exist before we touch them
+    if constexpr (CLUSTER > 1) calico::cluster::sync();  // the peer's barriers exist before we touch them
 
     if (calico::warpgroup_id() == 0) {
         // Producer: one thread issues every copy; the rest of the warpgroup only gives back
@@ -450,10 +385,10 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             uint32_t it = 0;
             for (int w = first_work; w < work; w += work_step) {
                 const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
-                const int tile_m = tc.m * CLUSTER + m_rank;
+                const int tile_m = tc.m * CLUSTER + rank;
                 const int a_batch = tc.batch * a_batch_step;
                 const int b_batch = tc.batch * b_batch_step;
-                for (int kt = kt_begin; kt < kt_end; ++kt, ++it) {
+                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                     const int slot = it % STAGES;
                     const uint32_t parity = (it / STAGES) & 1;
                     calico::wait(empty[slot], parity ^ 1);
@@ -503,27 +438,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         const uint32_t b_base = calico::smem_addr(smem + B_OFFSET) + b_part;
         unsigned char* staging = smem + STAGING_OFFSET + consumer * 2 * STORE_BOX_BYTES;
         const bool leader = warp == 0 && lane == 0;
-        const int bar_id = 1 + consumer;
-        uint32_t packed[PACKED];  // used with TMA_STORE only
-        pending_store pend{0, 0, 0, 0};
-        // Runs the next round of a pending TMA store (all of it with `finish`).
-        auto store_round = [&](bool finish) {
-            if constexpr (TMA_STORE) {
-                if (pend.round == 1) {
-                    store_boxes<0, FIRST_BOXES>(packed, map_d, staging, pend.row_base, pend.col_base, pend.batch, warp, lane, bar_id, leader);
-                    pend.round = 2;
-                    if (!finish) return;
-                }
-                if (pend.round == 2) {
-                    store_boxes<FIRST_BOXES, STORE_BOXES>(packed, map_d, staging, pend.row_base, pend.col_base, pend.batch, warp, lane, bar_id,
-                                                          leader);
-                    pend.round = 0;
-                }
-            }
-        };
-        // Split-K: this thread's slot for partial j is red_base + j * 128 * 4 (conflict free).
-        const uint32_t red_base = calico::smem_addr(smem + RED_OFFSET) + (consumer * ACC * calico::WARPGROUP_THREADS + warp * 32 + lane) * 4;
-        uint32_t tiles_done = 0;
+        uint32_t stores = 0;
         if constexpr (TMA_STORE) {
             if (leader) calico::tma::prefetch(map_d);
         }
@@ -545,11 +460,9 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         const int tile_step = PINGPONG ? 2 : 1;
         int local = PINGPONG ? consumer : 0;
         uint32_t it = PINGPONG ? static_cast<uint32_t>(consumer) * k_tiles : 0;
-        (void)tiles_done;
-        (void)red_base;
         for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
             const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
-            const int tile_m = tc.m * CLUSTER + m_rank;
+            const int tile_m = tc.m * CLUSTER + rank;
             if constexpr (PINGPONG) {
                 // Wait for the partner's main loop on the previous local tile to hand over.
                 if (local > 0) calico::named_barrier_sync(ORDER_BAR + consumer, ORDER_THREADS);
@@ -560,7 +473,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 for (int r = 0; r < ACC; ++r) acc[i][r] = 0.0f;
             }
             int prev_slot = -1;
-            for (int kt = kt_begin; kt < kt_end; ++kt, ++it) {
+            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
                 const int slot = it % STAGES;
                 const uint32_t parity = (it / STAGES) & 1;
                 calico::wait(full[slot], parity);
@@ -578,9 +491,6 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     }
                 }
                 calico::wgmma::commit_group();
-                // The previous tile's output goes out while the tensor cores run this one's
-                // first k-tiles: one round of staging boxes per k-tile.
-                if constexpr (DEFER_STORE) store_round(false);
                 // Keep this k-tile's batch in flight; the previous one is done after this.
                 calico::wgmma::wait_group<1>();
                 if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
@@ -597,75 +507,22 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
 
             e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
             const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);
-            // Split-K column groups this CTA finishes (all of them without a split).
-            int j_begin = 0, j_end = WG_N / 8;
-            if constexpr (KSPLIT > 1) {
-                // Park this CTA's partial tile for its peers (once they are done with the last
-                // one), then sum this CTA's share of column groups over the ranks in rank order:
-                // the same order whichever CTA does it, so results are deterministic.
-                calico::cluster::wait_acquire(*red_empty, (tiles_done & 1) ^ 1);
-#pragma unroll
-                for (int j = 0; j < ACC; ++j) {
-                    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(red_base + j * calico::WARPGROUP_THREADS * 4), "f"(acc[0][j]) : "memory");
-                }
-                // One cluster-scope fence per warp (after the warp's lanes synchronise) makes
-                // the warp's partials visible before its arrivals; a fence per thread or a
-                // release per arrival would each cost a MEMBAR.GPU.
-                const uint32_t red_full_addr = calico::smem_addr(red_full);
-                const uint32_t red_empty_addr = calico::smem_addr(red_empty);
-                __syncwarp();
-                if (lane == 0) {
-                    calico::cluster::fence_acq_rel();
-#pragma unroll
-                    for (int r = 0; r < KSPLIT; ++r) calico::cluster::arrive_remote(calico::cluster::map_shared(red_full_addr, r));
-                }
-                calico::cluster::wait_acquire(*red_full, tiles_done & 1);
-                j_begin = rank * (WG_N / 8) / KSPLIT;
-                j_end = (rank + 1) * (WG_N / 8) / KSPLIT;
-#pragma unroll
-                for (int j = 0; j < ACC; ++j) {
-                    if (j / 4 < j_begin || j / 4 >= j_end) continue;
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int r = 0; r < KSPLIT; ++r) {
-                        const float part = r == rank ? acc[0][j]
-                                                     : calico::cluster::ld_f32(calico::cluster::map_shared(
-                                                           red_base + j * calico::WARPGROUP_THREADS * 4, r));
-                        sum += part;
-                    }
-                    acc[0][j] = sum;
-                }
-                // The peers may overwrite their partials once every warp's reads are done.
-                __syncwarp();
-                if (lane == 0) {
-                    calico::cluster::fence_acq_rel();
-#pragma unroll
-                    for (int r = 0; r < KSPLIT; ++r) calico::cluster::arrive_remote(calico::cluster::map_shared(red_empty_addr, r));
-                }
-                ++tiles_done;
-            }
 #pragma unroll
             for (int i = 0; i < MI; ++i) {
                 const int row_base = tile_m * BM + (PINGPONG ? i * 64 : (SPLIT_N ? 0 : consumer * 64));
                 if constexpr (TMA_STORE) {
-                    // A store still pending here had fewer than two k-tiles to hide behind.
-                    store_round(true);
-                    pack_tile(e, acc[i], packed, row_base, col_base, warp, lane);
-                    pend = {row_base, col_base, tc.batch, 1};
-                    if constexpr (!DEFER_STORE) store_round(true);
+                    store_tile_tma(e, acc[i], map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
                 } else {
                     e.d = d + tc.batch * d_batch_stride;
-                    store_tile(e, acc[i], row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2, j_begin, j_end);
+                    store_tile(e, acc[i], row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
                 }
             }
         }
         if constexpr (TMA_STORE) {
-            store_round(true);
             // Shared memory must outlive the bulk stores reading it.
             if (leader) calico::tma::store_wait<0>();
         }
     }
-    // No CTA of a cluster may exit while its peers can still arrive on its barriers or read
-    // its shared memory.
-    if constexpr (CLUSTER_CTAS > 1) calico::cluster::sync();
+    // No CTA of a cluster may exit while its peer can still arrive on its barriers.
+    if constexpr (CLUSTER > 1) calico::cluster::sync();
 }

@@ -17,20 +17,14 @@ const THREADS: u32 = 384;
 const BK: usize = 64;
 /// Columns per N-major TMA box (128 bytes of 16-bit elements).
 const N_CHUNK: usize = 64;
-/// The deepest ring the kernel takes. Small tiles fill shared memory with up to this many
-/// stages: skinny problems are bound by the bytes each SM keeps in flight.
+/// The deepest ring. Small tiles fill shared memory with up to this many stages: skinny
+/// problems are bound by the bytes each SM keeps in flight (M = 64: 8 -> 16 stages, +12%).
 const MAX_STAGES: usize = 16;
-/// Row tiles that sweep all column tiles together (L2 reuse of A rows and B columns).
-const GROUP_M: i32 = 8;
+/// Row tiles that sweep all column tiles together (L2 reuse of A rows and B columns). 16 beat
+/// 8 by 0.5-1.5% on the big shapes (two interleaved runs each, docs/perf-log.md).
+const GROUP_M: i32 = 16;
 /// CTAs per cluster unless CALICO_HOPPER_TUNE says otherwise.
 const DEFAULT_CLUSTER: usize = 1;
-/// Deferred TMA stores (a tile's output goes out during the next tile's first k-tiles) only
-/// when CALICO_HOPPER_TUNE asks: measured no faster (docs/perf-log.md, session 3).
-const DEFAULT_DEFER_STORE: bool = false;
-/// The most CTAs a cluster may split a tile's K range over (the portable cluster size).
-const MAX_KSPLIT: usize = 8;
-/// Each CTA of a split-K cluster keeps at least this many k-tiles.
-const MIN_KTILES_PER_SPLIT: usize = 4;
 /// TMA coordinates and the kernel's tile counter are 32-bit.
 const MAX_EXTENT: usize = i32::MAX as usize;
 
@@ -48,12 +42,6 @@ struct TileConfig {
     /// tensor cores (one's epilogue overlaps the other's main loop). Otherwise they cooperate
     /// on each tile.
     pingpong: bool,
-    /// With the TMA-store epilogue: a tile's stores are issued while the next tile's first
-    /// k-tiles run (cooperative consumers only).
-    defer_store: bool,
-    /// CTAs of a cluster that split each tile's K range and sum their partial tiles through
-    /// distributed shared memory (1: no split). Small-M problems: more CTAs per tile.
-    ksplit: usize,
 }
 
 impl TileConfig {
@@ -70,36 +58,10 @@ impl TileConfig {
         }
     }
 
-    /// Columns of the tile each consumer warpgroup computes.
-    fn warpgroup_n(self) -> usize {
-        if self.bm == 64 && !self.pingpong {
-            self.bn / 2
-        } else {
-            self.bn
-        }
-    }
-
-    /// Split-K partials: every consumer thread's accumulators (f32), plus two mbarriers.
-    fn split_bytes(self) -> usize {
-        if self.ksplit > 1 {
-            2 * 128 * (self.warpgroup_n() / 2) * 4 + 16
-        } else {
-            0
-        }
-    }
-
-    /// Must match hopper.cu: 1024 bytes of alignment slack, the slots, the staging boxes, the
-    /// split-K partials, two mbarriers per slot (and two for split-K).
+    /// Must match hopper.cu: 1024 bytes of alignment slack, the slots, the staging boxes, two
+    /// mbarriers per slot.
     fn smem_bytes(self) -> usize {
-        1024 + self.stages * self.stage_bytes()
-            + self.staging_bytes()
-            + self.split_bytes()
-            + 2 * self.stages * 8
-    }
-
-    /// CTAs per cluster.
-    fn cluster_ctas(self) -> usize {
-        self.cluster * self.ksplit
+        1024 + self.stages * self.stage_bytes() + self.staging_bytes() + 2 * self.stages * 8
     }
 
     fn tiles(self, p: &GemmProblem) -> usize {
@@ -116,12 +78,10 @@ impl TileConfig {
 const STORE_BOX: usize = 64;
 
 /// Overrides for A/B tuning runs, read once from `CALICO_HOPPER_TUNE`, e.g.
-/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132,mode=pingpong,defer=0,ksplit=4`.
-/// Entries that do not parse, or that the problem cannot use, are ignored. `mode=pingpong`
-/// gives each consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128
-/// accumulators), taken in turns; `mode=cooperative` (the default) has both share each tile.
-/// `defer=0` issues a tile's TMA stores before the next tile starts; `ksplit=S` splits each
-/// tile's K range over an S-CTA cluster (`ksplit=1`: never).
+/// `bm=128,bn=256,stages=4,store=tma,cluster=2,group=8,grid=132,mode=pingpong`. Entries that
+/// do not parse, or that the problem cannot use, are ignored. `mode=pingpong` gives each
+/// consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128 accumulators), taken in
+/// turns; `mode=cooperative` (the default) has both share each tile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Tune {
     bm: Option<usize>,
@@ -132,8 +92,6 @@ struct Tune {
     group_m: Option<i32>,
     grid: Option<usize>,
     pingpong: Option<bool>,
-    defer_store: Option<bool>,
-    ksplit: Option<usize>,
 }
 
 impl Tune {
@@ -161,16 +119,6 @@ impl Tune {
                     t.group_m = num.filter(|v| (1..=64).contains(v)).map(|v| v as i32)
                 }
                 "grid" => t.grid = num.filter(|&v| v >= 1),
-                "defer" => {
-                    t.defer_store = match value {
-                        "1" | "on" | "yes" => Some(true),
-                        "0" | "off" | "no" => Some(false),
-                        _ => None,
-                    }
-                }
-                "ksplit" | "split" => {
-                    t.ksplit = num.filter(|v| v.is_power_of_two() && *v <= MAX_KSPLIT)
-                }
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -261,6 +209,22 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
         .is_some()
 }
 
+/// How many output tiles (work units of one CTA) the Hopper kernel would cut `p` into, or
+/// `None` when it does not run `p`. The router compares this with the SM count.
+pub(crate) fn tiles(arch: &Arch, p: &GemmProblem) -> Option<usize> {
+    if !supports(arch, p) {
+        return None;
+    }
+    let cfg = pick(
+        arch,
+        p,
+        b_k_major(p) == Some(true),
+        d_tma_ok(p),
+        Tune::get(),
+    )?;
+    Some(cfg.tiles(p))
+}
+
 /// True when D can take the TMA-store epilogue: 16-bit output, contiguous rows, 16-byte
 /// aligned base and row/batch strides, one matrix per batch.
 fn d_tma_ok(p: &GemmProblem) -> bool {
@@ -318,12 +282,10 @@ fn pick(
             && (b_kmajor || wg_n(bm, bn) % N_CHUNK == 0)
             && (!pingpong || bm * bn <= 128 * 128)
     };
-    // Split-K clusters take the register epilogue and no B multicast.
-    let with_split = |(bm, bn): (usize, usize), ksplit: usize| {
-        let tma_store =
-            d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false) && ksplit == 1;
+    let with_stages = |(bm, bn): (usize, usize)| {
+        let tma_store = d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false);
         let cluster = match tune.cluster {
-            Some(2) if cluster_splits_b(bn, b_kmajor) && p.m.div_ceil(bm) >= 2 && ksplit == 1 => 2,
+            Some(2) if cluster_splits_b(bn, b_kmajor) && p.m.div_ceil(bm) >= 2 => 2,
             _ => DEFAULT_CLUSTER,
         };
         let one = TileConfig {
@@ -333,18 +295,15 @@ fn pick(
             tma_store,
             cluster,
             pingpong,
-            defer_store: tma_store && !pingpong && tune.defer_store.unwrap_or(DEFAULT_DEFER_STORE),
-            ksplit,
         };
         // 1024 bytes of alignment slack, and 1024 that ptxas reports as static shared memory.
         let budget = arch
             .shared_mem_per_block
-            .saturating_sub(2048 + one.staging_bytes() + one.split_bytes());
+            .saturating_sub(2048 + one.staging_bytes());
         let most = (budget / (one.stage_bytes() + 16)).min(MAX_STAGES);
         let stages = tune.stages.filter(|&s| s <= most).unwrap_or(most);
         (stages >= 2).then_some(TileConfig { stages, ..one })
     };
-    let with_stages = |shape: (usize, usize)| with_split(shape, 1);
     let forced: Option<(usize, usize)> = match (tune.bm, tune.bn) {
         (Some(bm), Some(bn)) => Some((bm, bn)),
         _ => None,
@@ -385,47 +344,7 @@ fn pick(
                 .copied()
                 .max_by_key(|c| (c.tiles(p), c.bm * c.bn))
         })?;
-    let chosen = split_k(arch, p, chosen, tune, with_split).unwrap_or(chosen);
     (chosen.tiles(p) <= MAX_EXTENT).then_some(chosen)
-}
-
-/// The split-K form of a small-M problem, if it should take one: when even the chosen (small)
-/// tile leaves more than half the SMs without a tile, each tile's K range is split over a
-/// cluster of up to MAX_KSPLIT CTAs (a power of two, at most one CTA per SM in all, each with
-/// at least MIN_KTILES_PER_SPLIT k-tiles). The shape stays; `tune.ksplit` forces a split (1:
-/// never), with `tune.bm/bn` the shape (64 x 128 if not given).
-fn split_k(
-    arch: &Arch,
-    p: &GemmProblem,
-    chosen: TileConfig,
-    tune: Tune,
-    with_split: impl Fn((usize, usize), usize) -> Option<TileConfig>,
-) -> Option<TileConfig> {
-    if chosen.pingpong || tune.cluster == Some(2) {
-        return None;
-    }
-    let sms = arch.compute_units as usize;
-    let (shape, split) = match tune.ksplit {
-        Some(s) => ((tune.bm.unwrap_or(64), tune.bn.unwrap_or(128)), s),
-        None => {
-            let tiles = chosen.tiles(p);
-            if tiles * 2 > sms {
-                return None;
-            }
-            let most = (sms / tiles.max(1))
-                .min(p.k.div_ceil(BK) / MIN_KTILES_PER_SPLIT)
-                .min(MAX_KSPLIT);
-            if most < 2 {
-                return None;
-            }
-            ((chosen.bm, chosen.bn), 1 << most.ilog2())
-        }
-    };
-    if split <= 1 {
-        return None;
-    }
-    // A CTA whose share of the 8-column groups is empty only adds its partial.
-    with_split(shape, split)
 }
 
 /// A stride for a TMA dimension: the real one, or (extent 1 or broadcast) any valid value.
@@ -515,11 +434,6 @@ impl Variant {
                 "CALICO_GEMM_PINGPONG",
                 u8::from(self.tile.pingpong).to_string(),
             ),
-            (
-                "CALICO_GEMM_DEFER_STORE",
-                u8::from(self.tile.defer_store).to_string(),
-            ),
-            ("CALICO_GEMM_KSPLIT", self.tile.ksplit.to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -540,16 +454,6 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         tma_store,
         cluster,
         pingpong: false,
-        defer_store: false,
-        ksplit: 1,
-    };
-    let deferred = |bm, bn, stages| TileConfig {
-        defer_store: true,
-        ..tile(bm, bn, stages, true, 1)
-    };
-    let split = |bm, bn, stages, ksplit| TileConfig {
-        ksplit,
-        ..tile(bm, bn, stages, false, 1)
     };
     let pingpong = |bm, bn, stages, tma_store, cluster| TileConfig {
         pingpong: true,
@@ -558,7 +462,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
     let big = tile(128, 256, 4, false, 1);
     let big_tma = tile(128, 256, 4, true, 1);
     let big_cluster = tile(128, 256, 4, true, 2);
-    let skinny = tile(64, 32, 8, false, 1);
+    let skinny = tile(64, 32, 16, false, 1);
     let mut out = Vec::new();
     let cases = [
         (
@@ -614,44 +518,6 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             Epilogue::None,
             false,
             false,
-        ),
-        // The default for big GEMMs: stores deferred behind the next tile's first k-tiles.
-        (
-            DType::BF16,
-            DType::BF16,
-            deferred(128, 256, 4),
-            true,
-            Epilogue::None,
-            false,
-            false,
-        ),
-        (
-            DType::F16,
-            DType::F16,
-            deferred(128, 256, 4),
-            false,
-            Epilogue::Gelu,
-            true,
-            true,
-        ),
-        // Split-K clusters for small M.
-        (
-            DType::BF16,
-            DType::BF16,
-            split(64, 32, 16, 4),
-            true,
-            Epilogue::None,
-            false,
-            false,
-        ),
-        (
-            DType::F16,
-            DType::F32,
-            split(64, 256, 3, 8),
-            false,
-            Epilogue::Silu,
-            true,
-            true,
         ),
         (
             DType::BF16,
@@ -730,22 +596,13 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             c,
         };
         let label = format!(
-            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}{}",
+            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}",
             tile.bm,
             tile.bn,
             tile.stages,
-            match (tile.tma_store, tile.defer_store) {
-                (true, true) => "tma-deferred",
-                (true, false) => "tma",
-                _ => "reg",
-            },
+            if tile.tma_store { "tma" } else { "reg" },
             tile.cluster,
-            if tile.pingpong { " mode=pingpong" } else { "" },
-            if tile.ksplit > 1 {
-                format!(" ksplit={}", tile.ksplit)
-            } else {
-                String::new()
-            }
+            if tile.pingpong { " mode=pingpong" } else { "" }
         );
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -832,9 +689,9 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let source = variant.source(gpu.vendor_headers())?;
 
     // Persistent: one CTA per SM (whole clusters), or the tuning override.
-    let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster_ctas();
+    let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster;
     let clusters = clusters.max(1);
-    let grid = (cfg.work(p).min(clusters) * cfg.cluster_ctas()) as u32;
+    let grid = (cfg.work(p).min(clusters) * cfg.cluster) as u32;
     let c = p.c.filter(|_| has_c);
     let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
     let args = [
@@ -885,17 +742,13 @@ mod tests {
     #[test]
     fn skinny_m_spreads_over_more_ctas() {
         let t = Tune::default();
-        let c = pick(&h100(), &problem(16, 4096, 256, true), true, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.tma_store, c.ksplit), (64, 32, false, 1));
+        let c = pick(&h100(), &problem(16, 4096, 4096, true), true, true, t).unwrap();
+        assert_eq!((c.bm, c.bn, c.tma_store), (64, 32, false));
         let c = pick(&h100(), &problem(256, 4096, 4096, true), true, true, t).unwrap();
         assert_eq!((c.bm, c.bn, c.tma_store), (64, 128, true));
         // N-major B needs 64-column chunks per consumer warpgroup.
-        let c = pick(&h100(), &problem(16, 4096, 256, false), false, true, t).unwrap();
+        let c = pick(&h100(), &problem(16, 4096, 4096, false), false, true, t).unwrap();
         assert_eq!((c.bm, c.bn), (128, 64));
-        // A shallower ring when asked for.
-        let shallow = Tune::parse("stages=8");
-        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, shallow).unwrap();
-        assert_eq!((c.bm, c.bn, c.stages), (64, 32, 8));
     }
 
     #[test]
@@ -920,8 +773,6 @@ mod tests {
             tma_store: false,
             cluster: 1,
             pingpong: false,
-            defer_store: false,
-            ksplit: 1,
         };
         assert_eq!(c.smem_bytes(), 1024 + 4 * 49152 + 64);
         let c = TileConfig {
@@ -946,8 +797,6 @@ mod tests {
                 group_m: Some(4),
                 grid: Some(64),
                 pingpong: None,
-                defer_store: None,
-                ksplit: None,
             }
         );
         // Nonsense is ignored.
@@ -968,81 +817,13 @@ mod tests {
         // Too many stages for the shape: the most that fit.
         let c = pick(&h100(), &p, true, true, Tune::parse("stages=8")).unwrap();
         assert_eq!(c.stages, 4);
+        // Small tiles take a deep ring unless told otherwise.
+        let skinny = problem(64, 4096, 4096, true);
+        let c = pick(&h100(), &skinny, true, true, Tune::default()).unwrap();
+        assert_eq!((c.bm, c.bn, c.stages), (64, 32, 16));
+        let c = pick(&h100(), &skinny, true, true, Tune::parse("stages=8")).unwrap();
+        assert_eq!(c.stages, 8);
         assert!(!c.pingpong);
-    }
-
-    #[test]
-    fn deferred_stores_are_opt_in() {
-        let p = problem(4096, 4096, 4096, true);
-        let c = pick(&h100(), &p, true, true, Tune::default()).unwrap();
-        assert!(c.tma_store && !c.defer_store && c.ksplit == 1);
-        let c = pick(&h100(), &p, true, true, Tune::parse("defer=1")).unwrap();
-        assert!(c.tma_store && c.defer_store);
-        let c = pick(&h100(), &p, true, true, Tune::parse("defer=0")).unwrap();
-        assert!(c.tma_store && !c.defer_store);
-        // No TMA store (odd N), or ping-pong: nothing to defer.
-        let c = pick(&h100(), &p, true, false, Tune::parse("defer=1")).unwrap();
-        assert!(!c.defer_store);
-        let c = pick(
-            &h100(),
-            &p,
-            true,
-            true,
-            Tune::parse("mode=pingpong,defer=1"),
-        )
-        .unwrap();
-        assert!(!c.defer_store);
-    }
-
-    #[test]
-    fn small_m_with_long_k_splits_k_over_a_cluster() {
-        let t = Tune::default();
-        // M = 64, N = 4096: 128 tiles of 64 x 32 with a 16-stage ring, no split.
-        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.stages, c.ksplit), (64, 32, 16, 1));
-        // N = 1024: 32 tiles would leave 100 SMs idle; split 4 ways = 128 CTAs.
-        let c = pick(&h100(), &problem(64, 1024, 4096, true), true, true, t).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit), (64, 32, 4));
-        assert!(!c.tma_store && !c.defer_store && c.cluster == 1);
-        assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
-        assert_eq!(c.cluster_ctas(), 4);
-        // Enough tiles already, or too little K to share: no split.
-        let c = pick(&h100(), &problem(256, 4096, 4096, true), true, true, t).unwrap();
-        assert_eq!(c.ksplit, 1);
-        let c = pick(&h100(), &problem(64, 1024, 256, true), true, true, t).unwrap();
-        assert_eq!(c.ksplit, 1);
-        // At most 8 CTAs per cluster, each with 4 k-tiles or more.
-        let c = pick(&h100(), &problem(16, 256, 65536, false), false, true, t).unwrap();
-        assert_eq!(c.ksplit, 8);
-        let c = pick(&h100(), &problem(16, 256, 1024, false), false, true, t).unwrap();
-        assert_eq!(c.ksplit, 4);
-        // Forced: shape and split from the tuning string; ksplit=1 turns it off.
-        let f = Tune::parse("bm=64,bn=256,ksplit=8");
-        assert_eq!(f.ksplit, Some(8));
-        let c = pick(&h100(), &problem(64, 4096, 4096, true), true, true, f).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit), (64, 256, 8));
-        assert!(c.smem_bytes() + 1024 <= h100().shared_mem_per_block);
-        let off = Tune::parse("ksplit=1");
-        let c = pick(&h100(), &problem(64, 1024, 4096, true), true, true, off).unwrap();
-        assert_eq!((c.bm, c.bn, c.ksplit), (64, 32, 1));
-        assert_eq!(Tune::parse("ksplit=3").ksplit, None);
-        assert_eq!(Tune::parse("ksplit=16").ksplit, None);
-    }
-
-    #[test]
-    fn split_k_smem_matches_the_kernel() {
-        let c = TileConfig {
-            bm: 64,
-            bn: 128,
-            stages: 7,
-            tma_store: false,
-            cluster: 1,
-            pingpong: false,
-            defer_store: false,
-            ksplit: 4,
-        };
-        // Slots, 2 warpgroups x 128 threads x 32 partials x 4 bytes, 2 x 7 + 2 barriers.
-        assert_eq!(c.smem_bytes(), 1024 + 7 * 24576 + 32768 + 16 + 2 * 7 * 8);
     }
 
     #[test]

@@ -115,7 +115,7 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
         .as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     let arch = gpu.arch();
-    if skinny::supports(arch, p) {
+    if skinny::supports(arch, p) && skinny::prefers(arch, p, hopper::tiles(arch, p)) {
         skinny::launch(gpu, p)
     } else if hopper::supports(arch, p) {
         hopper::launch(gpu, p)

@@ -2,8 +2,9 @@
 //! K-major weight, on sm_90. K is split across the CTAs of a thread-block cluster (so that
 //! there are ~4 CTAs per SM streaming the weight) and the partials are summed in a fixed order
 //! through distributed shared memory: no workspace, one launch, deterministic results.
-//! Routed for M <= 16 by default; `CALICO_SKINNY=off` disables the path, `CALICO_SKINNY=all`
-//! routes every M <= 64 (A/B runs and tests).
+//! Routed for M <= 16, and for M <= 64 when the Hopper kernel would leave most SMs idle
+//! (narrow N); `CALICO_SKINNY=off` disables the path, `CALICO_SKINNY=all` routes every
+//! M <= 64 (A/B runs and tests).
 
 use super::portable::GEMM_HEADERS;
 use super::{Epilogue, GemmProblem};
@@ -81,27 +82,51 @@ impl Variant {
     }
 }
 
-/// Largest M routed here by default. Measured on the H100 (N = K = 4096, bf16): M = 16 runs
-/// at 22.7 us here against 28.5 us in the Hopper kernel; M = 64 at 28.8 us against 24.6 us
-/// (the A re-reads from L2 and the cluster reduction cost more than the split gains).
-const DEFAULT_MAX_M: usize = 16;
+/// Largest M always routed here. Measured on the H100 (N = K = 4096, bf16): M = 16 runs at
+/// 22.7 us here against 28.5 us in the Hopper kernel; M = 64 at 0.75x cuBLASLt here against
+/// 0.96x in the Hopper kernel (the A re-reads from L2 and the cluster reduction cost more than
+/// the split gains while the Hopper kernel has a tile for most SMs).
+const ALWAYS_MAX_M: usize = 16;
 
-/// The largest M this path takes: `CALICO_SKINNY=off` (or `0`, `false`, `no`) disables it,
-/// `CALICO_SKINNY=all` routes every M it supports (up to 64; used to test those variants),
-/// anything else keeps the default.
-fn max_m() -> usize {
-    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MAX.get_or_init(|| {
+/// Which M this path takes: `CALICO_SKINNY=off` (or `0`, `false`, `no`) none, `all` every M
+/// it supports (up to 64; A/B runs and tests), anything else the default rule of [`prefers`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    Off,
+    All,
+    Default,
+}
+
+fn routing() -> Routing {
+    static ROUTING: std::sync::OnceLock<Routing> = std::sync::OnceLock::new();
+    *ROUTING.get_or_init(|| {
         let v = std::env::var("CALICO_SKINNY")
             .unwrap_or_default()
             .trim()
             .to_ascii_lowercase();
         match v.as_str() {
-            "off" | "0" | "false" | "no" => 0,
-            "all" => MAX_M,
-            _ => DEFAULT_MAX_M,
+            "off" | "0" | "false" | "no" => Routing::Off,
+            "all" => Routing::All,
+            _ => Routing::Default,
         }
     })
+}
+
+/// Whether to route a problem this kernel [`supports`] here rather than to the Hopper kernel,
+/// which would cut it into `hopper_tiles` tiles (`None`: it cannot run it). By default: M <=
+/// 16, or M <= 64 when the Hopper kernel would leave more than half the SMs without a tile
+/// (narrow N: M = 64, N = 1024, K = 4096 ran at 0.92x cuBLASLt here, 0.76x there).
+pub(crate) fn prefers(arch: &Arch, p: &GemmProblem, hopper_tiles: Option<usize>) -> bool {
+    match routing() {
+        Routing::Off => false,
+        Routing::All => true,
+        Routing::Default => prefers_by_default(arch, p, hopper_tiles),
+    }
+}
+
+fn prefers_by_default(arch: &Arch, p: &GemmProblem, hopper_tiles: Option<usize>) -> bool {
+    let sms = arch.compute_units.max(1) as usize;
+    p.m <= ALWAYS_MAX_M || hopper_tiles.is_none_or(|t| 2 * t <= sms)
 }
 
 /// NVIDIA with mma.sync for `dtype` and thread-block clusters (sm_90: TMA-capable parts).
@@ -135,7 +160,7 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
     // B is K x N with K contiguous: row n of the weight starts at n * col_stride.
     let b_ok =
         (b.row_stride == 1 || p.k <= 1) && row_stride_ok(b.col_stride, p.n) && b.ptr % 16 == 0;
-    p.m <= max_m() && arch_ok(arch, p.in_dtype) && dtypes && shape && a_ok && b_ok
+    arch_ok(arch, p.in_dtype) && dtypes && shape && a_ok && b_ok
 }
 
 /// CTAs per cluster: the fewest (a power of two up to 8) that give every SM ~4 CTAs, as long
@@ -277,6 +302,19 @@ mod tests {
         assert_eq!(variant(&h100(), &problem(33, 11008, 4096, true)).split, 4);
         assert_eq!(variant(&h100(), &problem(1, 64, 64, true)).split, 1);
         assert!(supports(&h100(), &problem(1, 1, 1, true)));
+    }
+
+    #[test]
+    fn routed_for_tiny_m_or_when_hopper_leaves_sms_idle() {
+        let h = h100();
+        let p = |m, n| problem(m, n, 4096, true);
+        assert!(prefers_by_default(&h, &p(16, 4096), Some(128)));
+        // M = 64: the Hopper kernel has 128 tiles for 132 SMs at N = 4096, 32 at N = 1024.
+        assert!(!prefers_by_default(&h, &p(64, 4096), Some(128)));
+        assert!(prefers_by_default(&h, &p(64, 1024), Some(32)));
+        assert!(prefers_by_default(&h, &p(64, 1024), Some(66)));
+        assert!(!prefers_by_default(&h, &p(64, 1024), Some(67)));
+        assert!(prefers_by_default(&h, &p(48, 1024), None));
     }
 
     #[test]
