@@ -18,6 +18,7 @@ SOFTMAX_COLS = [4096, 1024]
 GEMMS = [(s, s, s) for s in (2048, 4096, 8192)]
 GEMMS += [(8192, n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (28672, 4096))]
 GEMMS += [(m, 4096, 4096) for m in (16, 64, 256)]
+GEMMS += [(64, 1024, 4096)]  # decode through a narrow (GQA key/value) projection
 
 
 def bench(fn):
