@@ -235,26 +235,9 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
     // Every warp is done reading the stages the partial tile overwrites.
     sync_threads();
 
-    // Park the partial tile: accumulator (mi, ni) holds e0, e1 at row g, columns 2 t4 and + 1,
-    // and e2, e3 at row g + 8.
+    // Park the partial tile.
     float* part = reinterpret_cast<float*>(smem);
-    {
-        const int g = lane / 4;
-        const int t4 = lane % 4;
-#pragma unroll
-        for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-            for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    vec<float, 2> v2;
-                    v2.v[0] = acc[mi][ni][2 * e];
-                    v2.v[1] = acc[mi][ni][2 * e + 1];
-                    const int r = mi * 16 + e * 8 + g;
-                    const int cl = warp * WARP_N + ni * 8 + t4 * 2;
-                    *reinterpret_cast<vec<float, 2>*>(&part[r * OUT_PITCH + cl]) = v2;
-                }
-    }
+    sm80::store_accumulators(part, OUT_PITCH, warp * WARP_N, acc, lane);
     // Release this CTA's partial tile to the cluster and acquire the others'.
     cluster::sync();
 

@@ -233,28 +233,11 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
     sync_threads();
 
     // Epilogue, one warp row (64 x 128) per pass through shared memory, so that consecutive
-    // threads finish consecutive columns and C and D are accessed row by row. Accumulator
-    // (mi, ni) holds e0, e1 at row g, columns 2 t4 and + 1, and e2, e3 at row g + 8.
+    // threads finish consecutive columns and C and D are accessed row by row.
     float* out = reinterpret_cast<float*>(smem);
-    const int g = lane / 4;
-    const int t4 = lane % 4;
 #pragma unroll
     for (int h = 0; h < BM / WARP_M; ++h) {
-        if (wm == h) {
-#pragma unroll
-            for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-                for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        vec<float, 2> v2;
-                        v2.v[0] = acc[mi][ni][2 * e];
-                        v2.v[1] = acc[mi][ni][2 * e + 1];
-                        const int r = mi * 16 + e * 8 + g;
-                        const int cl = wn * WARP_N + ni * 8 + t4 * 2;
-                        *reinterpret_cast<vec<float, 2>*>(&out[r * OUT_PITCH + cl]) = v2;
-                    }
-        }
+        if (wm == h) sm80::store_accumulators(out, OUT_PITCH, wn * WARP_N, acc, lane);
         sync_threads();
 #pragma unroll 4
         for (int q = 0; q < WARP_M * BN / THREADS; ++q) {

@@ -58,5 +58,27 @@ CALICO_DEVICE void mma_16816<f16>(float (&d)[4], const unsigned (&a)[4], unsigne
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Writes one warp's MI x NI m16n8 f32 accumulator tiles into a row-major f32 tile in shared
+// memory (`pitch` floats per row), the warp's columns starting at col0. Tile (mi, ni) holds
+// e0, e1 at row g = lane / 4, columns 2 (lane % 4) and + 1, and e2, e3 at row g + 8.
+template <int MI, int NI>
+CALICO_DEVICE void store_accumulators(float* out, int pitch, int col0, const float (&acc)[MI][NI][4], int lane) {
+    const int g = lane / 4;
+    const int t4 = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                vec<float, 2> v2;
+                v2.v[0] = acc[mi][ni][2 * e];
+                v2.v[1] = acc[mi][ni][2 * e + 1];
+                const int r = mi * 16 + e * 8 + g;
+                const int cl = col0 + ni * 8 + t4 * 2;
+                *reinterpret_cast<vec<float, 2>*>(&out[r * pitch + cl]) = v2;
+            }
+}
+
 }  // namespace sm80
 }  // namespace calico
