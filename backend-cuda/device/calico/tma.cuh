@@ -54,6 +54,28 @@ CALICO_DEVICE void load_3d(void* dst, const tensor_map& m, int c0, int c1, int c
         : "memory");
 }
 
+// L2 eviction policies for cache-hinted loads: evict_last keeps lines that later CTAs will
+// read again, evict_first lets a stream leave the L2 first.
+CALICO_DEVICE uint64_t policy_evict_last() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+CALICO_DEVICE uint64_t policy_evict_first() {
+    uint64_t p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
+    return p;
+}
+
+// load_3d with an L2 eviction policy from policy_evict_*().
+CALICO_DEVICE void load_3d_hint(void* dst, const tensor_map& m, int c0, int c1, int c2, mbarrier& bar, uint64_t policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], "
+        "%6;\n" ::"r"(smem_addr(dst)),
+        "l"(map_addr(m)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(&bar)), "l"(policy)
+        : "memory");
+}
+
 // Shared -> global. The smem source must have been written before a fence_proxy_async()
 // by every writing thread and a barrier among them.
 CALICO_DEVICE void store_2d(const tensor_map& m, const void* src, int c0, int c1) {

@@ -73,7 +73,8 @@
 //  CALICO_GEMM_STAGES 2..16, CALICO_GEMM_B_KMAJOR 0|1, CALICO_GEMM_EPILOGUE 0 none|1 gelu|2 silu,
 //  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1, CALICO_GEMM_TMA_STORE 0|1 (16-bit out, warpgroup columns a multiple of 64),
 //  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks),
-//  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64).
+//  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64),
+//  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster).
 #include "calico/calico.h"
 #include "calico/cluster.cuh"
 #include "calico/mbarrier.cuh"
@@ -89,6 +90,12 @@
 #endif
 #ifndef CALICO_GEMM_PINGPONG
 #define CALICO_GEMM_PINGPONG 0
+#endif
+#ifndef CALICO_GEMM_L2_HINT_A
+#define CALICO_GEMM_L2_HINT_A 0
+#endif
+#ifndef CALICO_GEMM_L2_HINT_B
+#define CALICO_GEMM_L2_HINT_B 0
 #endif
 
 namespace gemm_hopper {
@@ -106,6 +113,9 @@ constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
 constexpr bool TMA_STORE = CALICO_GEMM_TMA_STORE != 0;
 constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
 constexpr bool PINGPONG = CALICO_GEMM_PINGPONG != 0;
+// L2 eviction hints for the operand loads: 0 none, 1 evict_first, 2 evict_last.
+constexpr int L2_HINT_A = CALICO_GEMM_L2_HINT_A;
+constexpr int L2_HINT_B = CALICO_GEMM_L2_HINT_B;
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr bool SPLIT_N = !PINGPONG && BM == 64;
@@ -311,6 +321,20 @@ CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], con
     }
 }
 
+CALICO_DEVICE uint64_t l2_policy(int hint) {
+    return hint == 2 ? calico::tma::policy_evict_last() : calico::tma::policy_evict_first();
+}
+
+// An operand box load, with the L2 eviction hint HINT (0: none).
+template <int HINT>
+CALICO_DEVICE void load_operand(void* dst, const calico::tensor_map& map, int c0, int c1, int c2, calico::mbarrier& bar, uint64_t policy) {
+    if constexpr (HINT == 0) {
+        calico::tma::load_3d(dst, map, c0, c1, c2, bar);
+    } else {
+        calico::tma::load_3d_hint(dst, map, c0, c1, c2, bar, policy);
+    }
+}
+
 // Frees a ring slot: one arrival per consumer warp on the slot's empty barrier of every CTA
 // of the cluster (their producers multicast into this CTA's slot too).
 CALICO_DEVICE void release(calico::mbarrier& bar) {
@@ -382,6 +406,8 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         if (threadIdx.x == 0) {
             calico::tma::prefetch(map_a);
             calico::tma::prefetch(map_b);
+            const uint64_t policy_a = l2_policy(L2_HINT_A);
+            const uint64_t policy_b = l2_policy(L2_HINT_B);
             uint32_t it = 0;
             for (int w = first_work; w < work; w += work_step) {
                 const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
@@ -397,15 +423,15 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     calico::arrive_expect_tx(full[slot], STAGE_BYTES);
                     unsigned char* a_dst = smem + A_OFFSET + slot * A_STAGE_BYTES;
                     unsigned char* b_dst = smem + B_OFFSET + slot * B_STAGE_BYTES;
-                    calico::tma::load_3d(a_dst, map_a, kt * BK, tile_m * BM, a_batch, full[slot]);
+                    load_operand<L2_HINT_A>(a_dst, map_a, kt * BK, tile_m * BM, a_batch, full[slot], policy_a);
                     if constexpr (CLUSTER == 1) {
                         if constexpr (B_KMAJOR) {
-                            calico::tma::load_3d(b_dst, map_b, kt * BK, tc.n * BN, b_batch, full[slot]);
+                            load_operand<L2_HINT_B>(b_dst, map_b, kt * BK, tc.n * BN, b_batch, full[slot], policy_b);
                         } else {
 #pragma unroll
                             for (int chunk = 0; chunk < BN / N_CHUNK; ++chunk) {
-                                calico::tma::load_3d(b_dst + chunk * N_CHUNK_BYTES, map_b, tc.n * BN + chunk * N_CHUNK, kt * BK, b_batch,
-                                                     full[slot]);
+                                load_operand<L2_HINT_B>(b_dst + chunk * N_CHUNK_BYTES, map_b, tc.n * BN + chunk * N_CHUNK, kt * BK, b_batch,
+                                                        full[slot], policy_b);
                             }
                         }
                     } else {

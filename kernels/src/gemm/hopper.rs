@@ -92,6 +92,37 @@ struct Tune {
     group_m: Option<i32>,
     grid: Option<usize>,
     pingpong: Option<bool>,
+    /// L2 eviction hints for the A and B loads (`l2a=last`, `l2b=first`, ...).
+    l2_a: Option<L2Hint>,
+    l2_b: Option<L2Hint>,
+}
+
+/// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum L2Hint {
+    #[default]
+    Normal,
+    EvictFirst,
+    EvictLast,
+}
+
+impl L2Hint {
+    fn parse(text: &str) -> Option<L2Hint> {
+        match text {
+            "normal" | "none" => Some(L2Hint::Normal),
+            "first" | "evict_first" => Some(L2Hint::EvictFirst),
+            "last" | "evict_last" => Some(L2Hint::EvictLast),
+            _ => None,
+        }
+    }
+
+    fn define(self) -> u8 {
+        match self {
+            L2Hint::Normal => 0,
+            L2Hint::EvictFirst => 1,
+            L2Hint::EvictLast => 2,
+        }
+    }
 }
 
 impl Tune {
@@ -119,6 +150,8 @@ impl Tune {
                     t.group_m = num.filter(|v| (1..=64).contains(v)).map(|v| v as i32)
                 }
                 "grid" => t.grid = num.filter(|&v| v >= 1),
+                "l2a" => t.l2_a = L2Hint::parse(value),
+                "l2b" => t.l2_b = L2Hint::parse(value),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -411,6 +444,8 @@ struct Variant {
     epilogue: super::Epilogue,
     bias: bool,
     c: bool,
+    /// L2 hints for the A and B loads.
+    l2: (L2Hint, L2Hint),
 }
 
 impl Variant {
@@ -434,6 +469,8 @@ impl Variant {
                 "CALICO_GEMM_PINGPONG",
                 u8::from(self.tile.pingpong).to_string(),
             ),
+            ("CALICO_GEMM_L2_HINT_A", self.l2.0.define().to_string()),
+            ("CALICO_GEMM_L2_HINT_B", self.l2.1.define().to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -594,6 +631,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             epilogue,
             bias,
             c,
+            l2: (L2Hint::Normal, L2Hint::Normal),
         };
         let label = format!(
             "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}",
@@ -610,6 +648,22 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             source: v.source(vendor)?,
         });
     }
+    // L2 eviction hints on the operand loads (CALICO_HOPPER_TUNE l2a=/l2b=).
+    let hinted = Variant {
+        in_dtype: DType::BF16,
+        out_dtype: DType::BF16,
+        tile: big_tma,
+        b_kmajor: true,
+        epilogue: Epilogue::None,
+        bias: false,
+        c: false,
+        l2: (L2Hint::EvictLast, L2Hint::EvictFirst),
+    };
+    out.push(crate::catalog::CatalogEntry {
+        op: "gemm",
+        label: "hopper bf16->bf16 128x256x64 stages=4 store=tma cluster=1 b_kmajor=true l2a=last l2b=first".into(),
+        source: hinted.source(vendor)?,
+    });
     Ok(out)
 }
 
@@ -685,6 +739,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         epilogue: p.epilogue,
         bias: p.bias.is_some(),
         c: has_c,
+        l2: (tune.l2_a.unwrap_or_default(), tune.l2_b.unwrap_or_default()),
     };
     let source = variant.source(gpu.vendor_headers())?;
 
@@ -797,8 +852,16 @@ mod tests {
                 group_m: Some(4),
                 grid: Some(64),
                 pingpong: None,
+                l2_a: None,
+                l2_b: None,
             }
         );
+        let h = Tune::parse("l2a=last,l2b=first");
+        assert_eq!(
+            (h.l2_a, h.l2_b),
+            (Some(L2Hint::EvictLast), Some(L2Hint::EvictFirst))
+        );
+        assert_eq!(Tune::parse("l2a=sideways").l2_a, None);
         // Nonsense is ignored.
         let bad = Tune::parse("bm=96,bn=banana,stages=99,store=x,cluster=3,=,foo,grid=0");
         assert_eq!(bad, Tune::default());
