@@ -212,10 +212,11 @@ fn output_fits(x: &MatrixArg, n: usize) -> bool {
     x.col_stride == 1 || n <= 1
 }
 
-/// True when the Hopper kernel can run `p` on `arch`: sm_90a, 16-bit inputs, A K-major and B
-/// with either dimension contiguous, 16-byte aligned bases and strides, D and C with
-/// contiguous rows, sizes within 32-bit coordinates.
-pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
+/// The tile configuration the Hopper kernel would run `p` with on `arch`, or `None` when it
+/// cannot: sm_90a, 16-bit inputs, A K-major and B with either dimension contiguous, 16-byte
+/// aligned bases and strides, D and C with contiguous rows, sizes within 32-bit coordinates,
+/// and a tile that fits the device's shared memory.
+fn config(arch: &Arch, p: &GemmProblem) -> Option<TileConfig> {
     let arch_ok = arch.target.ends_with("90a")
         && arch.has_mma(MmaKind::Wgmma, p.in_dtype)
         && arch.has_async_copy(AsyncCopy::Tma);
@@ -225,37 +226,21 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
         p.m <= MAX_EXTENT && p.n <= MAX_EXTENT && p.k <= MAX_EXTENT && p.batch <= MAX_EXTENT;
     let aligned = p.a.ptr % 16 == 0 && p.b.ptr % 16 == 0;
     let outputs_ok = output_fits(&p.d, p.n) && p.c.as_ref().is_none_or(|c| output_fits(c, p.n));
-    arch_ok
-        && dtypes_ok
-        && sizes_ok
-        && aligned
-        && outputs_ok
-        && a_fits(p)
-        && b_k_major(p).is_some()
-        && pick(
-            arch,
-            p,
-            b_k_major(p) == Some(true),
-            d_tma_ok(p),
-            Tune::get(),
-        )
-        .is_some()
+    let b_kmajor = b_k_major(p)?;
+    (arch_ok && dtypes_ok && sizes_ok && aligned && outputs_ok && a_fits(p))
+        .then(|| pick(arch, p, b_kmajor, d_tma_ok(p), Tune::get()))
+        .flatten()
+}
+
+/// True when the Hopper kernel can run `p` on `arch` (see [`config`]).
+pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
+    config(arch, p).is_some()
 }
 
 /// How many output tiles (work units of one CTA) the Hopper kernel would cut `p` into, or
 /// `None` when it does not run `p`. The router compares this with the SM count.
 pub(crate) fn tiles(arch: &Arch, p: &GemmProblem) -> Option<usize> {
-    if !supports(arch, p) {
-        return None;
-    }
-    let cfg = pick(
-        arch,
-        p,
-        b_k_major(p) == Some(true),
-        d_tma_ok(p),
-        Tune::get(),
-    )?;
-    Some(cfg.tiles(p))
+    config(arch, p).map(|cfg| cfg.tiles(p))
 }
 
 /// True when D can take the TMA-store epilogue: 16-bit output, contiguous rows, 16-byte
@@ -449,6 +434,33 @@ struct Variant {
 }
 
 impl Variant {
+    /// The catalog's name for this variant (`calico compile --label` matches it).
+    fn label(&self) -> String {
+        let t = self.tile;
+        let hint = |name: &str, h: L2Hint| match h {
+            L2Hint::Normal => String::new(),
+            L2Hint::EvictFirst => format!(" {name}=first"),
+            L2Hint::EvictLast => format!(" {name}=last"),
+        };
+        format!(
+            "hopper {}->{} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={} {:?} bias={} c={}{}{}{}",
+            self.in_dtype,
+            self.out_dtype,
+            t.bm,
+            t.bn,
+            t.stages,
+            if t.tma_store { "tma" } else { "reg" },
+            t.cluster,
+            self.b_kmajor,
+            self.epilogue,
+            self.bias,
+            self.c,
+            if t.pingpong { " mode=pingpong" } else { "" },
+            hint("l2a", self.l2.0),
+            hint("l2b", self.l2.1),
+        )
+    }
+
     fn source(&self, vendor: calico_core::HeaderSet) -> Result<KernelSource> {
         let defines = [
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
@@ -622,62 +634,47 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             false,
         ),
     ];
-    for (in_dtype, out_dtype, tile, b_kmajor, epilogue, bias, c) in cases {
-        let v = Variant {
-            in_dtype,
-            out_dtype,
-            tile,
-            b_kmajor,
-            epilogue,
-            bias,
-            c,
-            l2: (L2Hint::Normal, L2Hint::Normal),
-        };
-        let label = format!(
-            "hopper {in_dtype}->{out_dtype} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={b_kmajor} {epilogue:?} bias={bias} c={c}{}",
-            tile.bm,
-            tile.bn,
-            tile.stages,
-            if tile.tma_store { "tma" } else { "reg" },
-            tile.cluster,
-            if tile.pingpong { " mode=pingpong" } else { "" }
-        );
+    let mut variants: Vec<Variant> = cases
+        .into_iter()
+        .map(
+            |(in_dtype, out_dtype, tile, b_kmajor, epilogue, bias, c)| Variant {
+                in_dtype,
+                out_dtype,
+                tile,
+                b_kmajor,
+                epilogue,
+                bias,
+                c,
+                l2: (L2Hint::Normal, L2Hint::Normal),
+            },
+        )
+        .collect();
+    // L2 eviction hints on the operand loads (CALICO_HOPPER_TUNE l2a=/l2b=).
+    variants.push(Variant {
+        tile: big_tma,
+        l2: (L2Hint::EvictLast, L2Hint::EvictFirst),
+        ..variants[0]
+    });
+    for v in variants {
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
-            label,
+            label: v.label(),
             source: v.source(vendor)?,
         });
     }
-    // L2 eviction hints on the operand loads (CALICO_HOPPER_TUNE l2a=/l2b=).
-    let hinted = Variant {
-        in_dtype: DType::BF16,
-        out_dtype: DType::BF16,
-        tile: big_tma,
-        b_kmajor: true,
-        epilogue: Epilogue::None,
-        bias: false,
-        c: false,
-        l2: (L2Hint::EvictLast, L2Hint::EvictFirst),
-    };
-    out.push(crate::catalog::CatalogEntry {
-        op: "gemm",
-        label: "hopper bf16->bf16 128x256x64 stages=4 store=tma cluster=1 b_kmajor=true l2a=last l2b=first".into(),
-        source: hinted.source(vendor)?,
-    });
     Ok(out)
 }
 
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let arch = gpu.arch();
-    if !supports(arch, p) {
+    let Some(mut cfg) = config(arch, p) else {
         return Err(Error::unsupported(
             "the Hopper GEMM does not support this problem (layout, alignment or device)",
         ));
-    }
+    };
     let b_kmajor = b_k_major(p) == Some(true);
     let tune = Tune::get();
     let no_tile = || Error::unsupported("no Hopper GEMM tile fits this device's shared memory");
-    let mut cfg = pick(arch, p, b_kmajor, d_tma_ok(p), tune).ok_or_else(no_tile)?;
     let mut map_d = OpaqueParam128([0; 128]);
     if cfg.tma_store {
         match operand_map(
