@@ -90,6 +90,18 @@ CALICO_DEVICE void base_coord(int lane, int reg, int& row, int& col) {
     }
 }
 
+// Both elements of register `reg` for lane `lane` of a base tile whose top-left corner is
+// (row0, col0): (r0, c0) and (r1, c1). Pairs run along the row (row_l) or down the column
+// (col_l).
+template <class L>
+CALICO_DEVICE void pair_coords(int lane, int reg, int row0, int col0, int& r0, int& c0, int& r1, int& c1) {
+    base_coord<L>(lane, reg, r0, c0);
+    r0 += row0;
+    c0 += col0;
+    r1 = same_type<L, col_l>::value ? r0 + 1 : r0;
+    c1 = same_type<L, col_l>::value ? c0 : c0 + 1;
+}
+
 template <class T, int R, int C, class L = row_l>
 struct rt {
     static_assert(R % 16 == 0 && C % 16 == 0, "register tiles are made of 16x16 base tiles");

@@ -212,13 +212,8 @@ CALICO_DEVICE void load(rt<T, R, C, L>& dst, const gl<G>& src, coord tc) {
         for (int j = 0; j < C / 16; ++j)
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                int r, c;
-                base_coord<L>(lane, k, r, c);
-                r += tc.row * R + 16 * i;
-                c += tc.col * C + 16 * j;
-                // Pairs run along the row (row_l) or down the column (col_l).
-                const int r1 = same_type<L, col_l>::value ? r + 1 : r;
-                const int c1 = same_type<L, col_l>::value ? c : c + 1;
+                int r, c, r1, c1;
+                pair_coords<L>(lane, k, tc.row * R + 16 * i, tc.col * C + 16 * j, r, c, r1, c1);
                 const bool ok0 = r < src.rows && c < src.cols, ok1 = r1 < src.rows && c1 < src.cols;
                 const float x0 = ok0 ? to_float(*src.at(tc.batch, r, c)) : 0.0f;
                 const float x1 = ok1 ? to_float(*src.at(tc.batch, r1, c1)) : 0.0f;
@@ -236,12 +231,8 @@ CALICO_DEVICE void store(const gl<G>& dst, const rt<T, R, C, L>& src, coord tc) 
         for (int j = 0; j < C / 16; ++j)
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                int r, c;
-                base_coord<L>(lane, k, r, c);
-                r += tc.row * R + 16 * i;
-                c += tc.col * C + 16 * j;
-                const int r1 = same_type<L, col_l>::value ? r + 1 : r;
-                const int c1 = same_type<L, col_l>::value ? c : c + 1;
+                int r, c, r1, c1;
+                pair_coords<L>(lane, k, tc.row * R + 16 * i, tc.col * C + 16 * j, r, c, r1, c1);
                 const float2 v = unpack(src.data[i][j][k]);
                 if (r < dst.rows && c < dst.cols) *dst.at(tc.batch, r, c) = from_float<G>(v.x);
                 if (r1 < dst.rows && c1 < dst.cols) *dst.at(tc.batch, r1, c1) = from_float<G>(v.y);
