@@ -232,13 +232,9 @@ fn config(arch: &Arch, p: &GemmProblem) -> Option<TileConfig> {
         .flatten()
 }
 
-/// True when the Hopper kernel can run `p` on `arch` (see [`config`]).
-pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
-    config(arch, p).is_some()
-}
-
 /// How many output tiles (work units of one CTA) the Hopper kernel would cut `p` into, or
-/// `None` when it does not run `p`. The router compares this with the SM count.
+/// `None` when it does not run `p` (see [`config`]). The router compares this with the SM
+/// count and launches the Hopper kernel when it is `Some`.
 pub(crate) fn tiles(arch: &Arch, p: &GemmProblem) -> Option<usize> {
     config(arch, p).map(|cfg| cfg.tiles(p))
 }
@@ -418,7 +414,7 @@ fn as_i64(v: usize, what: &str) -> Result<i64> {
     i64::try_from(v).map_err(|_| Error::unsupported(format!("{what} = {v} exceeds 64-bit range")))
 }
 
-/// Launches the Hopper GEMM for `p` (call only when [`supports`] is true).
+/// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`).
 /// One compiled form of the Hopper kernel.
 #[derive(Debug, Clone, Copy)]
 struct Variant {
@@ -783,7 +779,7 @@ mod tests {
     #[test]
     fn big_gemms_use_128x256_with_4_stages() {
         let p = problem(4096, 4096, 4096, true);
-        assert!(supports(&h100(), &p));
+        assert!(config(&h100(), &p).is_some());
         let c = pick(&h100(), &p, true, d_tma_ok(&p), Tune::default()).unwrap();
         assert_eq!((c.bm, c.bn, c.stages), (128, 256, 4));
         assert!(c.tma_store);
@@ -807,13 +803,13 @@ mod tests {
     fn unaligned_strides_and_other_targets_are_declined() {
         let mut p = problem(100, 100, 100, true);
         p.a.row_stride = 100; // 200 bytes: not a multiple of 16
-        assert!(!supports(&h100(), &p));
+        assert!(config(&h100(), &p).is_none());
         let p = problem(128, 128, 128, true);
-        assert!(!supports(&Arch::for_target("sm_80").unwrap(), &p));
+        assert!(config(&Arch::for_target("sm_80").unwrap(), &p).is_none());
         let mut p = problem(128, 128, 128, true);
         p.a.col_stride = 128;
         p.a.row_stride = 1;
-        assert!(!supports(&h100(), &p));
+        assert!(config(&h100(), &p).is_none());
     }
 
     #[test]

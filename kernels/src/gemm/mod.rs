@@ -115,9 +115,11 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
         .as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     let arch = gpu.arch();
-    if skinny::supports(arch, p) && skinny::prefers(arch, p, hopper::tiles(arch, p)) {
+    // The Hopper kernel's tile count, if it runs `p`: the skinny router weighs it too.
+    let hopper_tiles = hopper::tiles(arch, p);
+    if skinny::supports(arch, p) && skinny::prefers(arch, p, hopper_tiles) {
         skinny::launch(gpu, p)
-    } else if hopper::supports(arch, p) {
+    } else if hopper_tiles.is_some() {
         hopper::launch(gpu, p)
     } else if sm80::supports(arch, p) {
         sm80::launch(gpu, p)
