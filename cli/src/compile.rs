@@ -38,7 +38,27 @@ pub fn count_instructions(disasm: &str, keys: &[&str]) -> Vec<usize> {
         .collect()
 }
 
-pub fn run(args: &CompileArgs) -> Result<bool> {
+/// The closing line of `--disasm`: how many variants compiled and how many failed. `Err` (the
+/// command exits non-zero) when any failed, so a missing compiler cannot pass for success.
+pub fn verdict(op: &str, target: &str, compiled: usize, failed: usize) -> Result<String> {
+    let line = format!(
+        "{op} on {target}: {compiled} of {} variants compiled, {failed} failed",
+        compiled + failed
+    );
+    if failed == 0 {
+        Ok(line)
+    } else {
+        Err(Error::Compile {
+            entry: format!("{op} variants"),
+            target: target.to_string(),
+            log: format!("{line} (each failure is printed above)"),
+        })
+    }
+}
+
+/// `Ok(())` when every variant printed (and, with `--disasm`, compiled); else the error that
+/// says how many failed.
+pub fn run(args: &CompileArgs) -> Result<()> {
     let entries = catalog::entries(&args.target, Some(&args.op))?;
     let entries: Vec<_> = entries
         .into_iter()
@@ -52,7 +72,6 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     }
     let keys = key_instructions(&args.target);
     let mut summary = Vec::new();
-    let mut ok = true;
     for e in &entries {
         println!(
             "==== {} [{}] entry {} ({} bytes of source)",
@@ -76,7 +95,6 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
                 summary.push((e.label.clone(), Ok(count_instructions(&text, keys))));
             }
             Err(err) => {
-                ok = false;
                 eprintln!("---- {} [{}] failed: {err}", e.op, e.label);
                 summary.push((e.label.clone(), Err(err.to_string())));
             }
@@ -107,13 +125,31 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
                 }
             }
         }
+        let failed = summary.iter().filter(|(_, c)| c.is_err()).count();
+        println!(
+            "\n{}",
+            verdict(&args.op, &args.target, summary.len() - failed, failed)?
+        );
     }
-    Ok(ok)
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_failed_variant_is_an_error_that_counts_both() {
+        let all = verdict("gemm", "sm_90a", 5, 0).unwrap();
+        assert!(all.contains("5 of 5 variants compiled, 0 failed"), "{all}");
+        let err = verdict("gemm", "sm_90a", 3, 2).unwrap_err().to_string();
+        assert!(err.contains("3 of 5 variants compiled, 2 failed"), "{err}");
+        let none = verdict("softmax", "gfx942", 0, 4).unwrap_err().to_string();
+        assert!(
+            none.contains("0 of 4 variants compiled, 4 failed"),
+            "{none}"
+        );
+    }
 
     #[test]
     fn counts_per_vendor() {

@@ -36,7 +36,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Info => info::run(),
-        Command::Compile(args) => compile::run(&args),
+        Command::Compile(args) => compile::run(&args).map(|()| true),
         Command::Bench(args) => calico::Device::auto()
             .and_then(|dev| calico_benches::run(&dev, &args.options()))
             .map(|_| true),
