@@ -57,6 +57,11 @@ pub(crate) fn load(dtype: DType, src: &[u8], dst: &mut [f32]) {
                 }
             }
         },
+        DType::I32 => {
+            for (d, c) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                *d = i32::from_ne_bytes([c[0], c[1], c[2], c[3]]) as f32;
+            }
+        }
         // Rejected by `float_dtype` before any op reads elements.
         DType::F8E4M3 | DType::F8E5M2 => dst.fill(f32::NAN),
     }
@@ -91,6 +96,11 @@ pub(crate) fn store(dtype: DType, src: &[f32], dst: &mut [u8]) {
                 }
             }
         },
+        DType::I32 => {
+            for (c, &v) in dst.chunks_exact_mut(4).zip(src) {
+                c.copy_from_slice(&(v.round() as i32).to_ne_bytes());
+            }
+        }
         DType::F8E4M3 | DType::F8E5M2 => {}
     }
 }

@@ -4,49 +4,71 @@ use crate::error::{driver, driver_err};
 use crate::storage::{CudaStorage, Queue};
 use crate::{nvrtc, probe};
 use calico_core::{
-    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg,
-    KernelSource, LaunchConfig, Result, Storage, Tensor,
+    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, DynVariant, Error, GpuBackend,
+    KernelArg, KernelSource, LaunchConfig, Result, Storage, Tensor, VariantCache,
 };
-use cudarc::driver::{result, sys, CudaContext, CudaSlice, DevicePtr, DeviceRepr};
+use cudarc::driver::{
+    result, sys, CudaContext, CudaGraph, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
+};
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// Most parameters a kernel launch takes (the pointers to them live on the stack).
+const MAX_KERNEL_ARGS: usize = 64;
 
 /// A loaded kernel: its module (kept loaded) and function handle.
 struct LoadedKernel {
     module: sys::CUmodule,
     function: sys::CUfunction,
+    /// The entry point's name, for error messages.
+    entry: String,
     /// The dynamic shared memory limit already raised for this function.
-    smem_limit: Mutex<u32>,
+    smem_limit: AtomicU32,
 }
 
 // SAFETY: CUmodule/CUfunction are driver handles, valid in any thread once their context is
 // bound; the driver API is thread-safe. They are only used after `Queue::bind`.
 unsafe impl Send for LoadedKernel {}
-// SAFETY: as above; shared access only reads the handles (the limit is behind a mutex).
+// SAFETY: as above; shared access only reads the handles (the limit is an atomic).
 unsafe impl Sync for LoadedKernel {}
 
-/// One NVIDIA GPU.
+/// One NVIDIA GPU, seen through one stream: every op of this handle is queued on it.
+/// [`CudaDevice::with_stream`] gives another handle to the same GPU (same loaded kernels)
+/// that queues on a stream of the caller's.
 #[derive(Clone)]
 pub struct CudaDevice {
     inner: Arc<Inner>,
 }
 
+/// What one stream's handle owns: the stream and its scratch buffer.
 struct Inner {
     queue: Arc<Queue>,
+    shared: Arc<Shared>,
+    /// The scratch buffer of `GpuBackend::with_workspace`, grown on demand.
+    workspace: Mutex<Option<CudaStorage>>,
+}
+
+/// What every handle of one GPU shares: its description and its loaded kernels.
+struct Shared {
+    ctx: Arc<CudaContext>,
     name: String,
     arch: Arch,
     compiler: CompilerInfo,
     disk: DiskCache,
-    kernels: Mutex<HashMap<[u8; 32], Arc<LoadedKernel>>>,
+    /// Kernels launched by source (`GpuBackend::launch`), by digest.
+    by_digest: Mutex<HashMap<[u8; 32], Arc<LoadedKernel>>>,
+    /// Kernels launched by variant (`GpuBackend::launch_variant`): the hot path.
+    by_variant: VariantCache<Arc<LoadedKernel>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaDevice")
             .field("ordinal", &self.inner.queue.id.ordinal)
-            .field("name", &self.inner.name)
-            .field("arch", &self.inner.arch.target)
+            .field("name", &self.inner.shared.name)
+            .field("arch", &self.inner.shared.arch.target)
             .finish()
     }
 }
@@ -101,15 +123,76 @@ impl CudaDevice {
                 ordinal,
             },
         });
+        let shared = Arc::new(Shared {
+            ctx: queue.ctx.clone(),
+            name,
+            arch,
+            compiler,
+            disk: DiskCache::from_env(),
+            by_digest: Mutex::new(HashMap::new()),
+            by_variant: VariantCache::default(),
+        });
         Ok(CudaDevice {
             inner: Arc::new(Inner {
                 queue,
-                name,
-                arch,
-                compiler,
-                disk: DiskCache::from_env(),
-                kernels: Mutex::new(HashMap::new()),
+                shared,
+                workspace: Mutex::new(None),
             }),
+        })
+    }
+
+    /// A handle to the same GPU whose ops queue on `stream` (a cudarc stream of this device's
+    /// context, e.g. one the caller captures into a graph or orders with its own work). It
+    /// shares the loaded kernels and has its own scratch buffer. Tensors of either handle can
+    /// be used with the other; ordering work between the two streams is the caller's job.
+    pub fn with_stream(&self, stream: Arc<CudaStream>) -> Result<CudaDevice> {
+        if !Arc::ptr_eq(stream.context(), &self.inner.queue.ctx) {
+            return Err(Error::DeviceMismatch(
+                "the stream belongs to another CUDA context".into(),
+            ));
+        }
+        let queue = Arc::new(Queue {
+            ctx: self.inner.queue.ctx.clone(),
+            stream,
+            id: self.inner.queue.id,
+        });
+        Ok(CudaDevice {
+            inner: Arc::new(Inner {
+                queue,
+                shared: self.inner.shared.clone(),
+                workspace: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// The cudarc stream this handle's ops are queued on (for events, graph capture, or
+    /// ordering with the caller's own work).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.queue.stream
+    }
+
+    /// Records the ops `work` queues on this handle's stream into a CUDA graph instead of
+    /// running them, and returns the graph (launch it with `CudaGraph::launch`, which queues
+    /// it on this stream). Run each op once before capturing it, so that its kernel is
+    /// compiled and loaded and its scratch buffer sized: a captured op must not compile,
+    /// allocate or synchronise. Capture is thread-local: other threads may keep working.
+    pub fn capture_graph(&self, work: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+        let stream = &self.inner.queue.stream;
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(driver_err("cuStreamBeginCapture"))?;
+        let outcome = work();
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = stream
+            .end_capture(
+                sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH,
+            )
+            .map_err(driver_err("cuStreamEndCapture"));
+        outcome?;
+        graph?.ok_or_else(|| Error::Runtime {
+            backend: "cuda",
+            call: "cuStreamEndCapture".into(),
+            message: "the capture recorded no work".into(),
         })
     }
 
@@ -123,6 +206,18 @@ impl CudaDevice {
     /// The cudarc context, for interop with code that uses cudarc directly.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.inner.queue.ctx
+    }
+
+    /// How many kernels this GPU has loaded (all handles together).
+    pub fn loaded_kernels(&self) -> usize {
+        let by_digest = self
+            .inner
+            .shared
+            .by_digest
+            .lock()
+            .map(|m| m.len())
+            .unwrap_or(0);
+        by_digest + self.inner.shared.by_variant.len()
     }
 
     /// The raw stream all of this device's work runs on.
@@ -195,17 +290,8 @@ impl CudaDevice {
             .ok_or_else(|| Error::DeviceMismatch("not a device buffer".into()))
     }
 
-    /// The loaded kernel for `source`, compiling (through the disk cache) and loading it once.
-    fn kernel(&self, source: &KernelSource) -> Result<Arc<LoadedKernel>> {
-        if let Some(k) = self
-            .inner
-            .kernels
-            .lock()
-            .map_err(|_| poisoned())?
-            .get(&source.digest)
-        {
-            return Ok(k.clone());
-        }
+    /// Compiles `source` (through the disk cache) and loads it.
+    fn load(&self, source: &KernelSource) -> Result<Arc<LoadedKernel>> {
         let cubin = self.compile(source)?;
         self.inner.queue.bind()?;
         // The driver wants a pointer to the image; cubins need no NUL terminator.
@@ -223,13 +309,100 @@ impl CudaDevice {
                 return Err(driver("cuModuleGetFunction", e));
             }
         };
-        let loaded = Arc::new(LoadedKernel {
+        Ok(Arc::new(LoadedKernel {
             module,
             function,
-            smem_limit: Mutex::new(48 * 1024),
-        });
-        let mut map = self.inner.kernels.lock().map_err(|_| poisoned())?;
+            entry: source.entry.clone(),
+            smem_limit: AtomicU32::new(48 * 1024),
+        }))
+    }
+
+    /// The loaded kernel for `source`, by digest (compiled and loaded once).
+    fn kernel_by_source(&self, source: &KernelSource) -> Result<Arc<LoadedKernel>> {
+        let map = &self.inner.shared.by_digest;
+        if let Some(k) = map.lock().map_err(|_| poisoned())?.get(&source.digest) {
+            return Ok(k.clone());
+        }
+        let loaded = self.load(source)?;
+        let mut map = map.lock().map_err(|_| poisoned())?;
         Ok(map.entry(source.digest).or_insert(loaded).clone())
+    }
+
+    /// The loaded kernel for `variant`: a lookup by value on the hot path; the source is
+    /// built, compiled and loaded only on a miss.
+    fn kernel_by_variant(&self, variant: &dyn DynVariant) -> Result<Arc<LoadedKernel>> {
+        let cache = &self.inner.shared.by_variant;
+        if let Some(k) = cache.get(variant) {
+            return Ok(k);
+        }
+        let source = variant.build_source(crate::device_headers())?;
+        let loaded = self.kernel_by_source(&source)?;
+        Ok(cache.insert(variant, loaded))
+    }
+
+    /// Queues `kernel` on this handle's stream. No allocation, no synchronisation.
+    fn launch_loaded(
+        &self,
+        kernel: &LoadedKernel,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let (gx, gy, gz) = config.grid;
+        let (bx, by, bz) = config.block;
+        if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024 {
+            return Err(Error::unsupported(format!(
+                "launch of `{}` with grid {:?} and block {:?}",
+                kernel.entry, config.grid, config.block
+            )));
+        }
+        let arch = &self.inner.shared.arch;
+        if config.shared_mem_bytes as usize > arch.shared_mem_per_block {
+            return Err(Error::unsupported(format!(
+                "`{}` asks for {} bytes of shared memory; the device allows {}",
+                kernel.entry, config.shared_mem_bytes, arch.shared_mem_per_block
+            )));
+        }
+        if args.len() > MAX_KERNEL_ARGS {
+            return Err(Error::unsupported(format!(
+                "`{}` takes {} arguments; at most {MAX_KERNEL_ARGS} are supported",
+                kernel.entry,
+                args.len()
+            )));
+        }
+        self.inner.queue.bind()?;
+        if config.shared_mem_bytes > kernel.smem_limit.load(Ordering::Acquire) {
+            // SAFETY: the function handle is live; the value is within the device's opt-in limit.
+            unsafe {
+                result::function::set_function_attribute(
+                    kernel.function,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    config.shared_mem_bytes as i32,
+                )
+            }
+            .map_err(driver_err("cuFuncSetAttribute"))?;
+            kernel
+                .smem_limit
+                .fetch_max(config.shared_mem_bytes, Ordering::AcqRel);
+        }
+        let mut params = [std::ptr::null_mut::<c_void>(); MAX_KERNEL_ARGS];
+        for (slot, arg) in params.iter_mut().zip(args) {
+            *slot = arg_pointer(arg);
+        }
+        // SAFETY: the function is loaded in this context; each pointer in `params` points into
+        // `args`, which outlives the call (cuLaunchKernel copies the values before returning
+        // and only reads through the pointers). Callers build `args` to match the kernel's
+        // parameter list (the ops modules do).
+        unsafe {
+            result::launch_kernel(
+                kernel.function,
+                config.grid,
+                config.block,
+                config.shared_mem_bytes,
+                self.cu_stream(),
+                &mut params[..args.len()],
+            )
+        }
+        .map_err(|e| driver(&format!("cuLaunchKernel({})", kernel.entry), e))
     }
 }
 
@@ -241,12 +414,14 @@ fn poisoned() -> Error {
     }
 }
 
-impl Drop for Inner {
+impl Drop for Shared {
     fn drop(&mut self) {
-        if self.queue.synchronize().is_ok() {
-            if let Ok(map) = self.kernels.get_mut() {
+        // Every handle of this GPU is gone; wait for all of their streams before unloading.
+        if self.ctx.synchronize().is_ok() {
+            if let Ok(map) = self.by_digest.get_mut() {
                 for k in map.values() {
-                    // SAFETY: all work is finished (synchronized above); each module is unloaded once.
+                    // SAFETY: all work is finished (synchronized above); each module is loaded
+                    // once (the variant cache holds the same Arcs as this map) and unloaded once.
                     let _ = unsafe { result::module::unload(k.module) };
                 }
             }
@@ -262,10 +437,10 @@ impl Backend for CudaDevice {
         self.inner.queue.id
     }
     fn name(&self) -> &str {
-        &self.inner.name
+        &self.inner.shared.name
     }
     fn arch(&self) -> &Arch {
-        &self.inner.arch
+        &self.inner.shared.arch
     }
     fn alloc(&self, bytes: usize) -> Result<Arc<dyn Storage>> {
         Ok(Arc::new(CudaStorage::alloc(&self.inner.queue, bytes)?))
@@ -346,20 +521,21 @@ impl GpuBackend for CudaDevice {
         crate::device_headers()
     }
     fn compiler(&self) -> &CompilerInfo {
-        &self.inner.compiler
+        &self.inner.shared.compiler
     }
     fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>> {
-        let target = self.inner.arch.target.as_str();
+        let target = self.inner.shared.arch.target.as_str();
         let opts = nvrtc::options(target, &nvrtc::include_dirs()).join(" ");
         let key = DiskCache::key(&[
             source.text.as_bytes(),
             source.entry.as_bytes(),
             target.as_bytes(),
-            self.inner.compiler.version.as_bytes(),
+            self.inner.shared.compiler.version.as_bytes(),
             opts.as_bytes(),
         ]);
         let cubin = self
             .inner
+            .shared
             .disk
             .get_or_build(&key, || nvrtc::compile(source, target))?;
         Ok(Arc::new(cubin))
@@ -370,64 +546,41 @@ impl GpuBackend for CudaDevice {
         config: &LaunchConfig,
         args: &[KernelArg],
     ) -> Result<()> {
-        let (gx, gy, gz) = config.grid;
-        let (bx, by, bz) = config.block;
-        if gx == 0 || gy == 0 || gz == 0 || bx == 0 || by == 0 || bz == 0 || bx * by * bz > 1024 {
-            return Err(Error::unsupported(format!(
-                "launch of `{}` with grid {:?} and block {:?}",
-                source.entry, config.grid, config.block
-            )));
+        let kernel = self.kernel_by_source(source)?;
+        self.launch_loaded(&kernel, config, args)
+    }
+    fn launch_variant(
+        &self,
+        variant: &dyn DynVariant,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        let kernel = self.kernel_by_variant(variant)?;
+        self.launch_loaded(&kernel, config, args)
+    }
+    fn with_workspace(&self, bytes: usize, work: &mut dyn FnMut(u64) -> Result<()>) -> Result<()> {
+        let mut slot = self.inner.workspace.lock().map_err(|_| poisoned())?;
+        if slot.as_ref().is_none_or(|w| w.size_bytes() < bytes) {
+            // Grow geometrically so a sequence of slightly larger calls allocates rarely. The
+            // old buffer is freed in stream order, after the work queued on it.
+            let size = bytes.max(slot.as_ref().map_or(0, |w| w.size_bytes() * 3 / 2));
+            *slot = None;
+            *slot = Some(CudaStorage::alloc(&self.inner.queue, size)?);
         }
-        if config.shared_mem_bytes as usize > self.inner.arch.shared_mem_per_block {
-            return Err(Error::unsupported(format!(
-                "`{}` asks for {} bytes of shared memory; the device allows {}",
-                source.entry, config.shared_mem_bytes, self.inner.arch.shared_mem_per_block
-            )));
-        }
-        let kernel = self.kernel(source)?;
-        self.inner.queue.bind()?;
-        {
-            let mut limit = kernel.smem_limit.lock().map_err(|_| poisoned())?;
-            if config.shared_mem_bytes > *limit {
-                // SAFETY: the function handle is live; the value is within the device's opt-in limit.
-                unsafe {
-                    result::function::set_function_attribute(
-                        kernel.function,
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        config.shared_mem_bytes as i32,
-                    )
-                }
-                .map_err(driver_err("cuFuncSetAttribute"))?;
-                *limit = config.shared_mem_bytes;
-            }
-        }
-        let mut values: Vec<KernelArg> = args.to_vec();
-        let mut params: Vec<*mut c_void> = values.iter_mut().map(arg_pointer).collect();
-        // SAFETY: the function is loaded in this context; `params` points into `values`, which
-        // lives until cuLaunchKernel has copied the parameters (it copies them before returning).
-        // Callers build `args` to match the kernel's parameter list (the ops modules do).
-        unsafe {
-            result::launch_kernel(
-                kernel.function,
-                config.grid,
-                config.block,
-                config.shared_mem_bytes,
-                self.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(|e| driver(&format!("cuLaunchKernel({})", source.entry), e))
+        let ptr = slot.as_ref().map_or(0, |w| w.ptr());
+        work(ptr)
     }
 }
 
-/// A pointer to the value inside a kernel argument, as cuLaunchKernel wants it.
-fn arg_pointer(arg: &mut KernelArg) -> *mut c_void {
+/// A pointer to the value inside a kernel argument, as cuLaunchKernel wants it (`*mut` by
+/// the API's signature; the driver only reads through it).
+fn arg_pointer(arg: &KernelArg) -> *mut c_void {
     match arg {
-        KernelArg::Ptr(v) | KernelArg::U64(v) => v as *mut u64 as *mut c_void,
-        KernelArg::I32(v) => v as *mut i32 as *mut c_void,
-        KernelArg::U32(v) => v as *mut u32 as *mut c_void,
-        KernelArg::I64(v) => v as *mut i64 as *mut c_void,
-        KernelArg::F32(v) => v as *mut f32 as *mut c_void,
-        KernelArg::Opaque128(v) => v as *mut calico_core::OpaqueParam128 as *mut c_void,
+        KernelArg::Ptr(v) | KernelArg::U64(v) => v as *const u64 as *mut c_void,
+        KernelArg::I32(v) => v as *const i32 as *mut c_void,
+        KernelArg::U32(v) => v as *const u32 as *mut c_void,
+        KernelArg::I64(v) => v as *const i64 as *mut c_void,
+        KernelArg::F32(v) => v as *const f32 as *mut c_void,
+        KernelArg::Opaque128(v) => v as *const calico_core::OpaqueParam128 as *mut c_void,
     }
 }

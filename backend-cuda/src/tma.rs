@@ -12,7 +12,7 @@ use cudarc::driver::sys;
 
 /// Shared-memory swizzle of the boxes a map copies. It must match the device-side layout
 /// (tile.cuh's `st<>` and the wgmma descriptors): 128B pairs with wgmma swizzle mode 1.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Swizzle {
     None,
     B32,
@@ -43,7 +43,7 @@ impl Swizzle {
 }
 
 /// A tiled tensor map request of rank `R` (1..=5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TiledMap<const R: usize> {
     /// Device address of element (0, 0, ..).
     pub address: u64,
@@ -69,6 +69,7 @@ fn data_type(dtype: DType) -> Result<sys::CUtensorMapDataType> {
         DType::F16 => CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
         DType::F32 => CU_TENSOR_MAP_DATA_TYPE_FLOAT32,
         DType::F8E4M3 | DType::F8E5M2 => CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        DType::I32 => CU_TENSOR_MAP_DATA_TYPE_INT32,
     })
 }
 
@@ -159,6 +160,33 @@ impl<const R: usize> TiledMap<R> {
             chunk.copy_from_slice(&word.to_ne_bytes());
         }
         Ok(OpaqueParam128(bytes))
+    }
+}
+
+/// Maps encoded before, so that a call repeated with the same pointers and shapes (a model's
+/// forward pass) skips the driver. Bounded: emptied when full.
+static ENCODED_3D: std::sync::Mutex<
+    Option<std::collections::HashMap<TiledMap<3>, OpaqueParam128>>,
+> = std::sync::Mutex::new(None);
+/// Entries kept before the cache is emptied.
+const MAX_CACHED_MAPS: usize = 1024;
+
+impl TiledMap<3> {
+    /// [`TiledMap::encode`], through a process-wide cache of recent maps. A map only records
+    /// an address, so a stale entry for memory that was freed is harmless: it is used only for
+    /// a request with the same address, dims, strides and box, which encodes to the same bytes.
+    pub fn encode_cached(&self) -> Result<OpaqueParam128> {
+        let mut guard = ENCODED_3D.lock().unwrap_or_else(|e| e.into_inner());
+        let cache = guard.get_or_insert_with(std::collections::HashMap::new);
+        if let Some(map) = cache.get(self) {
+            return Ok(*map);
+        }
+        let map = self.encode()?;
+        if cache.len() >= MAX_CACHED_MAPS {
+            cache.clear();
+        }
+        cache.insert(*self, map);
+        Ok(map)
     }
 }
 

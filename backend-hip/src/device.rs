@@ -1,16 +1,17 @@
 //! `HipDevice`: one AMD GPU behind the `Backend` and `GpuBackend` traits.
 
 use crate::context::Context;
+use crate::context::Kernel;
 use crate::loader::{self, Runtime};
 use crate::result::{check, hip_message};
 use crate::storage::{self, HipStorage};
 use crate::{compile, launch, sys, timing};
 use calico_core::{
-    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, Error, GpuBackend, KernelArg,
-    KernelSource, LaunchConfig, Result, Storage,
+    Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, DynVariant, Error, GpuBackend,
+    KernelArg, KernelSource, LaunchConfig, Result, Storage, VariantCache,
 };
 use std::ffi::{c_char, c_int, CStr};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// An AMD GPU driven through the HIP runtime, with one stream. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -29,6 +30,10 @@ struct Inner {
     max_threads_per_block: u32,
     compiler: CompilerInfo,
     cache: DiskCache,
+    /// Loaded kernels by variant (`GpuBackend::launch_variant`): the hot path.
+    variants: Arc<VariantCache<Kernel>>,
+    /// The scratch buffer of `GpuBackend::with_workspace`, grown on demand.
+    workspace: Arc<Mutex<Option<HipStorage>>>,
 }
 
 /// What a device reports about itself.
@@ -113,6 +118,8 @@ impl HipDevice {
                     version,
                 },
                 cache: DiskCache::from_env(),
+                variants: Arc::new(VariantCache::default()),
+                workspace: Arc::new(Mutex::new(None)),
             }),
         })
     }
@@ -126,6 +133,17 @@ impl HipDevice {
     pub fn with_cache(mut self, cache: DiskCache) -> Self {
         Arc::make_mut(&mut self.inner).cache = cache;
         self
+    }
+
+    /// The loaded kernel for `source`, by digest (compiled and loaded once).
+    fn kernel_by_source(&self, source: &KernelSource) -> Result<Kernel> {
+        match self.inner.ctx.cached(&source.digest) {
+            Some(k) => Ok(k),
+            None => {
+                let code = self.code_object(source)?;
+                self.inner.ctx.load(source.digest, &code, &source.entry)
+            }
+        }
     }
 
     fn storage<'a>(&self, s: &'a dyn Storage, role: &str) -> Result<&'a HipStorage> {
@@ -326,14 +344,49 @@ impl GpuBackend for HipDevice {
             self.inner.max_threads_per_block,
             self.inner.arch.shared_mem_per_block,
         )?;
-        let kernel = match self.inner.ctx.cached(&source.digest) {
+        let kernel = self.kernel_by_source(source)?;
+        launch::launch(&self.inner.ctx, kernel, config, args)
+    }
+
+    fn launch_variant(
+        &self,
+        variant: &dyn DynVariant,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()> {
+        launch::validate(
+            config,
+            self.inner.max_threads_per_block,
+            self.inner.arch.shared_mem_per_block,
+        )?;
+        let kernel = match self.inner.variants.get(variant) {
             Some(k) => k,
             None => {
-                let code = self.code_object(source)?;
-                self.inner.ctx.load(source.digest, &code, &source.entry)?
+                let source = variant.build_source(crate::hip_headers())?;
+                let k = self.kernel_by_source(&source)?;
+                self.inner.variants.insert(variant, k)
             }
         };
-        launch::launch(&self.inner.ctx, kernel, &source.entry, config, args)
+        launch::launch(&self.inner.ctx, kernel, config, args)
+    }
+
+    fn with_workspace(&self, bytes: usize, work: &mut dyn FnMut(u64) -> Result<()>) -> Result<()> {
+        let mut slot = self
+            .inner
+            .workspace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if slot.as_ref().is_none_or(|w| w.size_bytes() < bytes) {
+            let size = bytes.max(slot.as_ref().map_or(0, |w| w.size_bytes() * 3 / 2));
+            // The old buffer may still be read by queued work: wait for it before freeing.
+            if slot.is_some() {
+                self.inner.ctx.sync()?;
+            }
+            *slot = None;
+            *slot = Some(HipStorage::zeroed(self.inner.ctx.clone(), size)?);
+        }
+        let ptr = slot.as_ref().map_or(0, |w| w.as_ptr());
+        work(ptr)
     }
 
     fn compile(&self, source: &KernelSource) -> Result<Arc<Vec<u8>>> {

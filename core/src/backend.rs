@@ -1,6 +1,6 @@
 //! The traits every backend implements: memory, timing, and (for GPUs) compile and launch.
 
-use crate::{Arch, KernelSource, Result};
+use crate::{Arch, DynVariant, KernelSource, Result};
 use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
@@ -157,8 +157,26 @@ pub trait GpuBackend: Backend {
     /// [`KernelSource::assemble`].
     fn vendor_headers(&self) -> &'static [(&'static str, &'static str)];
     fn compiler(&self) -> &CompilerInfo;
+    /// Launches the kernel of `variant` with `args` (the hot path of every op). The loaded
+    /// kernel is found by the variant's value; its source is built, compiled (through the disk
+    /// cache) and loaded only the first time. Allocates nothing and never synchronises, so
+    /// launches can be captured into a CUDA graph. Args must match the kernel's parameters in
+    /// order and type.
+    fn launch_variant(
+        &self,
+        variant: &dyn DynVariant,
+        config: &LaunchConfig,
+        args: &[KernelArg],
+    ) -> Result<()>;
+    /// Runs `work` with the device address of a scratch buffer of at least `bytes` bytes that
+    /// belongs to this device's stream. The buffer is kept and reused by later calls (it grows
+    /// when a call needs more, never shrinks), and no other caller gets it while `work` runs;
+    /// the work `work` queues may use it until the next op on the same stream. Ops that need
+    /// scratch space use this, so that a repeated call allocates nothing.
+    fn with_workspace(&self, bytes: usize, work: &mut dyn FnMut(u64) -> Result<()>) -> Result<()>;
     /// Compiles (or fetches from the caches) and launches `source` with `args`. Args must
-    /// match the kernel's parameters in order and type.
+    /// match the kernel's parameters in order and type. Finds the loaded kernel by the
+    /// source's digest: for one-off kernels; ops use [`GpuBackend::launch_variant`].
     fn launch(
         &self,
         source: &KernelSource,

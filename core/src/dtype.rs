@@ -13,6 +13,9 @@ pub enum DType {
     F8E4M3,
     /// fp8 with 5 exponent bits and 2 mantissa bits.
     F8E5M2,
+    /// 32-bit signed integers: offsets, block tables and lengths (attention's cu_seqlens,
+    /// paged-KV block tables). Float ops reject it.
+    I32,
 }
 
 impl DType {
@@ -20,7 +23,7 @@ impl DType {
     pub const fn size_bytes(self) -> usize {
         match self {
             DType::BF16 | DType::F16 => 2,
-            DType::F32 => 4,
+            DType::F32 | DType::I32 => 4,
             DType::F8E4M3 | DType::F8E5M2 => 1,
         }
     }
@@ -33,6 +36,7 @@ impl DType {
             DType::F32 => "f32",
             DType::F8E4M3 => "f8e4m3",
             DType::F8E5M2 => "f8e5m2",
+            DType::I32 => "i32",
         }
     }
 
@@ -44,6 +48,7 @@ impl DType {
             DType::F32 => "float",
             DType::F8E4M3 => "fp8e4m3",
             DType::F8E5M2 => "fp8e5m2",
+            DType::I32 => "int",
         }
     }
 
@@ -60,6 +65,7 @@ impl DType {
             DType::F32,
             DType::F8E4M3,
             DType::F8E5M2,
+            DType::I32,
         ]
         .into_iter()
         .find(|d| d.name() == name)
@@ -140,6 +146,17 @@ fn round_via_f32(v: f64, from_f32: impl Fn(f32) -> u16, value: impl Fn(u16) -> f
     }
 }
 
+impl Element for i32 {
+    const DTYPE: DType = DType::I32;
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    /// Rounds to the nearest integer, saturating at the i32 range (NaN becomes 0).
+    fn from_f64(v: f64) -> Self {
+        v.round() as i32
+    }
+}
+
 impl Element for f32 {
     const DTYPE: DType = DType::F32;
     fn to_f64(self) -> f64 {
@@ -150,7 +167,8 @@ impl Element for f32 {
     }
 }
 
-/// Reads element `i` of a little-endian byte buffer of `dtype` as f32 (bf16/f16/f32 only).
+/// Reads element `i` of a little-endian byte buffer of `dtype` as f32 (bf16/f16/f32 only;
+/// i32 is converted, exact below 2^24).
 pub fn read_f32(dtype: DType, bytes: &[u8], i: usize) -> f32 {
     match dtype {
         DType::BF16 => {
@@ -160,6 +178,9 @@ pub fn read_f32(dtype: DType, bytes: &[u8], i: usize) -> f32 {
             half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32()
         }
         DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")),
+        DType::I32 => {
+            i32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().expect("4 bytes")) as f32
+        }
         DType::F8E4M3 | DType::F8E5M2 => {
             unreachable!("fp8 storage is rejected before element access")
         }
@@ -175,6 +196,7 @@ pub fn write_f32(dtype: DType, bytes: &mut [u8], i: usize, v: f32) {
             bytes[2 * i..2 * i + 2].copy_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes())
         }
         DType::F32 => bytes[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes()),
+        DType::I32 => bytes[4 * i..4 * i + 4].copy_from_slice(&(v.round() as i32).to_le_bytes()),
         DType::F8E4M3 | DType::F8E5M2 => {
             unreachable!("fp8 storage is rejected before element access")
         }
@@ -193,6 +215,7 @@ mod tests {
             DType::F32,
             DType::F8E4M3,
             DType::F8E5M2,
+            DType::I32,
         ] {
             assert_eq!(DType::parse(d.name()), Some(d));
         }

@@ -15,6 +15,7 @@ pub mod kernel;
 pub mod lanes;
 pub mod layout;
 pub mod tensor;
+pub mod variant;
 
 pub use arch::{Arch, AsyncCopy, Fp8Flavour, MmaAtom, MmaKind, Vendor};
 pub use backend::{
@@ -28,6 +29,7 @@ pub use error::{Error, Result};
 pub use kernel::{HeaderSet, KernelSource};
 pub use layout::{Layout, Rows};
 pub use tensor::Tensor;
+pub use variant::{DynVariant, KernelVariant, VariantCache};
 
 /// The device headers both vendors share (`calico/*.h` in `core/device`). Each vendor
 /// backend adds `calico/vendor.h` and its own primitives.

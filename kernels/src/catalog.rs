@@ -5,7 +5,7 @@
 use crate::gpu::rows::{self, RowPlan};
 use crate::ops::norm::NormVariant;
 use crate::ops::RopeMode;
-use calico_core::{Arch, DType, Error, HeaderSet, KernelSource, Result, Vendor};
+use calico_core::{Arch, DType, Error, HeaderSet, KernelSource, KernelVariant, Result, Vendor};
 
 /// The ops that have device kernels.
 pub const OPS: &[&str] = &["rms_norm", "layer_norm", "softmax", "rope", "gemm"];

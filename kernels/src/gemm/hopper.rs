@@ -4,8 +4,8 @@
 
 use super::{GemmProblem, MatrixArg};
 use calico_core::{
-    Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, LaunchConfig, MmaKind,
-    OpaqueParam128, Result,
+    Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, MmaKind, OpaqueParam128, Result,
 };
 use calico_cuda::tma::{Swizzle, TiledMap};
 
@@ -29,7 +29,7 @@ const DEFAULT_CLUSTER: usize = 1;
 const MAX_EXTENT: usize = i32::MAX as usize;
 
 /// A tile shape the kernel is compiled for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct TileConfig {
     bm: usize,
     bn: usize,
@@ -98,7 +98,7 @@ struct Tune {
 }
 
 /// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 enum L2Hint {
     #[default]
     Normal,
@@ -398,7 +398,7 @@ fn operand_map(
         box_dims: [box_inner as u32, box_outer as u32, 1],
         swizzle: Swizzle::B128,
     }
-    .encode()?;
+    .encode_cached()?;
     Ok((map, if broadcast { 0 } else { 1 }))
 }
 
@@ -414,9 +414,8 @@ fn as_i64(v: usize, what: &str) -> Result<i64> {
     i64::try_from(v).map_err(|_| Error::unsupported(format!("{what} = {v} exceeds 64-bit range")))
 }
 
-/// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`).
 /// One compiled form of the Hopper kernel.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct Variant {
     in_dtype: DType,
     out_dtype: DType,
@@ -456,7 +455,9 @@ impl Variant {
             hint("l2b", self.l2.1),
         )
     }
+}
 
+impl KernelVariant for Variant {
     fn source(&self, vendor: calico_core::HeaderSet) -> Result<KernelSource> {
         let defines = [
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
@@ -661,6 +662,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
     Ok(out)
 }
 
+/// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let arch = gpu.arch();
     let Some(mut cfg) = config(arch, p) else {
@@ -734,7 +736,6 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         c: has_c,
         l2: (tune.l2_a.unwrap_or_default(), tune.l2_b.unwrap_or_default()),
     };
-    let source = variant.source(gpu.vendor_headers())?;
 
     // Persistent: one CTA per SM (whole clusters), or the tuning override.
     let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster;
@@ -764,7 +765,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         KernelArg::F32(p.beta),
     ];
     let config = LaunchConfig::linear(grid, THREADS, cfg.smem_bytes() as u32);
-    gpu.launch(&source, &config, &args)
+    gpu.launch_variant(&variant, &config, &args)
 }
 
 #[cfg(test)]

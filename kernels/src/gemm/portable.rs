@@ -5,8 +5,8 @@
 use super::{Epilogue, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
 use calico_core::{
-    Arch, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, LaunchConfig, Result,
-    Vendor,
+    Arch, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, Result, Vendor,
 };
 
 const SOURCE: &str = include_str!("../../device/gemm/portable.cu");
@@ -25,7 +25,7 @@ const MAX_GRID_YZ: usize = 65_535;
 const TILES: [(usize, usize); 4] = [(128, 128), (128, 64), (64, 128), (64, 64)];
 
 /// One compiled form of the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
     pub in_dtype: DType,
     pub out_dtype: DType,
@@ -91,8 +91,10 @@ impl Variant {
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
         ]
     }
+}
 
-    pub(crate) fn source(self, vendor: HeaderSet) -> Result<KernelSource> {
+impl KernelVariant for Variant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
         let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
@@ -147,21 +149,19 @@ pub(crate) fn args(p: &GemmProblem, has_c: bool, grid_z: u32) -> Result<Vec<Kern
         batch_stride: 0,
     };
     let c = p.c.filter(|_| has_c).unwrap_or(zero);
-    for (name, x) in [("A", &p.a), ("B", &p.b), ("C", &c), ("D", &p.d)] {
+    // Names for the (never expected) overflow errors, static so the hot path formats nothing.
+    let operands = [
+        (&p.a, ["A row stride", "A column stride", "A batch stride"]),
+        (&p.b, ["B row stride", "B column stride", "B batch stride"]),
+        (&c, ["C row stride", "C column stride", "C batch stride"]),
+        (&p.d, ["D row stride", "D column stride", "D batch stride"]),
+    ];
+    for (x, [rs, cs, bs]) in operands {
         let batch_stride = if p.batch <= 1 { 0 } else { x.batch_stride };
         args.push(KernelArg::Ptr(x.ptr));
-        args.push(KernelArg::I64(as_i64(
-            x.row_stride,
-            &format!("{name} row stride"),
-        )?));
-        args.push(KernelArg::I64(as_i64(
-            x.col_stride,
-            &format!("{name} column stride"),
-        )?));
-        args.push(KernelArg::I64(as_i64(
-            batch_stride,
-            &format!("{name} batch stride"),
-        )?));
+        args.push(KernelArg::I64(as_i64(x.row_stride, rs)?));
+        args.push(KernelArg::I64(as_i64(x.col_stride, cs)?));
+        args.push(KernelArg::I64(as_i64(batch_stride, bs)?));
     }
     args.push(KernelArg::Ptr(p.bias.unwrap_or(0)));
     for (name, v) in [("M", p.m), ("N", p.n), ("K", p.k), ("batch", p.batch)] {
@@ -184,8 +184,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     }
     let v = Variant::for_problem(arch, p);
     let config = grid(p, v)?;
-    let source = v.source(gpu.vendor_headers())?;
-    gpu.launch(&source, &config, &args(p, v.has_c, config.grid.2)?)
+    gpu.launch_variant(&v, &config, &args(p, v.has_c, config.grid.2)?)
 }
 
 /// Representative variants, for `calico compile` and the offline compile checks.

@@ -10,8 +10,8 @@ use super::portable::GEMM_HEADERS;
 use super::{Epilogue, GemmProblem};
 use crate::catalog::CatalogEntry;
 use calico_core::{
-    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, LaunchConfig,
-    MmaKind, Result, Vendor,
+    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, MmaKind, Result, Vendor,
 };
 
 const SOURCE: &str = include_str!("../../device/gemm/skinny.cu");
@@ -37,7 +37,7 @@ const MIN_TILES_PER_SPLIT: usize = 4;
 const MAX_GRID_Y: usize = 65_535;
 
 /// One compiled form of the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
     pub in_dtype: DType,
     pub out_dtype: DType,
@@ -75,8 +75,10 @@ impl Variant {
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
         ]
     }
+}
 
-    fn source(self, vendor: HeaderSet) -> Result<KernelSource> {
+impl KernelVariant for Variant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
         let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS, HELPERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
@@ -242,7 +244,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         shared_mem_bytes: v.smem_bytes(),
     };
     let args = args(p, v.has_c)?;
-    gpu.launch(&v.source(gpu.vendor_headers())?, &config, &args)
+    gpu.launch_variant(&v, &config, &args)
 }
 
 /// Representative variants (every M tiling and split), for `calico compile` and the offline

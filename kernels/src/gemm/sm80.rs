@@ -7,8 +7,8 @@ use super::portable::{args, GEMM_HEADERS};
 use super::{Epilogue, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
 use calico_core::{
-    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, LaunchConfig,
-    MmaKind, Result, Vendor,
+    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, MmaKind, Result, Vendor,
 };
 
 const SOURCE: &str = include_str!("../../device/gemm/sm80.cu");
@@ -30,7 +30,7 @@ const MAX_STAGES: usize = 4;
 const MAX_GRID_YZ: usize = 65_535;
 
 /// One compiled form of the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Variant {
     pub in_dtype: DType,
     pub out_dtype: DType,
@@ -58,8 +58,10 @@ impl Variant {
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
         ]
     }
+}
 
-    pub(crate) fn source(self, vendor: HeaderSet) -> Result<KernelSource> {
+impl KernelVariant for Variant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
         let sets = [
             vendor,
             calico_core::device_headers(),
@@ -164,7 +166,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         shared_mem_bytes: v.smem_bytes(),
     };
     let args: Vec<KernelArg> = args(p, v.has_c, config.grid.2)?;
-    gpu.launch(&v.source(gpu.vendor_headers())?, &config, &args)
+    gpu.launch_variant(&v, &config, &args)
 }
 
 /// Representative variants, for `calico compile` and the offline compile checks.

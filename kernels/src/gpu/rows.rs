@@ -3,7 +3,7 @@
 use calico_core::{Arch, LaunchConfig};
 
 /// How a row kernel covers a row of `cols` elements read `vec` at a time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct RowPlan {
     pub threads: u32,
     /// Vectors each thread keeps in registers (0 when streaming).

@@ -3,7 +3,9 @@
 use super::check;
 use crate::gpu::{self, rows};
 use crate::Device;
-use calico_core::{DType, Error, HeaderSet, KernelArg, KernelSource, Result, Tensor};
+use calico_core::{
+    DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
+};
 
 /// What kind of normalisation, and which optional inputs and outputs take part.
 struct NormCall<'a> {
@@ -216,7 +218,6 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         weight: c.weight.is_some(),
         bias: c.bias.is_some(),
     };
-    let src = variant.source(gpu.vendor_headers())?;
     let args = norm_args(
         c,
         &ptr,
@@ -226,11 +227,11 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         xr.row_stride,
         yr.row_stride,
     )?;
-    gpu.launch(&src, &rows::config(xr.rows, plan), &args)
+    gpu.launch_variant(&variant, &rows::config(xr.rows, plan), &args)
 }
 
 /// One compiled form of the norm kernel.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct NormVariant {
     pub dtype: DType,
     pub vec: usize,
@@ -241,8 +242,8 @@ pub(crate) struct NormVariant {
     pub bias: bool,
 }
 
-impl NormVariant {
-    pub(crate) fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+impl KernelVariant for NormVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let defines = [
             ("ELEM", self.dtype.device_type().to_string()),

@@ -3,10 +3,12 @@
 use super::check;
 use crate::gpu;
 use crate::Device;
-use calico_core::{DType, Error, HeaderSet, KernelArg, KernelSource, LaunchConfig, Result, Tensor};
+use calico_core::{
+    DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, LaunchConfig, Result, Tensor,
+};
 
 /// Which elements form a rotated pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RopeMode {
     /// Pairs `(x[2i], x[2i+1])` (GPT-J, the original RoFormer).
     Interleaved,
@@ -109,7 +111,12 @@ pub fn rope(
     } else {
         pairs.min(elems_per_vector)
     };
-    let src = source(gpu.vendor_headers(), dtype, pairs, x_width, mode)?;
+    let variant = RopeVariant {
+        dtype,
+        pairs,
+        x_width,
+        mode,
+    };
     let [batch, seq, heads, dim] = dims;
     let work = batch * seq * heads * (half / pairs);
     let threads = 256u32;
@@ -131,7 +138,22 @@ pub fn rope(
         KernelArg::I64(dim as i64),
         KernelArg::I64(pos_offset as i64),
     ];
-    gpu.launch(&src, &LaunchConfig::linear(blocks, threads, 0), &args)
+    gpu.launch_variant(&variant, &LaunchConfig::linear(blocks, threads, 0), &args)
+}
+
+/// One compiled form of the rope kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct RopeVariant {
+    dtype: DType,
+    pairs: usize,
+    x_width: usize,
+    mode: RopeMode,
+}
+
+impl KernelVariant for RopeVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        source(vendor, self.dtype, self.pairs, self.x_width, self.mode)
+    }
 }
 
 fn aligned(addresses: &[u64], bytes: u64, row_bytes: usize) -> bool {

@@ -3,7 +3,9 @@
 use super::check;
 use crate::gpu::{self, rows};
 use crate::Device;
-use calico_core::{DType, Error, HeaderSet, KernelArg, KernelSource, Result, Tensor};
+use calico_core::{
+    DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
+};
 
 /// `y = exp(x - max) / sum(exp(x - max))` over the last dimension, in f32.
 pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
@@ -34,7 +36,7 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         xr.cols,
     );
     let plan = rows::plan(xr.cols, vec, dev.arch());
-    let src = source(gpu.vendor_headers(), dtype, vec, plan)?;
+    let variant = SoftmaxVariant { dtype, vec, plan };
     let args = [
         KernelArg::Ptr(xp),
         KernelArg::I64(xr.row_stride as i64),
@@ -43,7 +45,21 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         KernelArg::I64(xr.rows as i64),
         KernelArg::I64(xr.cols as i64),
     ];
-    gpu.launch(&src, &rows::config(xr.rows, plan), &args)
+    gpu.launch_variant(&variant, &rows::config(xr.rows, plan), &args)
+}
+
+/// One compiled form of the softmax kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct SoftmaxVariant {
+    dtype: DType,
+    vec: usize,
+    plan: rows::RowPlan,
+}
+
+impl KernelVariant for SoftmaxVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        source(vendor, self.dtype, self.vec, self.plan)
+    }
 }
 
 /// The softmax kernel for one dtype, vector width and row plan.
