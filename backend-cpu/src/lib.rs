@@ -5,6 +5,7 @@
 //! an `Err` (never panic) on a storage that is not a [`CpuStorage`], a layout that is not
 //! rows, or shapes that do not fit.
 
+mod attention;
 mod convert;
 mod device;
 mod gemm;
@@ -16,6 +17,9 @@ mod softmax;
 mod storage;
 mod views;
 
+pub use attention::{
+    attention_backward, attention_forward, AttentionParams, AttentionShape, SeqSpan,
+};
 pub use calico_core::Epilogue;
 pub use device::CpuDevice;
 pub use gemm::gemm;

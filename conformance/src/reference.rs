@@ -206,3 +206,163 @@ mod tests {
         assert!((y[0] * y[0] + y[1] * y[1] - 2.0).abs() < 1e-12);
     }
 }
+
+/// Sizes of an attention problem; Q, O, dO are row-major `[batch, q_heads, q_len, head_dim]`,
+/// K, V `[batch, kv_heads, k_len, head_dim]`, LSE `[batch, q_heads, q_len]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionDims {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub q_len: usize,
+    pub k_len: usize,
+    pub head_dim: usize,
+}
+
+/// Whether query `i` sees key `j` (docs/ops-spec.md: causal and windows bottom-right aligned,
+/// so the last query lines up with the last key).
+fn attention_visible(
+    opts: &calico::ops::AttentionOptions,
+    i: usize,
+    j: usize,
+    dims: &AttentionDims,
+) -> bool {
+    let diag = i as i128 + dims.k_len as i128 - dims.q_len as i128;
+    let j = j as i128;
+    if opts.causal && j > diag {
+        return false;
+    }
+    match opts.window {
+        Some((left, right)) => j >= diag - left as i128 && j <= diag + right as i128,
+        None => true,
+    }
+}
+
+/// The masked, transformed scores of one (batch, query head) pair: `None` where masked.
+fn attention_scores(
+    q: &[f64],
+    k: &[f64],
+    dims: &AttentionDims,
+    opts: &calico::ops::AttentionOptions,
+    b: usize,
+    h: usize,
+) -> Vec<Vec<Option<(f64, f64)>>> {
+    let d = dims.head_dim;
+    let scale = opts.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
+    let kh = h / (dims.q_heads / dims.kv_heads);
+    let qrow = |i: usize| &q[((b * dims.q_heads + h) * dims.q_len + i) * d..][..d];
+    let krow = |j: usize| &k[((b * dims.kv_heads + kh) * dims.k_len + j) * d..][..d];
+    (0..dims.q_len)
+        .map(|i| {
+            (0..dims.k_len)
+                .map(|j| {
+                    if !attention_visible(opts, i, j, dims) {
+                        return None;
+                    }
+                    let s: f64 =
+                        qrow(i).iter().zip(krow(j)).map(|(a, b)| a * b).sum::<f64>() * scale;
+                    // (score, d score / d scaled dot)
+                    Some(match opts.softcap {
+                        Some(cap) => {
+                            let cap = cap as f64;
+                            let t = (s / cap).tanh();
+                            (cap * t, 1.0 - t * t)
+                        }
+                        None => (s, 1.0),
+                    })
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Softmax of one row of masked scores and its log-sum-exp (`-inf` and zeros when all masked).
+fn attention_row_softmax(row: &[Option<(f64, f64)>]) -> (Vec<f64>, f64) {
+    let max = row
+        .iter()
+        .flatten()
+        .fold(f64::NEG_INFINITY, |m, &(s, _)| m.max(s));
+    if max == f64::NEG_INFINITY {
+        return (vec![0.0; row.len()], f64::NEG_INFINITY);
+    }
+    let e: Vec<f64> = row
+        .iter()
+        .map(|s| s.map_or(0.0, |(s, _)| (s - max).exp()))
+        .collect();
+    let sum: f64 = e.iter().sum();
+    (e.iter().map(|v| v / sum).collect(), max + sum.ln())
+}
+
+/// Attention forward in f64: `(o, lse)`. A query that sees no key gets `o = 0` and
+/// `lse = -inf`.
+pub fn attention_reference(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dims: &AttentionDims,
+    opts: &calico::ops::AttentionOptions,
+) -> (Vec<f64>, Vec<f64>) {
+    let d = dims.head_dim;
+    let group = dims.q_heads / dims.kv_heads;
+    let mut o = vec![0.0; dims.batch * dims.q_heads * dims.q_len * d];
+    let mut lse = vec![0.0; dims.batch * dims.q_heads * dims.q_len];
+    for b in 0..dims.batch {
+        for h in 0..dims.q_heads {
+            let vbase = (b * dims.kv_heads + h / group) * dims.k_len * d;
+            for (i, row) in attention_scores(q, k, dims, opts, b, h).iter().enumerate() {
+                let (p, l) = attention_row_softmax(row);
+                let r = (b * dims.q_heads + h) * dims.q_len + i;
+                lse[r] = l;
+                for (j, pj) in p.iter().enumerate() {
+                    for c in 0..d {
+                        o[r * d + c] += pj * v[vbase + j * d + c];
+                    }
+                }
+            }
+        }
+    }
+    (o, lse)
+}
+
+/// Attention backward in f64 from the inputs alone: `(dq, dk, dv)` for the gradient `d_o` of
+/// the output (dK and dV summed over the query heads of each KV head).
+pub fn attention_backward_reference(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    dims: &AttentionDims,
+    opts: &calico::ops::AttentionOptions,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let d = dims.head_dim;
+    let group = dims.q_heads / dims.kv_heads;
+    let scale = opts.scale.map_or(1.0 / (d as f64).sqrt(), f64::from);
+    let mut dq = vec![0.0; q.len()];
+    let mut dk = vec![0.0; k.len()];
+    let mut dv = vec![0.0; v.len()];
+    for b in 0..dims.batch {
+        for h in 0..dims.q_heads {
+            let kvbase = (b * dims.kv_heads + h / group) * dims.k_len * d;
+            for (i, row) in attention_scores(q, k, dims, opts, b, h).iter().enumerate() {
+                let (p, _) = attention_row_softmax(row);
+                let r = ((b * dims.q_heads + h) * dims.q_len + i) * d;
+                let g = &d_o[r..r + d];
+                // dP_ij = dO_i . V_j; dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij).
+                let dp: Vec<f64> = (0..dims.k_len)
+                    .map(|j| (0..d).map(|c| g[c] * v[kvbase + j * d + c]).sum())
+                    .collect();
+                let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                for j in 0..dims.k_len {
+                    let Some((_, dcap)) = row[j] else { continue };
+                    let dx = p[j] * (dp[j] - delta) * dcap * scale;
+                    for c in 0..d {
+                        dq[r + c] += dx * k[kvbase + j * d + c];
+                        dk[kvbase + j * d + c] += dx * q[r + c];
+                        dv[kvbase + j * d + c] += p[j] * g[c];
+                    }
+                }
+            }
+        }
+    }
+    (dq, dk, dv)
+}

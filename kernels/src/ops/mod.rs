@@ -2,12 +2,14 @@
 //! a violation is an `Err`, never a panic), then runs the CPU implementation or launches the
 //! kernel variant chosen for the device's architecture.
 
+pub mod attention;
 pub(crate) mod check;
 pub(crate) mod norm;
 pub(crate) mod rope;
 pub(crate) mod softmax;
 
 pub use crate::gemm::{gemm, matmul, GemmOptions};
+pub use attention::{attention, attention_backward, AttentionOptions};
 pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm};
 pub use rope::{rope, RopeMode};
 pub use softmax::softmax;

@@ -1,0 +1,604 @@
+//! Attention forward and backward against the f64 reference: shapes around every tile edge
+//! (N = 1, odd N, Nq != Nkv), GQA ratios up to 8, both memory layouts with padding and odd
+//! offsets, causal, windowed and soft-capped scores, large logits, fully masked rows.
+
+use calico::ops::{self, AttentionOptions};
+use calico::{DType, Device, Tensor};
+use calico_conformance::compare::{check_close, check_normwise, elementwise_tol};
+use calico_conformance::reference::{self, AttentionDims};
+use calico_conformance::rng::{Dist, Rng};
+use calico_conformance::tensors::{intact, round_all, untouched_outside, view, write, View};
+use calico_conformance::{property, report_skipped, Ctx};
+use proptest::prelude::*;
+use proptest::sample::select;
+
+/// Sequence lengths around the GPU tiles (64 and 128 rows) and tiny ones.
+const EDGE_LENS: [usize; 12] = [1, 2, 3, 17, 63, 64, 65, 127, 128, 129, 191, 257];
+/// Multiply-adds per case (B * Hq * Nq * Nkv * D): keeps the debug CPU build and the f64
+/// reference quick.
+const BUDGET: usize = 3_000_000;
+
+/// How a `[B, H, N, D]` operand sits in memory.
+#[derive(Debug, Clone, Copy)]
+struct Memory {
+    /// Stored as `[B, N, H, D]` and passed as its `transpose(1, 2)` view.
+    seq_major: bool,
+    /// Extra elements after each head_dim row.
+    pad: usize,
+    /// Element offset of the view (an odd one breaks 16-byte alignment).
+    offset: usize,
+}
+
+fn memory() -> impl Strategy<Value = Memory> {
+    (
+        any::<bool>(),
+        select(vec![0usize, 0, 8, 3]),
+        select(vec![0usize, 0, 8, 1]),
+    )
+        .prop_map(|(seq_major, pad, offset)| Memory {
+            seq_major,
+            pad,
+            offset,
+        })
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    dtype: DType,
+    dims: AttentionDims,
+    opts: AttentionOptions,
+    q_mem: Memory,
+    kv_mem: Memory,
+    o_mem: Memory,
+    /// Scale of the input values: 4 gives logits in the hundreds.
+    spread: f64,
+    seed: u64,
+}
+
+fn case(head_dims: Vec<usize>) -> impl Strategy<Value = Case> {
+    let lens = prop_oneof![3 => select(EDGE_LENS.to_vec()), 1 => 1usize..=300];
+    (
+        (
+            select(vec![DType::BF16, DType::F16]),
+            1usize..=2,
+            1usize..=2,
+            select(vec![1usize, 2, 3, 4, 8]),
+            lens.clone(),
+            lens,
+            select(head_dims),
+        ),
+        (
+            any::<bool>(),
+            prop::option::of((0usize..80, 0usize..80)),
+            prop::option::weighted(0.25, select(vec![5.0f32, 30.0])),
+            prop::option::weighted(0.25, select(vec![0.05f32, 0.3])),
+        ),
+        (memory(), memory(), memory()),
+        select(vec![0.5, 1.0, 4.0]),
+        any::<u64>(),
+    )
+        .prop_map(
+            |((dtype, batch, kv_heads, group, q_len, k_len, head_dim), opt, mem, spread, seed)| {
+                let (causal, window, softcap, scale) = opt;
+                let mut dims = AttentionDims {
+                    batch,
+                    q_heads: kv_heads * group,
+                    kv_heads,
+                    q_len,
+                    k_len,
+                    head_dim,
+                };
+                shrink_to_budget(&mut dims);
+                Case {
+                    dtype,
+                    dims,
+                    opts: AttentionOptions {
+                        scale,
+                        causal,
+                        window,
+                        softcap,
+                        deterministic: false,
+                    },
+                    q_mem: mem.0,
+                    kv_mem: mem.1,
+                    o_mem: mem.2,
+                    spread,
+                    seed,
+                }
+            },
+        )
+}
+
+fn work(d: &AttentionDims) -> usize {
+    d.batch * d.q_heads * d.q_len * d.k_len * d.head_dim
+}
+
+fn shrink_to_budget(d: &mut AttentionDims) {
+    while work(d) > BUDGET && d.batch > 1 {
+        d.batch -= 1;
+    }
+    while work(d) > BUDGET && (d.q_len > 1 || d.k_len > 1) {
+        if d.q_len >= d.k_len {
+            d.q_len = d.q_len.div_ceil(2);
+        } else {
+            d.k_len = d.k_len.div_ceil(2);
+        }
+    }
+}
+
+/// A `[b, h, n, d]` view stored as `mem` says, filled with `values` (or NaN when `None`).
+fn operand(
+    dev: &Device,
+    dtype: DType,
+    shape: [usize; 4],
+    mem: Memory,
+    values: Option<&[f64]>,
+) -> calico::Result<View> {
+    let [_, h, n, d] = shape;
+    let row = d + mem.pad;
+    let strides = if mem.seq_major {
+        [n * h * row, row, h * row, 1]
+    } else {
+        [h * n * row, n * row, row, 1]
+    };
+    let v = view(dev, dtype, &shape, &strides, mem.offset, Some(f64::NAN))?;
+    if let Some(values) = values {
+        write(&v.view, values)?;
+    }
+    Ok(v)
+}
+
+fn sample(dtype: DType, rng: &mut Rng, n: usize, spread: f64) -> Vec<f64> {
+    let v: Vec<f64> = Dist::Normal { scale: spread }.sample(rng, n);
+    round_all(dtype, &v)
+}
+
+/// An f32 `[B, Hq, Nq]` LSE tensor, poisoned with NaN.
+fn lse_tensor(dev: &Device, dims: &AttentionDims) -> calico::Result<Tensor> {
+    let n = dims.batch * dims.q_heads * dims.q_len;
+    let t = dev.zeros(&[dims.batch, dims.q_heads, dims.q_len], DType::F32)?;
+    t.copy_from_slice(&vec![f32::NAN; n])?;
+    Ok(t)
+}
+
+/// The LSE matches where the reference is finite and is exactly -inf where it is -inf; rows
+/// with -inf LSE have an all-zero output.
+fn check_lse_and_masked_rows(
+    got_lse: &[f64],
+    ref_lse: &[f64],
+    got_o: &[f64],
+    d: usize,
+) -> Result<(), String> {
+    let mut finite_got = Vec::new();
+    let mut finite_ref = Vec::new();
+    for (r, (&g, &e)) in got_lse.iter().zip(ref_lse).enumerate() {
+        if e == f64::NEG_INFINITY {
+            if g != f64::NEG_INFINITY {
+                return Err(format!("lse[{r}] = {g}, expected -inf (row sees no key)"));
+            }
+            if let Some(c) = (0..d).find(|&c| got_o[r * d + c] != 0.0) {
+                return Err(format!(
+                    "fully masked row {r}: o[{c}] = {}, expected 0",
+                    got_o[r * d + c]
+                ));
+            }
+        } else {
+            finite_got.push(g);
+            finite_ref.push(e);
+        }
+    }
+    // A log-sum-exp is computed in f32 from exact inputs: its error is absolute, a few f32
+    // roundings of the largest score (or of 1 when the scores are small).
+    let scale = finite_ref.iter().fold(1.0f64, |m, v| m.max(v.abs()));
+    let tol = 2e-4 * scale;
+    let off = |i: usize| (finite_got[i] - finite_ref[i]).abs() > tol || finite_got[i].is_nan();
+    match (0..finite_ref.len()).find(|&i| off(i)) {
+        Some(i) => Err(format!(
+            "lse: got {}, expected {} (tolerance {tol:.2e})",
+            finite_got[i], finite_ref[i]
+        )),
+        None => Ok(()),
+    }
+}
+
+struct Inputs {
+    q: Vec<f64>,
+    k: Vec<f64>,
+    v: Vec<f64>,
+    qv: View,
+    kv: View,
+    vv: View,
+}
+
+fn inputs(dev: &Device, c: &Case) -> Result<Inputs, String> {
+    let d = &c.dims;
+    let mut rng = Rng::new(c.seed);
+    let q = sample(
+        c.dtype,
+        &mut rng,
+        d.batch * d.q_heads * d.q_len * d.head_dim,
+        c.spread,
+    );
+    let k = sample(
+        c.dtype,
+        &mut rng,
+        d.batch * d.kv_heads * d.k_len * d.head_dim,
+        c.spread,
+    );
+    let v = sample(
+        c.dtype,
+        &mut rng,
+        d.batch * d.kv_heads * d.k_len * d.head_dim,
+        1.0,
+    );
+    let qshape = [d.batch, d.q_heads, d.q_len, d.head_dim];
+    let kshape = [d.batch, d.kv_heads, d.k_len, d.head_dim];
+    let qv = operand(dev, c.dtype, qshape, c.q_mem, Some(&q)).ctx("allocating q")?;
+    let kv = operand(dev, c.dtype, kshape, c.kv_mem, Some(&k)).ctx("allocating k")?;
+    let vv = operand(dev, c.dtype, kshape, c.kv_mem, Some(&v)).ctx("allocating v")?;
+    Ok(Inputs {
+        q,
+        k,
+        v,
+        qv,
+        kv,
+        vv,
+    })
+}
+
+fn forward_case(dev: &Device, c: &Case) -> Result<(), String> {
+    let d = &c.dims;
+    let x = inputs(dev, c)?;
+    let qshape = [d.batch, d.q_heads, d.q_len, d.head_dim];
+    let mut o = operand(dev, c.dtype, qshape, c.o_mem, None).ctx("allocating o")?;
+    let mut lse = lse_tensor(dev, d).ctx("allocating lse")?;
+    ops::attention(
+        dev,
+        &x.qv.view,
+        &x.kv.view,
+        &x.vv.view,
+        &c.opts,
+        &mut o.view,
+        &mut lse,
+    )
+    .ctx("attention")?;
+    let got_o = o.view.to_f64_vec().ctx("reading o")?;
+    let got_lse = lse.to_f64_vec().ctx("reading lse")?;
+    let (ref_o, ref_lse) = reference::attention_reference(&x.q, &x.k, &x.v, d, &c.opts);
+    check_close("o", &got_o, &ref_o, elementwise_tol(c.dtype))?;
+    check_lse_and_masked_rows(&got_lse, &ref_lse, &got_o, d.head_dim)?;
+    untouched_outside(&o, "o")?;
+    intact(&x.qv, &x.q, "q")?;
+    intact(&x.kv, &x.k, "k")?;
+    intact(&x.vv, &x.v, "v")
+}
+
+/// Gradient tolerances (normwise, elementwise against the largest value): the kernels round
+/// P and dS to the input dtype before their matrix products, as FlashAttention does.
+fn grad_tol(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::BF16 => (3e-2, 6e-2),
+        _ => (5e-3, 1e-2),
+    }
+}
+
+fn check_grad(what: &str, dtype: DType, got: &[f64], expected: &[f64]) -> Result<(), String> {
+    let (norm, elem) = grad_tol(dtype);
+    if expected.iter().all(|v| *v == 0.0) {
+        return check_close(what, got, expected, 0.0);
+    }
+    check_normwise(what, got, expected, norm)?;
+    check_close(what, got, expected, elem)
+}
+
+/// Runs the backward on `c` and returns (dq, dk, dv) as read back.
+fn run_backward(dev: &Device, c: &Case, x: &Inputs) -> Result<[Vec<f64>; 3], String> {
+    let d = &c.dims;
+    let qshape = [d.batch, d.q_heads, d.q_len, d.head_dim];
+    let kshape = [d.batch, d.kv_heads, d.k_len, d.head_dim];
+    let mut rng = Rng::new(c.seed ^ 0x5eed);
+    let g = sample(c.dtype, &mut rng, x.q.len(), 1.0);
+    let (ref_o, ref_lse) = reference::attention_reference(&x.q, &x.k, &x.v, d, &c.opts);
+    let o = operand(
+        dev,
+        c.dtype,
+        qshape,
+        c.o_mem,
+        Some(&round_all(c.dtype, &ref_o)),
+    )
+    .ctx("allocating o")?;
+    let lse = dev
+        .tensor(
+            &ref_lse.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &[d.batch, d.q_heads, d.q_len],
+        )
+        .ctx("allocating lse")?;
+    let gv = operand(dev, c.dtype, qshape, c.q_mem, Some(&g)).ctx("allocating d_o")?;
+    let mut dq = operand(dev, c.dtype, qshape, c.o_mem, None).ctx("allocating dq")?;
+    let mut dk = operand(dev, c.dtype, kshape, c.o_mem, None).ctx("allocating dk")?;
+    let mut dv = operand(dev, c.dtype, kshape, c.o_mem, None).ctx("allocating dv")?;
+    ops::attention_backward(
+        dev,
+        &x.qv.view,
+        &x.kv.view,
+        &x.vv.view,
+        &o.view,
+        &lse,
+        &gv.view,
+        &c.opts,
+        &mut dq.view,
+        &mut dk.view,
+        &mut dv.view,
+    )
+    .ctx("attention_backward")?;
+    untouched_outside(&dq, "dq")?;
+    untouched_outside(&dk, "dk")?;
+    untouched_outside(&dv, "dv")?;
+    Ok([
+        dq.view.to_f64_vec().ctx("reading dq")?,
+        dk.view.to_f64_vec().ctx("reading dk")?,
+        dv.view.to_f64_vec().ctx("reading dv")?,
+    ])
+}
+
+fn backward_case(dev: &Device, c: &Case) -> Result<(), String> {
+    let x = inputs(dev, c)?;
+    let [dq, dk, dv] = run_backward(dev, c, &x)?;
+    let mut rng = Rng::new(c.seed ^ 0x5eed);
+    let g = sample(c.dtype, &mut rng, x.q.len(), 1.0);
+    let (rq, rk, rv) =
+        reference::attention_backward_reference(&x.q, &x.k, &x.v, &g, &c.dims, &c.opts);
+    check_grad("dq", c.dtype, &dq, &rq)?;
+    check_grad("dk", c.dtype, &dk, &rk)?;
+    check_grad("dv", c.dtype, &dv, &rv)
+}
+
+#[test]
+fn attention_forward_matches_reference() {
+    property(
+        "attention forward",
+        24,
+        case(vec![64, 128, 256]),
+        forward_case,
+    );
+}
+
+/// Gradient cases use moderate logits: with spread 4 the softmax is one-hot and every
+/// gradient is ~0 relative to rounding.
+#[test]
+fn attention_backward_matches_reference() {
+    let strategy = case(vec![64, 128]).prop_map(|mut c| {
+        c.spread = c.spread.min(1.0);
+        c
+    });
+    property("attention backward", 12, strategy, backward_case);
+}
+
+fn fixed(
+    dtype: DType,
+    (batch, kv_heads, group): (usize, usize, usize),
+    (q_len, k_len, head_dim): (usize, usize, usize),
+    opts: AttentionOptions,
+    spread: f64,
+) -> Case {
+    let mem = Memory {
+        seq_major: false,
+        pad: 0,
+        offset: 0,
+    };
+    Case {
+        dtype,
+        dims: AttentionDims {
+            batch,
+            q_heads: kv_heads * group,
+            kv_heads,
+            q_len,
+            k_len,
+            head_dim,
+        },
+        opts,
+        q_mem: mem,
+        kv_mem: Memory {
+            seq_major: true,
+            ..mem
+        },
+        o_mem: Memory {
+            pad: 3,
+            offset: 1,
+            ..mem
+        },
+        spread,
+        seed: (q_len * 1000 + k_len) as u64,
+    }
+}
+
+/// The edges named in the spec, each on every backend.
+fn edge_cases() -> Vec<Case> {
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let plain = AttentionOptions::default();
+    vec![
+        // N = 1 both ways.
+        fixed(DType::BF16, (1, 1, 1), (1, 1, 64), plain, 1.0),
+        fixed(DType::F16, (1, 2, 1), (1, 77, 128), causal, 1.0),
+        // More queries than keys, causal: the first Nq - Nkv rows see nothing.
+        fixed(DType::BF16, (2, 1, 2), (70, 5, 64), causal, 1.0),
+        // Keys left of the window only: rows see nothing.
+        fixed(
+            DType::F16,
+            (1, 1, 1),
+            (9, 40, 64),
+            AttentionOptions {
+                window: Some((0, 0)),
+                ..Default::default()
+            },
+            1.0,
+        ),
+        // A window wider than the sequence is no window.
+        fixed(
+            DType::BF16,
+            (1, 1, 4),
+            (33, 65, 128),
+            AttentionOptions {
+                window: Some((1000, 5000)),
+                ..Default::default()
+            },
+            1.0,
+        ),
+        // MQA with 8 query heads per KV head, large logits, a soft-cap.
+        fixed(
+            DType::BF16,
+            (1, 1, 8),
+            (65, 129, 64),
+            AttentionOptions {
+                causal: true,
+                softcap: Some(30.0),
+                ..Default::default()
+            },
+            4.0,
+        ),
+        // Large logits without a cap: the online softmax must rescale, not overflow.
+        fixed(DType::F16, (1, 2, 3), (129, 191, 128), plain, 4.0),
+        fixed(DType::BF16, (1, 1, 1), (17, 17, 256), causal, 4.0),
+    ]
+}
+
+#[test]
+fn attention_edges_forward() {
+    report_skipped("attention_edges_forward");
+    for dev in calico_conformance::backends().0 {
+        for c in edge_cases() {
+            if let Err(e) = forward_case(&dev, &c) {
+                panic!("backend {}: {c:?}: {e}", dev.kind());
+            }
+        }
+    }
+}
+
+#[test]
+fn attention_edges_backward() {
+    report_skipped("attention_edges_backward");
+    for dev in calico_conformance::backends().0 {
+        for mut c in edge_cases().into_iter().filter(|c| c.dims.head_dim <= 128) {
+            c.spread = c.spread.min(1.0);
+            if let Err(e) = backward_case(&dev, &c) {
+                panic!("backend {}: {c:?}: {e}", dev.kind());
+            }
+        }
+    }
+}
+
+/// The deterministic mode gives the same bits on every run (GQA, so dK/dV sum over heads).
+#[test]
+fn attention_backward_is_deterministic() {
+    report_skipped("attention_backward_is_deterministic");
+    for dev in calico_conformance::backends().0 {
+        let mut c = fixed(
+            DType::BF16,
+            (1, 2, 4),
+            (70, 100, 64),
+            AttentionOptions {
+                causal: true,
+                deterministic: true,
+                ..Default::default()
+            },
+            1.0,
+        );
+        c.seed = 7;
+        let x = inputs(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
+        let first = run_backward(&dev, &c, &x).unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..3 {
+            let again = run_backward(&dev, &c, &x).unwrap_or_else(|e| panic!("{e}"));
+            for (a, b) in first.iter().zip(&again) {
+                assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "backend {}: deterministic backward differs between runs",
+                    dev.kind()
+                );
+            }
+        }
+    }
+}
+
+/// Bad input is an `Err`, never a panic.
+#[test]
+fn attention_rejects_bad_input() {
+    report_skipped("attention_rejects_bad_input");
+    for dev in calico_conformance::backends().0 {
+        let t = |shape: &[usize], dtype: DType| dev.zeros(shape, dtype).expect("alloc");
+        let q = t(&[1, 4, 8, 64], DType::BF16);
+        let k = t(&[1, 2, 8, 64], DType::BF16);
+        let v = t(&[1, 2, 8, 64], DType::BF16);
+        let mut o = t(&[1, 4, 8, 64], DType::BF16);
+        let mut lse = t(&[1, 4, 8], DType::F32);
+        let opts = AttentionOptions::default();
+        assert!(ops::attention(&dev, &q, &k, &v, &opts, &mut o, &mut lse).is_ok());
+        let bad_heads = t(&[1, 3, 8, 64], DType::BF16);
+        let wrong_dtype = t(&[1, 2, 8, 64], DType::F16);
+        let f32_q = t(&[1, 4, 8, 64], DType::F32);
+        let rank3 = t(&[4, 8, 64], DType::BF16);
+        let mut bad_lse = t(&[1, 4, 9], DType::F32);
+        let mut alias_o = q.clone();
+        let strided = t(&[1, 2, 8, 128], DType::BF16)
+            .as_strided(&[1, 2, 8, 64], &[2048, 1024, 128, 2], 0)
+            .expect("view");
+        let cases: Vec<(&str, calico::Result<()>)> = vec![
+            (
+                "GQA heads that do not divide",
+                ops::attention(&dev, &q, &bad_heads, &bad_heads, &opts, &mut o, &mut lse),
+            ),
+            (
+                "k of another dtype",
+                ops::attention(
+                    &dev,
+                    &q,
+                    &wrong_dtype,
+                    &wrong_dtype,
+                    &opts,
+                    &mut o,
+                    &mut lse,
+                ),
+            ),
+            (
+                "f32 inputs",
+                ops::attention(&dev, &f32_q, &k, &v, &opts, &mut o, &mut lse),
+            ),
+            (
+                "rank-3 q",
+                ops::attention(&dev, &rank3, &k, &v, &opts, &mut o, &mut lse),
+            ),
+            (
+                "lse of the wrong shape",
+                ops::attention(&dev, &q, &k, &v, &opts, &mut o, &mut bad_lse),
+            ),
+            (
+                "o aliasing q",
+                ops::attention(&dev, &q, &k, &v, &opts, &mut alias_o, &mut lse),
+            ),
+            (
+                "a strided head dimension",
+                ops::attention(&dev, &q, &strided, &v, &opts, &mut o, &mut lse),
+            ),
+            (
+                "a negative softcap",
+                ops::attention(
+                    &dev,
+                    &q,
+                    &k,
+                    &v,
+                    &AttentionOptions {
+                        softcap: Some(-1.0),
+                        ..opts
+                    },
+                    &mut o,
+                    &mut lse,
+                ),
+            ),
+        ];
+        for (what, r) in cases {
+            assert!(r.is_err(), "backend {}: {what} was accepted", dev.kind());
+        }
+    }
+}
