@@ -6,7 +6,7 @@
 #   bash benches/gpu/gemm-tune.sh "<filter>" "<tune for tests>;<tune>..." "<tune for bench>;<tune>..."
 #
 # Tunes are CALICO_HOPPER_TUNE strings ("" for the defaults); separate them with ';' and
-# write ',' inside one. Run from the repository root after ../shared/tools/gpu-pack.
+# write ',' inside one. Run from the repository root after scripts/gpu-pack.sh.
 set -uo pipefail
 filter=${1:-gemm}
 IFS=';' read -r -a test_tunes <<<"${2-}"
