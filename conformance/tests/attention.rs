@@ -602,3 +602,214 @@ fn attention_rejects_bad_input() {
         }
     }
 }
+
+/// Packed sequences (empty and single-token ones included) against the reference run on
+/// each sequence alone; forward and backward.
+fn varlen_case(
+    dev: &Device,
+    dtype: DType,
+    lens: &[(usize, usize)],
+    opts: AttentionOptions,
+    seed: u64,
+) -> Result<(), String> {
+    let (kv_heads, group, head_dim) = (2, 2, 64);
+    let q_heads = kv_heads * group;
+    let (tq, tk): (usize, usize) = (
+        lens.iter().map(|l| l.0).sum(),
+        lens.iter().map(|l| l.1).sum(),
+    );
+    let mut rng = Rng::new(seed);
+    let q = sample(dtype, &mut rng, tq * q_heads * head_dim, 1.0);
+    let k = sample(dtype, &mut rng, tk * kv_heads * head_dim, 1.0);
+    let v = sample(dtype, &mut rng, tk * kv_heads * head_dim, 1.0);
+    let g = sample(dtype, &mut rng, tq * q_heads * head_dim, 1.0);
+    let mut cu_q = vec![0i32];
+    let mut cu_k = vec![0i32];
+    for &(a, b) in lens {
+        cu_q.push(cu_q.last().copied().unwrap_or(0) + a as i32);
+        cu_k.push(cu_k.last().copied().unwrap_or(0) + b as i32);
+    }
+    // Per-sequence reference, scattered back into the packed layouts.
+    let mut ref_o = vec![0.0; q.len()];
+    let mut ref_lse = vec![0.0; q_heads * tq];
+    let (mut ref_dq, mut ref_dk, mut ref_dv) =
+        (vec![0.0; q.len()], vec![0.0; k.len()], vec![0.0; v.len()]);
+    for (b, &(nq, nk)) in lens.iter().enumerate() {
+        let (q0, k0) = (cu_q[b] as usize, cu_k[b] as usize);
+        let gather = |src: &[f64], start: usize, n: usize, heads: usize| {
+            let mut out = Vec::with_capacity(n * heads * head_dim);
+            for h in 0..heads {
+                for i in 0..n {
+                    let at = ((start + i) * heads + h) * head_dim;
+                    out.extend_from_slice(&src[at..at + head_dim]);
+                }
+            }
+            out
+        };
+        let scatter = |dst: &mut [f64], src: &[f64], start: usize, n: usize, heads: usize| {
+            for h in 0..heads {
+                for i in 0..n {
+                    let at = ((start + i) * heads + h) * head_dim;
+                    let from = (h * n + i) * head_dim;
+                    dst[at..at + head_dim].copy_from_slice(&src[from..from + head_dim]);
+                }
+            }
+        };
+        let dims = AttentionDims {
+            batch: 1,
+            q_heads,
+            kv_heads,
+            q_len: nq,
+            k_len: nk,
+            head_dim,
+        };
+        let (sq, sk, sv, sg) = (
+            gather(&q, q0, nq, q_heads),
+            gather(&k, k0, nk, kv_heads),
+            gather(&v, k0, nk, kv_heads),
+            gather(&g, q0, nq, q_heads),
+        );
+        let (o, lse) = reference::attention_reference(&sq, &sk, &sv, &dims, &opts);
+        scatter(&mut ref_o, &o, q0, nq, q_heads);
+        for h in 0..q_heads {
+            for i in 0..nq {
+                ref_lse[h * tq + q0 + i] = lse[h * nq + i];
+            }
+        }
+        let (dq, dk, dv) =
+            reference::attention_backward_reference(&sq, &sk, &sv, &sg, &dims, &opts);
+        scatter(&mut ref_dq, &dq, q0, nq, q_heads);
+        scatter(&mut ref_dk, &dk, k0, nk, kv_heads);
+        scatter(&mut ref_dv, &dv, k0, nk, kv_heads);
+    }
+    let up = |vals: &[f64], shape: &[usize]| -> Result<View, String> {
+        let v = view(
+            dev,
+            dtype,
+            shape,
+            &calico_conformance::tensors::padded_strides(shape, 8),
+            1,
+            Some(f64::NAN),
+        )
+        .ctx("alloc")?;
+        write(&v.view, vals).ctx("write")?;
+        Ok(v)
+    };
+    let (qs, ks) = ([tq, q_heads, head_dim], [tk, kv_heads, head_dim]);
+    let (qv, kv, vv, gv) = (up(&q, &qs)?, up(&k, &ks)?, up(&v, &ks)?, up(&g, &qs)?);
+    let cq = dev.tensor(&cu_q, &[cu_q.len()]).ctx("cu_q")?;
+    let ck = dev.tensor(&cu_k, &[cu_k.len()]).ctx("cu_k")?;
+    let mut o = up(&vec![f64::NAN; q.len()], &qs)?;
+    let mut lse = dev.zeros(&[q_heads, tq], DType::F32).ctx("lse")?;
+    ops::attention_varlen(
+        dev,
+        &qv.view,
+        &kv.view,
+        &vv.view,
+        &cq,
+        &ck,
+        &opts,
+        &mut o.view,
+        &mut lse,
+    )
+    .ctx("attention_varlen")?;
+    let got_o = o.view.to_f64_vec().ctx("reading o")?;
+    check_close("o", &got_o, &ref_o, elementwise_tol(dtype))?;
+    // LSE rows in [Hq, Tq] order, o rows in [Tq, Hq] order: compare masked rows per (t, h).
+    let got_lse = lse.to_f64_vec().ctx("reading lse")?;
+    let mut lse_rows = vec![0.0; tq * q_heads];
+    let mut ref_rows = vec![0.0; tq * q_heads];
+    for h in 0..q_heads {
+        for t in 0..tq {
+            lse_rows[t * q_heads + h] = got_lse[h * tq + t];
+            ref_rows[t * q_heads + h] = ref_lse[h * tq + t];
+        }
+    }
+    check_lse_and_masked_rows(&lse_rows, &ref_rows, &got_o, head_dim)?;
+    untouched_outside(&o, "o")?;
+
+    let ov = up(&round_all(dtype, &ref_o), &qs)?;
+    let lse_in = dev
+        .tensor(
+            &ref_lse.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &[q_heads, tq],
+        )
+        .ctx("lse")?;
+    let mut dq = up(&vec![f64::NAN; q.len()], &qs)?;
+    let mut dk = up(&vec![f64::NAN; k.len()], &ks)?;
+    let mut dv = up(&vec![f64::NAN; v.len()], &ks)?;
+    ops::attention_varlen_backward(
+        dev,
+        &qv.view,
+        &kv.view,
+        &vv.view,
+        &ov.view,
+        &lse_in,
+        &gv.view,
+        &cq,
+        &ck,
+        &opts,
+        &mut dq.view,
+        &mut dk.view,
+        &mut dv.view,
+    )
+    .ctx("attention_varlen_backward")?;
+    check_grad("dq", dtype, &dq.view.to_f64_vec().ctx("dq")?, &ref_dq)?;
+    check_grad("dk", dtype, &dk.view.to_f64_vec().ctx("dk")?, &ref_dk)?;
+    check_grad("dv", dtype, &dv.view.to_f64_vec().ctx("dv")?, &ref_dv)?;
+    untouched_outside(&dq, "dq")?;
+    untouched_outside(&dk, "dk")
+}
+
+#[test]
+fn attention_varlen_matches_reference() {
+    let lens = prop::collection::vec(
+        (
+            select(vec![0usize, 1, 2, 17, 64, 65, 130]),
+            select(vec![0usize, 1, 3, 63, 64, 129]),
+        ),
+        1..=4,
+    );
+    let opts = (any::<bool>(), prop::option::of((0usize..40, 0usize..40)));
+    property(
+        "attention varlen",
+        10,
+        (
+            select(vec![DType::BF16, DType::F16]),
+            lens,
+            opts,
+            any::<u64>(),
+        ),
+        |dev, (dtype, lens, (causal, window), seed)| {
+            let opts = AttentionOptions {
+                causal: *causal,
+                window: *window,
+                ..Default::default()
+            };
+            varlen_case(dev, *dtype, lens, opts, *seed)
+        },
+    );
+}
+
+#[test]
+fn attention_varlen_rejects_bad_offsets_on_the_cpu() {
+    let dev = Device::cpu();
+    let q = dev.zeros(&[5, 2, 64], DType::BF16).expect("q");
+    let k = dev.zeros(&[5, 1, 64], DType::BF16).expect("k");
+    let mut o = dev.zeros(&[5, 2, 64], DType::BF16).expect("o");
+    let mut lse = dev.zeros(&[2, 5], DType::F32).expect("lse");
+    let good = dev.tensor(&[0i32, 2, 5], &[3]).expect("cu");
+    let opts = AttentionOptions::default();
+    assert!(ops::attention_varlen(&dev, &q, &k, &k, &good, &good, &opts, &mut o, &mut lse).is_ok());
+    for bad in [[0i32, 3, 2], [0, 2, 6], [1, 2, 5], [0, 2, 4]] {
+        let cu = dev.tensor(&bad, &[3]).expect("cu");
+        assert!(
+            ops::attention_varlen(&dev, &q, &k, &k, &cu, &good, &opts, &mut o, &mut lse).is_err(),
+            "offsets {bad:?} accepted"
+        );
+    }
+    let f32_cu = dev.zeros(&[3], DType::F32).expect("cu");
+    assert!(
+        ops::attention_varlen(&dev, &q, &k, &k, &f32_cu, &good, &opts, &mut o, &mut lse).is_err()
+    );
+}

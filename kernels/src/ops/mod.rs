@@ -9,7 +9,9 @@ pub(crate) mod rope;
 pub(crate) mod softmax;
 
 pub use crate::gemm::{gemm, matmul, GemmOptions};
-pub use attention::{attention, attention_backward, AttentionOptions};
+pub use attention::{
+    attention, attention_backward, attention_varlen, attention_varlen_backward, AttentionOptions,
+};
 pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm};
 pub use rope::{rope, RopeMode};
 pub use softmax::softmax;

@@ -10,12 +10,14 @@
 
 pub(crate) mod check;
 mod gpu;
-// mod varlen; (waits for DType::I32)
+mod varlen;
 
 use super::check as common;
 use crate::Device;
 use calico_core::{Result, Tensor};
 use calico_cpu::{AttentionShape, SeqSpan};
+
+pub use varlen::{attention_varlen, attention_varlen_backward};
 
 /// How scores are formed and masked.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
