@@ -20,9 +20,15 @@
 namespace calico {
 namespace gemm {
 
-// erf(x) to about 1e-7 absolute, from the vendor's exp2 alone (no libm on HIP without
-// headers): the Chebyshev fit of erfc in Numerical Recipes (fractional error < 1.2e-7).
-CALICO_DEVICE float erf_approx(float x) {
+// The activations match the CPU backend's (backend-cpu/src/math.rs) term for term, so a GEMM
+// gives the same numbers on every device and every kernel (hopper, sm_80, skinny, portable):
+// GELU in its exact erf form written as 0.5 x erfc(-x / sqrt 2), which keeps full relative
+// accuracy for large negative x (1 + erf(x) would cancel), and SiLU as x / (1 + e^-x) with the
+// vendor's full-precision expf (CUDA's libdevice; on HIP the device library's, or the vendor
+// header's exp2-based one where no device library is linked).
+
+// erfc(x), fractional error < 1.2e-7: the Chebyshev fit of Numerical Recipes' erfcc.
+CALICO_DEVICE float erfc_fit(float x) {
     const float z = x < 0.0f ? -x : x;
     const float t = 1.0f / (1.0f + 0.5f * z);
     float p = 0.17087277f;
@@ -35,16 +41,21 @@ CALICO_DEVICE float erf_approx(float x) {
     p = p * t + 0.37409196f;
     p = p * t + 1.00002368f;
     p = p * t - 1.26551223f;
-    const float erfc_z = t * exp2_approx((p - z * z) * 1.4426950408889634f);
-    const float r = 1.0f - erfc_z;
-    return x < 0.0f ? -r : r;
+    const float r = t * expf(p - z * z);
+    return x < 0.0f ? 2.0f - r : r;
 }
+
+// GELU, exact (erf) form: 0.5 x (1 + erf(x / sqrt 2)) = 0.5 x erfc(-x / sqrt 2).
+CALICO_DEVICE float gelu(float x) { return 0.5f * x * erfc_fit(-x * 0.70710678118654752f); }
+
+// SiLU: x / (1 + e^-x).
+CALICO_DEVICE float silu(float x) { return x / (1.0f + expf(-x)); }
 
 CALICO_DEVICE float activation(float v) {
 #if CALICO_GEMM_EPILOGUE == 1
-    return 0.5f * v * (1.0f + erf_approx(v * 0.70710678f));
+    return gelu(v);
 #elif CALICO_GEMM_EPILOGUE == 2
-    return v / (1.0f + exp2_approx(-v * 1.4426950408889634f));
+    return silu(v);
 #else
     return v;
 #endif

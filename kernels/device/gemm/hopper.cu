@@ -27,7 +27,7 @@
 //    order: GROUP_M row-tiles sweep all column tiles before moving on, so concurrently running
 //    CTAs share A rows and B columns in L2. Batches follow one another.
 //  * Epilogue (TMA_STORE = 0) in registers straight from the wgmma layout: alpha, beta*C,
-//    bias[n], GELU (erf) or SiLU, converted to the output type, stored as 2-element vectors
+//    bias[n], GELU (erf) or SiLU (gemm/epilogue.cuh, shared by every GEMM kernel), converted to the output type, stored as 2-element vectors
 //    when D (and C) are aligned for it, scalars otherwise. While consumers run it, the
 //    producer already fills the ring for their next tile.
 //  * Epilogue (TMA_STORE = 1, 16-bit D with 16-byte aligned base and strides): the same math,
@@ -81,6 +81,7 @@
 #include "calico/tma.cuh"
 #include "calico/warpgroup.cuh"
 #include "calico/wgmma.cuh"
+#include "gemm/epilogue.cuh"
 
 #ifndef CALICO_GEMM_TMA_STORE
 #define CALICO_GEMM_TMA_STORE 0
@@ -179,16 +180,6 @@ CALICO_DEVICE tile_coord tile_at(int t, int m_tiles, int n_tiles, int group_m) {
     return {first_m + in_group % rows, in_group / rows, batch};
 }
 
-CALICO_DEVICE float activate(float x) {
-#if CALICO_GEMM_EPILOGUE == 1
-    return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
-#elif CALICO_GEMM_EPILOGUE == 2
-    return x / (1.0f + expf(-x));
-#else
-    return x;
-#endif
-}
-
 template <class T>
 CALICO_DEVICE float load_out(const T* p) {
     return calico::to_float(*p);
@@ -228,8 +219,8 @@ CALICO_DEVICE void finish_pair(const epilogue_args& e, float a0, float a1, int r
         }
     }
 #endif
-    v0 = activate(v0 + bias0);
-    v1 = activate(v1 + bias1);
+    v0 = calico::gemm::activation(v0 + bias0);
+    v1 = calico::gemm::activation(v1 + bias1);
 }
 
 // Applies the epilogue to one warp's 16 x WG_N accumulator slice and stores it to global

@@ -16,8 +16,9 @@
 //     the ~30 KiB that Little's law asks for at full HBM bandwidth (23 GB/s per SM x ~1.3 us).
 //   * 4 warps, each 16 columns x all M rows (MT m16 tiles): mma.sync m16n8k16, f32
 //     accumulators, fragments by ldmatrix from XOR-swizzled 128-byte rows (conflict free).
-//     Rows of A at or past M, columns of W past N and K past the end are zero-filled by
-//     cp.async (src-size 0 or the bytes left), so any M, N, K is exact.
+//     Rows of A at or past M, columns of W past N and K past the end are zero-filled
+//     (sm80::copy_chunk_16: whole chunks by cp.async, a K tail element by element, nothing
+//     read outside the operands), so any M, N, K is exact.
 //   * The split-K partials are reduced through distributed shared memory instead of a
 //     global workspace and a second kernel: each CTA parks its MP x 64 f32 partial tile in its
 //     own shared memory, the cluster synchronises, and CTA r sums quads of 4 columns
@@ -162,21 +163,22 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
     i64 k_left = k - t0 * BK - kc;  // elements of K from this thread's next chunk to the end
 
     // Copies the next K tile (t0, t0 + 1, ... in order) into the stage at `st`. Chunks outside
-    // the matrix read nothing (from a valid address) and land as zeros.
+    // the matrix read nothing and land as zeros; a chunk cut by the end of K reads only its
+    // elements inside K (copy_chunk_16), never 16 bytes past the end of a row.
     auto issue = [&](unsigned st) {
         const int bytes_k = chunk_bytes(k_left);
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const int r = (tid + i * THREADS) / ROW_CHUNKS;
             const int bytes = a_in[i] ? bytes_k : 0;
-            sm80::cp_async_16(st + swz(r, c_log), bytes ? a_src[i] : a, bytes);
+            sm80::copy_chunk_16(st + swz(r, c_log), a_src[i], bytes);
             a_src[i] += BK;
         }
 #pragma unroll
         for (int i = 0; i < W_CHUNKS; ++i) {
             const int r = (tid + i * THREADS) / ROW_CHUNKS;
             const int bytes = w_in[i] ? bytes_k : 0;
-            sm80::cp_async_16(st + A_BYTES + swz(r, c_log), bytes ? w_src[i] : w, bytes);
+            sm80::copy_chunk_16(st + A_BYTES + swz(r, c_log), w_src[i], bytes);
             w_src[i] += BK;
         }
         k_left -= BK;

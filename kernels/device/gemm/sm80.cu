@@ -5,8 +5,8 @@
 // Layouts: A has K contiguous (M x K row-major, any row stride); B has K contiguous (an N x K
 // row-major weight, CALICO_GEMM_B_KMAJOR=1) or N contiguous (K x N row-major, =0). Base pointers,
 // row strides and batch strides of A and B must be multiples of 16 bytes. C, D and bias take
-// any strides. Any M, N, K: out-of-range 16-byte chunks are zero-filled by cp.async (src-size 0,
-// or the bytes left at a K or N tail).
+// any strides. Any M, N, K: out-of-range 16-byte chunks are zero-filled, and a chunk cut by a K
+// or N tail reads only its elements inside the matrix (sm80::copy_chunk_16).
 //
 // Defines:
 //   CALICO_GEMM_IN        bf16 | f16
@@ -87,13 +87,9 @@ struct Loader {
     bool a_in[A_CHUNKS];        // row inside M
     int b_fixed[B_CHUNKS];      // B_KMAJOR: column inside N (0/1); else the bytes inside N
     i64 a_step, b_step;         // pointer advance per K tile
-    const In* a_base;           // a valid address for empty copies
-    const In* b_base;
 
     CALICO_DEVICE void init(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, i64 m0, i64 n0, i64 m, i64 n,
                             unsigned tid) {
-        a_base = a;
-        b_base = b;
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const int id = int(tid) + i * THREADS;
@@ -130,20 +126,21 @@ struct Loader {
     }
 
     // Issues the copies of K tile `kt` (which must be the tile after the last one issued) into
-    // the stage at shared address `st`. Chunks outside the matrix read nothing and land as zeros.
+    // the stage at shared address `st`. Chunks outside the matrix read nothing and land as
+    // zeros; tail chunks read only their elements inside the matrix.
     CALICO_DEVICE void issue(unsigned st, i64 k, i64 kt) {
         const i64 k0 = kt * BK;
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const int bytes = a_in[i] ? chunk_bytes(k - k0 - a_k[i]) : 0;
-            sm80::cp_async_16(st + a_off[i], bytes ? a_ptr[i] : a_base, bytes);
+            sm80::copy_chunk_16(st + a_off[i], a_ptr[i], bytes);
             a_ptr[i] += a_step;
         }
 #pragma unroll
         for (int i = 0; i < B_CHUNKS; ++i) {
             const int bytes = B_KMAJOR ? (b_fixed[i] ? chunk_bytes(k - k0 - b_k[i]) : 0)
                                        : (k0 + b_k[i] < k ? b_fixed[i] : 0);
-            sm80::cp_async_16(st + b_off[i], bytes ? b_ptr[i] : b_base, bytes);
+            sm80::copy_chunk_16(st + b_off[i], b_ptr[i], bytes);
             b_ptr[i] += b_step;
         }
     }

@@ -484,7 +484,11 @@ impl KernelVariant for Variant {
         KernelSource::assemble(
             ENTRY,
             SOURCE,
-            &[vendor, calico_core::device_headers()],
+            &[
+                vendor,
+                calico_core::device_headers(),
+                super::portable::GEMM_HEADERS,
+            ],
             &defines,
         )
     }
