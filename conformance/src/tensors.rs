@@ -71,6 +71,25 @@ impl Placement {
     }
 }
 
+/// A placement whose rows start on 16-byte boundaries (each row padded to whole 16-byte
+/// pieces) with the view 16 bytes into its allocation: the layout in which GPU kernels take
+/// their widest vector accesses. Like every view here it ends exactly at the end of its
+/// allocation (the last row's padding is not allocated), so a vector read past the last
+/// element leaves the allocation.
+pub fn aligned_tail(dtype: DType, cols: usize) -> Placement {
+    let per_16_bytes = (16 / dtype.size_bytes()).max(1);
+    Placement {
+        pad: (per_16_bytes - cols % per_16_bytes) % per_16_bytes,
+        offset: per_16_bytes,
+    }
+}
+
+/// Row lengths for the end-of-allocation checks: every length 1..=9, then either side of the
+/// vector, warp and block sizes.
+pub const TAIL_COLS: [usize; 22] = [
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65, 129, 1023, 1024, 4096, 4097,
+];
+
 /// Row-major strides for `shape` whose innermost rows are `pad` elements longer.
 pub fn padded_strides(shape: &[usize], pad: usize) -> Vec<usize> {
     let mut strides = vec![1; shape.len()];

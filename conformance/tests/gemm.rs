@@ -2,9 +2,10 @@
 //! operands, alpha/beta/C (also in place), bias and epilogues, every dtype pairing.
 //! An `Err` (including `Unsupported`) from a backend fails the test on that backend.
 
+use calico::gemm::{gemm_kernel, GemmKernel};
 use calico::ops::{self, GemmOptions};
 use calico::{DType, Device, Epilogue};
-use calico_conformance::compare::{check_close, check_normwise, gemm_tol};
+use calico_conformance::compare::{check_close, check_normwise, elementwise_tol, gemm_tol};
 use calico_conformance::reference::Gemm;
 use calico_conformance::rng::{Dist, Rng};
 use calico_conformance::tensors::{
@@ -198,26 +199,41 @@ fn operands(dev: &Device, g: &GemmCase) -> Result<Operands, String> {
 
 /// Runs the case; returns the operands and D as read back.
 fn execute(dev: &Device, g: &GemmCase, via_matmul: bool) -> Result<(Operands, Vec<f64>), String> {
+    let (_, o, got) = execute_routed(dev, g, via_matmul)?;
+    Ok((o, got))
+}
+
+/// As [`execute`], also naming the kernel that ran the case (None on the CPU).
+fn execute_routed(
+    dev: &Device,
+    g: &GemmCase,
+    via_matmul: bool,
+) -> Result<(Option<GemmKernel>, Operands, Vec<f64>), String> {
     let mut o = operands(dev, g)?;
     let what = format!(
         "gemm {}x{}x{} {}->{}",
         g.m, g.n, g.k, g.in_dtype, g.out_dtype
     );
-    if via_matmul {
-        ops::matmul(dev, &o.av.view, &o.bv.view, &mut o.dv.view).ctx(&what)?;
+    let c_view = o.cv.as_ref().map(|c| c.view.clone());
+    let opts = if via_matmul {
+        GemmOptions::default()
     } else {
-        let c_view = o.cv.as_ref().map(|c| c.view.clone());
-        let opts = GemmOptions {
+        GemmOptions {
             alpha: g.alpha,
             beta: g.beta,
             c: c_view.as_ref(),
             bias: o.bias_t.as_ref(),
             epilogue: g.epilogue,
-        };
+        }
+    };
+    let kernel = gemm_kernel(dev, &o.av.view, &o.bv.view, &o.dv.view, &opts).ctx(&what)?;
+    if via_matmul {
+        ops::matmul(dev, &o.av.view, &o.bv.view, &mut o.dv.view).ctx(&what)?;
+    } else {
         ops::gemm(dev, &o.av.view, &o.bv.view, &mut o.dv.view, &opts).ctx(&what)?;
     }
     let got = o.dv.view.to_f64_vec().ctx("reading d")?;
-    Ok((o, got))
+    Ok((kernel, o, got))
 }
 
 fn reference<'a>(g: &GemmCase, o: &'a Operands) -> Gemm<'a> {
@@ -531,6 +547,240 @@ fn sampled_check_agrees_on_moderate_problem() {
     for dev in backends().0 {
         if let Err(e) = run_gemm_sampled(&dev, &g) {
             panic!("backend {}: {e}", dev.kind());
+        }
+    }
+}
+
+/// Sizes past the tiny ones: either side of the tuned kernels' tile edges.
+const BEYOND: [usize; 12] = [15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 255, 257];
+
+/// Operands that end exactly where their allocation ends, in the layouts that send a GEMM to
+/// each kernel. `tail`: rows (stored lines) padded to whole 16-byte pieces, the view 8 elements
+/// into its allocation and its last line's padding cut off, so a 16-byte copy of the last
+/// line's tail would run past the allocation; otherwise dense, the allocation exactly the
+/// matrix. On an H100 the four layouts take the skinny (M <= 16), Hopper (N-major B), sm_80
+/// (column-major D) and portable (dense, unaligned strides) kernels.
+fn tail_layouts(m: usize, n: usize, k: usize) -> [(&'static str, [MatrixMemory; 3]); 4] {
+    let tail = |line: usize, col_major: bool| MatrixMemory {
+        col_major,
+        pad: (8 - line % 8) % 8,
+        offset: 8,
+    };
+    let dense = MatrixMemory::default();
+    let row_a = tail(k, false);
+    [
+        // B as an N x K weight (K contiguous).
+        ("weight", [row_a, tail(k, true), dense]),
+        // B as K x N row-major (N contiguous).
+        ("n-major b", [row_a, tail(n, false), dense]),
+        ("column-major d", [row_a, tail(n, false), tail(m, true)]),
+        (
+            "dense",
+            [
+                dense,
+                MatrixMemory {
+                    col_major: true,
+                    ..dense
+                },
+                dense,
+            ],
+        ),
+    ]
+}
+
+/// (M, N, K): every size 1..=9 in every dimension, then each dimension past the tile edges
+/// with the others small.
+fn tiny_and_edge_shapes() -> Vec<(usize, usize, usize)> {
+    let mut shapes = Vec::new();
+    for m in 1..=9 {
+        for n in 1..=9 {
+            for k in 1..=9 {
+                shapes.push((m, n, k));
+            }
+        }
+    }
+    for &x in &BEYOND {
+        for (s, t) in [(1, 8), (3, 9), (7, 2)] {
+            shapes.extend([(x, s, t), (s, x, t), (s, t, x)]);
+        }
+    }
+    shapes
+}
+
+fn tail_case(m: usize, n: usize, k: usize, mems: [MatrixMemory; 3], seed: u64) -> GemmCase {
+    GemmCase {
+        in_dtype: DType::BF16,
+        out_dtype: DType::BF16,
+        batch: None,
+        m,
+        n,
+        k,
+        a_mem: mems[0],
+        b_mem: mems[1],
+        c_mem: MatrixMemory::default(),
+        d_mem: mems[2],
+        alpha: 1.0,
+        beta: 0.0,
+        c_mode: CMode::None,
+        bias: false,
+        epilogue: Epilogue::None,
+        seed,
+    }
+}
+
+/// Every M, N, K in 1..=9 and past the tile edges, with every operand ending exactly at the end
+/// of its allocation (dense, or a view at the tail of a larger one), in each kernel's layout:
+/// a kernel that reads a vector past an operand's last element shows up under
+/// compute-sanitizer memcheck (benches/gpu/sanitize.sh), and as wrong values or a fault when
+/// the allocation is the last of its page.
+#[test]
+fn gemm_tiny_shapes_end_at_the_allocation() {
+    report_skipped("gemm_tiny_shapes_end_at_the_allocation");
+    for dev in backends().0 {
+        for (i, &(m, n, k)) in tiny_and_edge_shapes().iter().enumerate() {
+            for (name, mems) in tail_layouts(m, n, k) {
+                let g = tail_case(m, n, k, mems, i as u64);
+                if let Err(e) = run_gemm(&dev, &g, false) {
+                    panic!("backend {}: {name} layout: {g:?}: {e}", dev.kind());
+                }
+            }
+        }
+    }
+}
+
+/// The same layouts with C, bias and each epilogue and the other dtypes, on a smaller set of
+/// tiny shapes (each combination is a kernel variant of its own).
+#[test]
+fn gemm_tiny_shapes_with_epilogues_end_at_the_allocation() {
+    report_skipped("gemm_tiny_shapes_with_epilogues_end_at_the_allocation");
+    let sizes = [1usize, 2, 7, 8, 9];
+    let flavours = [
+        (DType::F16, DType::F32, Epilogue::Gelu),
+        (DType::BF16, DType::F16, Epilogue::Silu),
+    ];
+    for dev in backends().0 {
+        let mut seed = 0u64;
+        for &m in &sizes {
+            for &n in &sizes {
+                for &k in &sizes {
+                    for (name, mems) in tail_layouts(m, n, k) {
+                        seed += 1;
+                        let (in_dtype, out_dtype, epilogue) = flavours[seed as usize % 2];
+                        let g = GemmCase {
+                            in_dtype,
+                            out_dtype,
+                            alpha: 0.5,
+                            beta: 1.0,
+                            c_mode: CMode::Separate,
+                            c_mem: MatrixMemory {
+                                pad: 1,
+                                offset: 3,
+                                ..Default::default()
+                            },
+                            bias: true,
+                            epilogue,
+                            ..tail_case(m, n, k, mems, seed)
+                        };
+                        if let Err(e) = run_gemm(&dev, &g, false) {
+                            panic!("backend {}: {name} layout: {g:?}: {e}", dev.kind());
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether `CALICO_SKINNY` turns the skinny kernel off (its router reads the same values).
+fn skinny_off() -> bool {
+    let v = std::env::var("CALICO_SKINNY").unwrap_or_default();
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "off" | "0" | "false" | "no"
+    )
+}
+
+/// One GEMM with alpha, beta * C, bias and each epilogue through every GPU kernel. Its four
+/// layouts send it, on an H100, to the skinny kernel (K-major weight; the Hopper kernel under
+/// CALICO_SKINNY=off), the Hopper kernel (N-major B), the sm_80 kernel (column-major D) and
+/// the portable kernel (A at an odd address), which the test checks there. Every result must
+/// match the f64 reference, and the others to within f32 accumulation-order noise: the kernels
+/// share one epilogue (kernels/device/gemm/epilogue.cuh), so a call gives the same numbers
+/// whichever kernel or GPU runs it.
+#[test]
+fn gemm_epilogue_agrees_across_kernels() {
+    report_skipped("gemm_epilogue_agrees_across_kernels");
+    // M <= 16 (skinny), K and N past whole tiles, pre-activations spanning about -8..8.
+    let (m, n, k) = (16, 200, 136);
+    let row = MatrixMemory::default();
+    let col = MatrixMemory {
+        col_major: true,
+        ..row
+    };
+    let odd = MatrixMemory { offset: 1, ..row };
+    let layouts = [
+        (
+            "k-major weight",
+            [row, col, row],
+            if skinny_off() {
+                GemmKernel::Hopper
+            } else {
+                GemmKernel::Skinny
+            },
+        ),
+        ("n-major b", [row, row, row], GemmKernel::Hopper),
+        ("column-major d", [row, row, col], GemmKernel::Sm80),
+        ("misaligned a", [odd, row, row], GemmKernel::Portable),
+    ];
+    for dev in backends().0 {
+        let hopper = dev.arch().target.ends_with("90a");
+        for out_dtype in [DType::F32, DType::BF16] {
+            for epilogue in [Epilogue::Gelu, Epilogue::Silu, Epilogue::None] {
+                let mut first: Option<(&str, Vec<f64>)> = None;
+                for (name, mems, expected) in layouts {
+                    let g = GemmCase {
+                        out_dtype,
+                        alpha: 1.5,
+                        beta: 0.5,
+                        c_mode: CMode::Separate,
+                        bias: true,
+                        epilogue,
+                        ..tail_case(m, n, k, mems, 42)
+                    };
+                    let fail = |e: String| -> ! {
+                        panic!(
+                            "backend {}: {name} layout, {out_dtype} {epilogue:?}: {e}",
+                            dev.kind()
+                        )
+                    };
+                    let (kernel, o, got) =
+                        execute_routed(&dev, &g, false).unwrap_or_else(|e| fail(e));
+                    if hopper && kernel != Some(expected) {
+                        fail(format!("ran on {kernel:?}, expected {expected:?}"));
+                    }
+                    let want = reference(&g, &o).all();
+                    let (normwise, elementwise) = gemm_tol(out_dtype);
+                    check_normwise("d", &got, &want, normwise).unwrap_or_else(|e| fail(e));
+                    check_close("d", &got, &want, elementwise).unwrap_or_else(|e| fail(e));
+                    match &first {
+                        None => first = Some((name, got)),
+                        Some((first_name, first_got)) => {
+                            // f32: summation order only; 16-bit: a rounding step or two.
+                            let tol = match out_dtype {
+                                DType::F32 => 1e-5,
+                                _ => elementwise_tol(out_dtype) / 2.0,
+                            };
+                            check_close(
+                                &format!("d against the {first_name} layout's"),
+                                &got,
+                                first_got,
+                                tol,
+                            )
+                            .unwrap_or_else(|e| fail(e));
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -7,7 +7,8 @@ use calico_conformance::reference;
 use calico_conformance::rng::{Dist, Rng};
 use calico_conformance::strategies::{row_case, RowCase, EDGE_COLS};
 use calico_conformance::tensors::{
-    intact, poisoned_rows, round_all, rows_view, untouched_outside, upload, Placement,
+    aligned_tail, intact, poisoned_rows, round_all, rows_view, untouched_outside, upload,
+    Placement, TAIL_COLS,
 };
 use calico_conformance::{property, report_skipped, Ctx};
 use proptest::prelude::*;
@@ -207,6 +208,53 @@ fn norms_at_every_edge_length() {
                     };
                     if let Err(e) = norm_case(&dev, &c, norm, 1e-5) {
                         panic!("backend {}: {norm:?} {dtype} cols {cols}: {e}", dev.kind());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Rows, weights and biases that end exactly at the end of their allocation: dense (weight and
+/// bias always are) or 16-byte aligned rows at the tail of a larger allocation, every length
+/// 1..=9 and either side of the vector and block sizes, so a vector access past the last
+/// element leaves the allocation (compute-sanitizer memcheck reports it:
+/// benches/gpu/sanitize.sh).
+#[test]
+fn norms_rows_end_at_the_allocation() {
+    report_skipped("norms_rows_end_at_the_allocation");
+    let norms = [
+        RMS,
+        ADD_RMS,
+        Norm {
+            layer: true,
+            residual: true,
+            weight: true,
+            bias: true,
+        },
+    ];
+    for dev in calico_conformance::backends().0 {
+        for (i, &cols) in TAIL_COLS.iter().enumerate() {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                let tail = aligned_tail(dtype, cols);
+                for (k, &norm) in norms.iter().enumerate() {
+                    for (x_at, out_at) in
+                        [(Placement::default(), Placement::default()), (tail, tail)]
+                    {
+                        let c = RowCase {
+                            dtype,
+                            shape: vec![2, cols],
+                            x_at,
+                            out_at,
+                            dist: Dist::Normal { scale: 1.5 },
+                            seed: (i * 10 + k) as u64,
+                        };
+                        if let Err(e) = norm_case(&dev, &c, norm, 1e-5) {
+                            panic!(
+                                "backend {}: {norm:?} {dtype} cols {cols} x {x_at:?} out {out_at:?}: {e}",
+                                dev.kind()
+                            );
+                        }
                     }
                 }
             }

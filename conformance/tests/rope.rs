@@ -248,3 +248,57 @@ fn rope_at_every_head_dim() {
         }
     }
 }
+
+/// x, y and the cos/sin tables ending exactly at the end of their allocation: dense (the
+/// allocation is exactly the tensor), or heads padded to 16-byte pieces at the tail of a
+/// larger allocation, for small and vector-sized head dims, so a vector access past the last
+/// element leaves the allocation (compute-sanitizer memcheck reports it:
+/// benches/gpu/sanitize.sh).
+#[test]
+fn rope_tensors_end_at_the_allocation() {
+    calico_conformance::report_skipped("rope_tensors_end_at_the_allocation");
+    for dev in calico_conformance::backends().0 {
+        for dim in [2usize, 4, 6, 8, 10, 16, 18, 32, 64, 128] {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                let per_16_bytes = 16 / dtype.size_bytes();
+                let dense = Memory {
+                    head_pad: 0,
+                    token_pad: 0,
+                    heads_outer: false,
+                    offset: 0,
+                };
+                let tail = Memory {
+                    head_pad: (per_16_bytes - dim % per_16_bytes) % per_16_bytes,
+                    token_pad: 0,
+                    heads_outer: false,
+                    offset: per_16_bytes,
+                };
+                for mode in [RopeMode::Interleaved, RopeMode::HalfSplit] {
+                    for (x_at, y_at, table_offset) in [(dense, dense, 0), (tail, tail, 4)] {
+                        let c = RopeCase {
+                            dtype,
+                            batch: None,
+                            seq: 3,
+                            heads: 2,
+                            dim,
+                            mode,
+                            pos_offset: 1,
+                            extra_positions: 0,
+                            table_offset,
+                            x_at,
+                            y_at,
+                            dist: Dist::Normal { scale: 1.0 },
+                            seed: dim as u64,
+                        };
+                        if let Err(e) = run_rope(&dev, &c) {
+                            panic!(
+                                "backend {}: rope {mode:?} {dtype} D={dim} {x_at:?}: {e}",
+                                dev.kind()
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -7,7 +7,8 @@ use calico_conformance::reference;
 use calico_conformance::rng::{Dist, Rng};
 use calico_conformance::strategies::{row_case, RowCase, EDGE_COLS};
 use calico_conformance::tensors::{
-    intact, poisoned_rows, round_all, rows_view, untouched_outside, Placement,
+    aligned_tail, intact, poisoned_rows, round_all, rows_view, untouched_outside, Placement,
+    TAIL_COLS,
 };
 use calico_conformance::{property, report_skipped, Ctx};
 use proptest::sample::select;
@@ -70,6 +71,42 @@ fn softmax_at_every_edge_length() {
                 };
                 if let Err(e) = softmax_case(&dev, &c, 30.0) {
                     panic!("backend {}: softmax {dtype} cols {cols}: {e}", dev.kind());
+                }
+            }
+        }
+    }
+}
+
+/// Rows that end exactly at the end of their allocation: dense (the allocation is exactly the
+/// tensor) or 16-byte aligned rows at the tail of a larger allocation, every length 1..=9 and
+/// either side of the vector and block sizes, so a vector access past the last element leaves
+/// the allocation (compute-sanitizer memcheck reports it: benches/gpu/sanitize.sh).
+#[test]
+fn softmax_rows_end_at_the_allocation() {
+    report_skipped("softmax_rows_end_at_the_allocation");
+    for dev in calico_conformance::backends().0 {
+        for (i, &cols) in TAIL_COLS.iter().enumerate() {
+            for dtype in [DType::BF16, DType::F16, DType::F32] {
+                let tail = aligned_tail(dtype, cols);
+                for (x_at, out_at) in [
+                    (Placement::default(), Placement::default()),
+                    (tail, tail),
+                    (tail, Placement::default()),
+                ] {
+                    let c = RowCase {
+                        dtype,
+                        shape: vec![3, cols],
+                        x_at,
+                        out_at,
+                        dist: Dist::Normal { scale: 2.0 },
+                        seed: i as u64,
+                    };
+                    if let Err(e) = softmax_case(&dev, &c, 1.0) {
+                        panic!(
+                            "backend {}: softmax {dtype} cols {cols} x {x_at:?} y {out_at:?}: {e}",
+                            dev.kind()
+                        );
+                    }
                 }
             }
         }

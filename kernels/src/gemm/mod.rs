@@ -109,28 +109,67 @@ pub fn gemm(
     }
 }
 
-/// Picks the fastest variant that supports the problem on this device.
-fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
-    let gpu = dev
-        .as_gpu()
-        .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
-    let arch = gpu.arch();
+/// The GPU GEMM kernels (`kernels/device/gemm/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GemmKernel {
+    /// Split-K over a thread-block cluster, M <= 64 (skinny.cu).
+    Skinny,
+    /// TMA + wgmma, sm_90a (hopper.cu).
+    Hopper,
+    /// cp.async + mma.sync, sm_80 and later (sm80.cu).
+    Sm80,
+    /// Any vendor, any strides (portable.cu).
+    Portable,
+}
+
+/// The fastest kernel that supports `p` on `arch`.
+fn route(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
     // The Hopper kernel's tile count, if it runs `p`: the skinny router weighs it too.
     let hopper_tiles = hopper::tiles(arch, p);
     if skinny::supports(arch, p) && skinny::prefers(arch, p, hopper_tiles) {
-        skinny::launch(gpu, p)
+        Ok(GemmKernel::Skinny)
     } else if hopper_tiles.is_some() {
-        hopper::launch(gpu, p)
+        Ok(GemmKernel::Hopper)
     } else if sm80::supports(arch, p) {
-        sm80::launch(gpu, p)
+        Ok(GemmKernel::Sm80)
     } else if portable::supports(arch, p) {
-        portable::launch(gpu, p)
+        Ok(GemmKernel::Portable)
     } else {
         Err(Error::unsupported(format!(
             "no GEMM kernel for this problem on {} ({p:?})",
             arch.target
         )))
     }
+}
+
+/// Picks the fastest variant that supports the problem on this device.
+fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
+    let gpu = dev
+        .as_gpu()
+        .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
+    match route(gpu.arch(), p)? {
+        GemmKernel::Skinny => skinny::launch(gpu, p),
+        GemmKernel::Hopper => hopper::launch(gpu, p),
+        GemmKernel::Sm80 => sm80::launch(gpu, p),
+        GemmKernel::Portable => portable::launch(gpu, p),
+    }
+}
+
+/// The kernel [`gemm`] would run these operands with on `dev` (`None` on the CPU, or when the
+/// problem is empty), after the same checks: for tests and tools that must know which path
+/// they exercise.
+pub fn gemm_kernel(
+    dev: &Device,
+    a: &Tensor,
+    b: &Tensor,
+    d: &Tensor,
+    opts: &GemmOptions,
+) -> Result<Option<GemmKernel>> {
+    let p = describe(dev, a, b, d, opts)?;
+    if p.m == 0 || p.n == 0 || p.batch == 0 || matches!(dev, Device::Cpu(_)) {
+        return Ok(None);
+    }
+    route(dev.arch(), &p).map(Some)
 }
 
 /// (batch, rows, cols, batch stride) of a rank-2 or rank-3 operand.
