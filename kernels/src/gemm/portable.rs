@@ -331,7 +331,7 @@ pub(crate) mod tests {
             assert!(entries
                 .iter()
                 .all(|e| e.source.text.contains("calico_gemm_portable")));
-            assert!(entries[0].source.text.contains("erf_approx"));
+            assert!(entries[0].source.text.contains("erfc_fit"));
         }
     }
 }
