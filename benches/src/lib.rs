@@ -12,6 +12,7 @@
 pub mod accounting;
 pub mod cases;
 pub mod cublaslt;
+pub mod host_report;
 pub mod peers;
 pub mod plots;
 pub mod progress;
@@ -198,6 +199,16 @@ fn describe(t: &Timed, rate: Option<String>) -> String {
     }
 }
 
+/// The progress line of a host-loop case.
+fn host_line(case: &host_report::HostCase) -> String {
+    let value = match (case.calico_us, &case.message) {
+        (Some(us), _) => format!("{us:.2} us"),
+        (None, Some(m)) => format!("not measured ({m})"),
+        (None, None) => "not measured".into(),
+    };
+    format!("{:<34} {value}", case.name)
+}
+
 /// Runs the suite on `dev` and writes the report (unless `opts.write` is off). Per-case errors
 /// are recorded in the report, never returned; only writing the files can fail.
 pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
@@ -250,6 +261,7 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         memory: Vec::new(),
         gemm: Vec::new(),
         latency: None,
+        host: Vec::new(),
         peers: None,
         targets: Vec::new(),
         notes: Vec::new(),
@@ -263,7 +275,14 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         mem_specs.len(),
         gemm_specs.len()
     );
-    let progress = Progress::new(1 + usize::from(run_latency) + mem_specs.len() + gemm_specs.len());
+    let host_cases = cases::host_loop::loop_specs(profile == Profile::Tiny)
+        .iter()
+        .filter(|s| wanted(&s.name()))
+        .count()
+        + usize::from(wanted("graph replay decode step"));
+    let progress = Progress::new(
+        1 + usize::from(run_latency) + host_cases + mem_specs.len() + gemm_specs.len(),
+    );
     let watchdog = opts.watchdog.map(Watchdog::start);
     let tick = || {
         if let Some(w) = &watchdog {
@@ -308,6 +327,29 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
                 .map_or_else(String::new, |m| format!(" ({m})"))
         ));
         report.latency = Some(l);
+        tick();
+        save_partial(&report);
+    }
+
+    let tiny = profile == Profile::Tiny;
+    for spec in cases::host_loop::loop_specs(tiny)
+        .into_iter()
+        .filter(|s| wanted(&s.name()))
+    {
+        progress.start(&spec.name());
+        let calls = if tiny { 20 } else { 1000 };
+        let case = cases::host_loop::run_loop(dev, &spec, calls, &mut rng);
+        progress.done(host_line(&case));
+        report.host.push(case);
+        tick();
+    }
+    if wanted("graph replay decode step") {
+        progress.start("graph replay decode step");
+        let steps = if tiny { 5 } else { 200 };
+        for case in cases::host_loop::run_graph(dev, steps, tiny, &mut rng) {
+            progress.done(host_line(&case));
+            report.host.push(case);
+        }
         tick();
         save_partial(&report);
     }
@@ -514,5 +556,26 @@ mod tests {
         let l = report.latency.expect("latency measured");
         assert!(l.first_call_ms.is_some(), "{:?}", l.message);
         assert!(l.later_call.is_some());
+    }
+
+    #[test]
+    fn cpu_tiny_host_loops() {
+        let opts = BenchOptions {
+            profile: Profile::Tiny,
+            write: false,
+            ..BenchOptions::default()
+        };
+        for only in ["launch overhead", "graph replay"] {
+            let opts = BenchOptions {
+                only: Some(only.into()),
+                ..opts.clone()
+            };
+            let report = run(&Device::cpu(), &opts).expect("suite runs");
+            assert!(!report.host.is_empty());
+            let eager = &report.host[0];
+            assert!(eager.calico_us.is_some_and(|us| us > 0.0), "{eager:?}");
+            // No target on the CPU: host time there is compute time.
+            assert!(report.host.iter().all(|h| h.target_us.is_none()));
+        }
     }
 }

@@ -42,7 +42,14 @@ pub fn merge(report: &mut Report, file: &PeersFile, source: &str) {
         let Some(ms) = r.median_ms.filter(|ms| ms.is_finite() && *ms > 0.0) else {
             continue;
         };
-        if r.op == "gemm" || r.op == "matmul" {
+        if let Some(h) = report
+            .host
+            .iter_mut()
+            .find(|h| h.op == r.op && h.shape == r.shape)
+        {
+            h.torch_us = Some(ms * 1e3);
+            matched += 1;
+        } else if r.op == "gemm" || r.op == "matmul" {
             if let Some(g) = report
                 .gemm
                 .iter_mut()

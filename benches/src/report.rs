@@ -182,6 +182,9 @@ pub struct Report {
     pub memory: Vec<MemCase>,
     pub gemm: Vec<GemmCase>,
     pub latency: Option<Latency>,
+    /// Host-loop cases: launch overhead and graph replay.
+    #[serde(default)]
+    pub host: Vec<crate::host_report::HostCase>,
     pub peers: Option<PeersInfo>,
     pub targets: Vec<TargetCheck>,
     pub notes: Vec<String>,
@@ -233,6 +236,9 @@ impl Report {
             g.torch_tflops = g.torch_ms.map(|ms| tflops(g.flops, ms));
             g.ratio_torch = ratio(g.calico_tflops, g.torch_tflops);
         }
+        for h in &mut self.host {
+            h.derive();
+        }
         self.targets = self.check_targets();
     }
 
@@ -258,6 +264,7 @@ impl Report {
                 met: g.ratio_cublaslt.map(|r| r >= g.target_ratio),
             });
         }
+        out.extend(self.host.iter().filter_map(|h| h.target()));
         if let Some(l) = &self.latency {
             out.push(TargetCheck {
                 what: format!("first call of {} (compile)", l.op),
@@ -408,6 +415,8 @@ impl Report {
                 );
             }
         }
+
+        crate::host_report::markdown(&mut s, &self.host);
 
         if let Some(l) = &self.latency {
             let _ = writeln!(s, "\n## First-call and later-call latency\n");
@@ -639,6 +648,7 @@ pub(crate) mod tests {
                 target_first_ms: 2000.0,
                 target_later_ms: 10.0,
             }),
+            host: Vec::new(),
             peers: None,
             targets: Vec::new(),
             notes: vec!["a note".into()],

@@ -1,7 +1,9 @@
 //! The suite's cases: which shapes run on which device class and profile.
 
 pub mod copy;
+pub mod decode_step;
 pub mod gemm;
+pub mod host_loop;
 pub mod latency;
 pub mod memory;
 

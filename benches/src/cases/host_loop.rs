@@ -1,0 +1,208 @@
+//! What a user's loop sees: host time per call of ops queued back to back without
+//! synchronising ("launch overhead"), and a decode step run eagerly against the same step
+//! replayed from a CUDA graph ("graph replay").
+
+use super::decode_step::DecodeStep;
+use crate::host_report::HostCase;
+use crate::rng::{random_tensor, XorShift};
+use crate::stats::Stats;
+use calico::ops::{self, RopeMode};
+use calico::{DType, Device, Result};
+use std::time::Instant;
+
+/// Host-time targets per call (TARGETS.md): row ops and matmul.
+const ROW_OP_TARGET_US: f64 = 5.0;
+const MATMUL_TARGET_US: f64 = 8.0;
+
+/// One launch-overhead case: an op and its shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoopSpec {
+    pub op: &'static str,
+    pub shape: Vec<usize>,
+}
+
+impl LoopSpec {
+    pub fn name(&self) -> String {
+        let dims: Vec<String> = self.shape.iter().map(usize::to_string).collect();
+        format!("launch overhead {} bf16 {}", self.op, dims.join("x"))
+    }
+
+    fn target_us(&self) -> f64 {
+        if self.op == "matmul" {
+            MATMUL_TARGET_US
+        } else {
+            ROW_OP_TARGET_US
+        }
+    }
+}
+
+/// The launch-overhead cases: the decode-sized shapes of a model's forward pass, and the
+/// small matmuls of issue 8 (host-bound in every library).
+pub fn loop_specs(tiny: bool) -> Vec<LoopSpec> {
+    let s = |op, shape: &[usize]| LoopSpec {
+        op,
+        shape: shape.to_vec(),
+    };
+    if tiny {
+        return vec![s("rms_norm", &[2, 64]), s("matmul", &[8, 16, 32])];
+    }
+    vec![
+        s("rms_norm", &[8, 4096]),
+        s("softmax", &[8, 4096]),
+        s("rope", &[8, 1, 32, 128]),
+        s("matmul", &[1000, 1000, 1000]),
+        s("matmul", &[257, 129, 1000]),
+        s("matmul", &[16, 4096, 4096]),
+    ]
+}
+
+/// A closure that queues one call of the op.
+type Call = Box<dyn FnMut() -> Result<()>>;
+
+fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
+    let t = |rng: &mut XorShift, shape: &[usize]| {
+        random_tensor(dev, rng, shape, DType::BF16, -1.0, 1.0)
+    };
+    let d = dev.clone();
+    Ok(match spec.op {
+        "rms_norm" => {
+            let cols = spec.shape[1];
+            let (x, w) = (t(rng, &spec.shape)?, t(rng, &[cols])?);
+            let mut y = dev.zeros(&spec.shape, DType::BF16)?;
+            Box::new(move || ops::rms_norm(&d, &x, &w, 1e-6, &mut y))
+        }
+        "softmax" => {
+            let x = t(rng, &spec.shape)?;
+            let mut y = dev.zeros(&spec.shape, DType::BF16)?;
+            Box::new(move || ops::softmax(&d, &x, &mut y))
+        }
+        "rope" => {
+            let x = t(rng, &spec.shape)?;
+            let half = spec.shape[3] / 2;
+            let angles = crate::rng::random_f32(rng, 64 * half, 0.0, 6.0);
+            let cos: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+            let sin: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+            let cos = dev.tensor(&cos, &[64, half])?;
+            let sin = dev.tensor(&sin, &[64, half])?;
+            let mut y = dev.zeros(&spec.shape, DType::BF16)?;
+            Box::new(move || ops::rope(&d, &x, &cos, &sin, 3, RopeMode::HalfSplit, &mut y))
+        }
+        "matmul" => {
+            let (m, n, k) = (spec.shape[0], spec.shape[1], spec.shape[2]);
+            // B as a torch Linear weight [N, K], used transposed, as a model does.
+            let (a, w) = (t(rng, &[m, k])?, t(rng, &[n, k])?);
+            let b = w.transpose(0, 1)?;
+            let mut out = dev.zeros(&[m, n], DType::BF16)?;
+            Box::new(move || ops::matmul(&d, &a, &b, &mut out))
+        }
+        other => {
+            return Err(calico::Error::unsupported(format!(
+                "no host-loop case for {other}"
+            )))
+        }
+    })
+}
+
+/// Median host time per call (microseconds) of `calls` calls queued back to back with no
+/// synchronisation between them (each call timed on its own), after a warm-up.
+fn time_calls(dev: &Device, call: &mut Call, calls: usize) -> Result<Stats> {
+    for _ in 0..20 {
+        call()?;
+    }
+    dev.synchronize()?;
+    let mut samples = Vec::with_capacity(calls);
+    for _ in 0..calls {
+        let t = Instant::now();
+        call()?;
+        samples.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    dev.synchronize()?;
+    Stats::from_samples(&samples).ok_or_else(|| calico::Error::unsupported("no host-loop samples"))
+}
+
+/// Runs one launch-overhead case.
+pub fn run_loop(dev: &Device, spec: &LoopSpec, calls: usize, rng: &mut XorShift) -> HostCase {
+    let gpu = dev.as_gpu().is_some();
+    let mut case = HostCase::new(
+        spec.name(),
+        &format!("host_{}", spec.op),
+        spec.shape.clone(),
+        format!("median host time of one call among {calls} calls queued back to back without synchronising (warm kernel cache)"),
+        gpu.then(|| spec.target_us()),
+    );
+    let outcome = prepare(dev, spec, rng).and_then(|mut call| time_calls(dev, &mut call, calls));
+    match outcome {
+        Ok(stats) => case.calico_us = Some(stats.median_ms),
+        Err(e) => case.message = Some(e.to_string()),
+    }
+    case
+}
+
+/// The decode step of the graph-replay case: 16 tokens of a 7B-class layer (hidden 4096,
+/// 8 key/value heads), or a toy one for the tiny profile.
+pub fn graph_step_shape(tiny: bool) -> (usize, usize, usize) {
+    if tiny {
+        (2, 256, 1)
+    } else {
+        (16, 4096, 8)
+    }
+}
+
+/// Host time per step of `steps` decode steps run eagerly, and (on CUDA) per replay of the
+/// same step captured once into a CUDA graph; both queued back to back, synchronised at the
+/// end, so the figure is the loop's throughput as a user sees it.
+pub fn run_graph(dev: &Device, steps: usize, tiny: bool, rng: &mut XorShift) -> Vec<HostCase> {
+    let (tokens, hidden, kv_heads) = graph_step_shape(tiny);
+    let shape = vec![tokens, hidden, kv_heads];
+    let what = "host time per step of a decode step (add_rms_norm, Q/K/V matmuls, rope on Q and K, softmax: 8 launches)";
+    let mut eager = HostCase::new(
+        format!("graph replay decode step {tokens}x{hidden} eager"),
+        "decode_step_eager",
+        shape.clone(),
+        format!("{what}, {steps} steps queued back to back, eager"),
+        None,
+    );
+    let mut replay = HostCase::new(
+        format!("graph replay decode step {tokens}x{hidden} graph"),
+        "decode_step_graph",
+        shape,
+        format!("{what}, {steps} replays of one CUDA graph"),
+        None,
+    );
+    let result = (|| -> Result<()> {
+        let mut step = DecodeStep::new(dev, rng, tokens, hidden, kv_heads)?;
+        let per_step = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            for _ in 0..5 {
+                f()?;
+            }
+            dev.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..steps {
+                f()?;
+            }
+            dev.synchronize()?;
+            Ok(t.elapsed().as_secs_f64() * 1e6 / steps as f64)
+        };
+        eager.calico_us = Some(per_step(&mut || step.run(dev))?);
+        if let Device::Cuda(cuda) = dev {
+            let graph = cuda.capture_graph(|| step.run(dev))?;
+            let mut launch = || {
+                graph.launch().map_err(|e| calico::Error::Runtime {
+                    backend: "cuda",
+                    call: "cuGraphLaunch".into(),
+                    message: e.to_string(),
+                })
+            };
+            replay.calico_us = Some(per_step(&mut launch)?);
+            replay.target_us = eager.calico_us;
+        } else {
+            replay.message = Some("CUDA graphs need the CUDA backend".into());
+        }
+        Ok(())
+    })();
+    if let Err(e) = result {
+        eager.message = Some(e.to_string());
+        replay.message = Some(e.to_string());
+    }
+    vec![eager, replay]
+}
