@@ -82,7 +82,7 @@ impl DecodeStep {
         })
     }
 
-    /// Queues the step's ops on `dev` (8 launches), without synchronising.
+    /// Queues the step's ops on `dev` (7 launches), without synchronising.
     pub fn run(&mut self, dev: &Device) -> Result<()> {
         let s = self;
         ops::add_rms_norm(

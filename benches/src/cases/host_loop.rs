@@ -154,7 +154,7 @@ pub fn graph_step_shape(tiny: bool) -> (usize, usize, usize) {
 pub fn run_graph(dev: &Device, steps: usize, tiny: bool, rng: &mut XorShift) -> Vec<HostCase> {
     let (tokens, hidden, kv_heads) = graph_step_shape(tiny);
     let shape = vec![tokens, hidden, kv_heads];
-    let what = "host time per step of a decode step (add_rms_norm, Q/K/V matmuls, rope on Q and K, softmax: 8 launches)";
+    let what = "host time per step of a decode step (add_rms_norm, Q/K/V matmuls, rope on Q and K, softmax: 7 launches)";
     let mut eager = HostCase::new(
         format!("graph replay decode step {tokens}x{hidden} eager"),
         "decode_step_eager",
