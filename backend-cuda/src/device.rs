@@ -34,6 +34,30 @@ unsafe impl Send for LoadedKernel {}
 // SAFETY: as above; shared access only reads the handles (the limit is an atomic).
 unsafe impl Sync for LoadedKernel {}
 
+/// Ops recorded by [`CudaDevice::capture_graph`], ready to replay.
+pub struct CapturedGraph {
+    graph: CudaGraph,
+}
+
+impl std::fmt::Debug for CapturedGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CapturedGraph(..)")
+    }
+}
+
+impl CapturedGraph {
+    /// Queues one replay on the stream the graph was captured on (no synchronisation): the
+    /// recorded kernels run again on the same tensors.
+    pub fn launch(&self) -> Result<()> {
+        self.graph.launch().map_err(driver_err("cuGraphLaunch"))
+    }
+
+    /// The cudarc graph, for interop (inspecting nodes, uploading).
+    pub fn as_cudarc(&self) -> &CudaGraph {
+        &self.graph
+    }
+}
+
 /// One NVIDIA GPU, seen through one stream: every op of this handle is queued on it.
 /// [`CudaDevice::with_stream`] gives another handle to the same GPU (same loaded kernels)
 /// that queues on a stream of the caller's.
@@ -172,11 +196,11 @@ impl CudaDevice {
     }
 
     /// Records the ops `work` queues on this handle's stream into a CUDA graph instead of
-    /// running them, and returns the graph (launch it with `CudaGraph::launch`, which queues
+    /// running them, and returns the graph (launch it with `CapturedGraph::launch`, which queues
     /// it on this stream). Run each op once before capturing it, so that its kernel is
     /// compiled and loaded and its scratch buffer sized: a captured op must not compile,
     /// allocate or synchronise. Capture is thread-local: other threads may keep working.
-    pub fn capture_graph(&self, work: impl FnOnce() -> Result<()>) -> Result<CudaGraph> {
+    pub fn capture_graph(&self, work: impl FnOnce() -> Result<()>) -> Result<CapturedGraph> {
         let stream = &self.inner.queue.stream;
         stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -189,11 +213,12 @@ impl CudaDevice {
             )
             .map_err(driver_err("cuStreamEndCapture"));
         outcome?;
-        graph?.ok_or_else(|| Error::Runtime {
+        let graph = graph?.ok_or_else(|| Error::Runtime {
             backend: "cuda",
             call: "cuStreamEndCapture".into(),
             message: "the capture recorded no work".into(),
-        })
+        })?;
+        Ok(CapturedGraph { graph })
     }
 
     /// Number of CUDA devices, or an error saying why there are none.

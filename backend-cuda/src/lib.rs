@@ -15,7 +15,7 @@ pub mod tma;
 
 /// The cudarc this backend is built on, for interop (`CudaDevice::wrap_slice`).
 pub use cudarc;
-pub use device::CudaDevice;
+pub use device::{CapturedGraph, CudaDevice};
 pub use storage::CudaStorage;
 
 use calico_core::HeaderSet;

@@ -1,7 +1,7 @@
 //! Calico ops recorded into a CUDA graph replay to the eager results: a decode step
 //! (add_rms_norm, three matmuls, rope, softmax) is captured once and replayed 100 times.
 
-use calico::backends::cuda::{cudarc, CudaDevice};
+use calico::backends::cuda::{cudarc, CapturedGraph, CudaDevice};
 use calico::Device;
 use calico_benches::cases::decode_step::DecodeStep;
 use calico_benches::rng::XorShift;
@@ -18,8 +18,8 @@ fn cuda() -> Option<CudaDevice> {
 }
 
 /// The types of the nodes of a captured graph.
-fn node_types(graph: &cudarc::driver::CudaGraph) -> Vec<sys::CUgraphNodeType> {
-    let g = graph.cu_graph();
+fn node_types(graph: &CapturedGraph) -> Vec<sys::CUgraphNodeType> {
+    let g = graph.as_cudarc().cu_graph();
     let mut count = 0usize;
     // SAFETY: `g` is a live graph; a null node array asks only for the count.
     unsafe { sys::cuGraphGetNodes(g, std::ptr::null_mut(), &mut count) }

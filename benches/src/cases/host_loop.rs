@@ -186,14 +186,7 @@ pub fn run_graph(dev: &Device, steps: usize, tiny: bool, rng: &mut XorShift) -> 
         eager.calico_us = Some(per_step(&mut || step.run(dev))?);
         if let Device::Cuda(cuda) = dev {
             let graph = cuda.capture_graph(|| step.run(dev))?;
-            let mut launch = || {
-                graph.launch().map_err(|e| calico::Error::Runtime {
-                    backend: "cuda",
-                    call: "cuGraphLaunch".into(),
-                    message: e.to_string(),
-                })
-            };
-            replay.calico_us = Some(per_step(&mut launch)?);
+            replay.calico_us = Some(per_step(&mut || graph.launch())?);
             replay.target_us = eager.calico_us;
         } else {
             replay.message = Some("CUDA graphs need the CUDA backend".into());
