@@ -206,10 +206,12 @@ fn describe(
     d: &Tensor,
     opts: &GemmOptions,
 ) -> Result<GemmProblem> {
-    let mut all = vec![("a", a), ("b", b), ("d", d)];
-    all.extend(opts.c.map(|c| ("c", c)));
-    all.extend(opts.bias.map(|t| ("bias", t)));
-    check::on_device(dev, &all)?;
+    check::on_device(dev, &[("a", a), ("b", b), ("d", d)])?;
+    for (name, t) in [("c", opts.c), ("bias", opts.bias)] {
+        if let Some(t) = t {
+            check::on_device(dev, &[(name, t)])?;
+        }
+    }
     let in_dtype = a.dtype();
     if !matches!(in_dtype, DType::BF16 | DType::F16) {
         return Err(Error::DType {
@@ -265,11 +267,12 @@ fn describe(
     if !opts.alpha.is_finite() || !opts.beta.is_finite() {
         return Err(Error::unsupported("alpha and beta must be finite"));
     }
-    let mut inputs = vec![("a", a), ("b", b)];
-    inputs.extend(opts.bias.map(|t| ("bias", t)));
     // D may be C itself (an in-place update reads each element before writing it), but must not
     // overlap A, B or the bias.
-    check::no_overlap(&[("d", d)], &inputs)?;
+    check::no_overlap(&[("d", d)], &[("a", a), ("b", b)])?;
+    if let Some(bias) = opts.bias {
+        check::no_overlap(&[("d", d)], &[("bias", bias)])?;
+    }
     if let Some(c) = opts.c {
         // The one allowed overlap is C being exactly D's view (same storage, same layout).
         if c.overlaps(d) && !(c.same_storage(d) && c.layout() == d.layout()) {
