@@ -13,6 +13,7 @@ mod math;
 mod norm;
 mod rope;
 mod rows;
+mod simd;
 mod softmax;
 mod storage;
 mod views;

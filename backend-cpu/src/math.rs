@@ -1,13 +1,14 @@
-//! f32 building blocks written so the compiler vectorises them: reductions with eight
-//! independent accumulators (a single running sum cannot be reordered) and a polynomial exp
-//! (libm's `expf` is a call per element).
+//! f32 building blocks written so the compiler vectorises them: reductions over 32 independent
+//! accumulators (a single running sum cannot be reordered, and 32 lanes keep several vector
+//! registers' additions in flight) and a polynomial exp (libm's `expf` is a call per element).
+//! They are `#[inline(always)]` so that they are compiled into `simd::vectorised` callers.
 
-const LANES: usize = 8;
+const LANES: usize = 32;
 
-/// Reduces `v` with `f` over eight accumulators that start at `init`, then joins the
-/// accumulators with `join`.
-#[inline]
-fn reduce8(
+/// Reduces `v` with `f` over `LANES` accumulators that start at `init`, then joins the
+/// accumulators pairwise with `join`.
+#[inline(always)]
+fn reduce(
     v: &[f32],
     init: f32,
     f: impl Fn(f32, f32) -> f32,
@@ -24,38 +25,45 @@ fn reduce8(
     for (a, &x) in acc.iter_mut().zip(tail) {
         *a = f(*a, x);
     }
-    let [a0, a1, a2, a3, a4, a5, a6, a7] = acc;
-    join(
-        join(join(a0, a4), join(a2, a6)),
-        join(join(a1, a5), join(a3, a7)),
-    )
+    let mut n = LANES;
+    while n > 1 {
+        n /= 2;
+        for i in 0..n {
+            acc[i] = join(acc[i], acc[i + n]);
+        }
+    }
+    acc[0]
 }
 
 /// Sum of the elements.
+#[inline(always)]
 pub(crate) fn sum(v: &[f32]) -> f32 {
-    reduce8(v, 0.0, |a, x| a + x, |a, b| a + b)
+    reduce(v, 0.0, |a, x| a + x, |a, b| a + b)
 }
 
 /// Sum of squares.
+#[inline(always)]
 pub(crate) fn sum_sq(v: &[f32]) -> f32 {
-    reduce8(v, 0.0, |a, x| a + x * x, |a, b| a + b)
+    reduce(v, 0.0, |a, x| a + x * x, |a, b| a + b)
 }
 
 /// Sum of squared deviations from `mean`.
+#[inline(always)]
 pub(crate) fn sum_sq_dev(v: &[f32], mean: f32) -> f32 {
-    reduce8(v, 0.0, |a, x| a + (x - mean) * (x - mean), |a, b| a + b)
+    reduce(v, 0.0, |a, x| a + (x - mean) * (x - mean), |a, b| a + b)
 }
 
 /// Largest element (`-inf` for an empty slice; NaN propagates).
+#[inline(always)]
 pub(crate) fn max(v: &[f32]) -> f32 {
     // `f32::max` ignores NaN; a NaN row must give NaN outputs, as the reference does.
     let pick = |a: f32, x: f32| if x > a || x.is_nan() { x } else { a };
-    reduce8(v, f32::NEG_INFINITY, pick, pick)
+    reduce(v, f32::NEG_INFINITY, pick, pick)
 }
 
 /// e^x to about 2 ulp (Cephes `expf` polynomial), 0 below the f32 range, inf above it.
 /// Selects instead of `clamp` and `as i32` keep the loop branch-free so it vectorises.
-#[inline]
+#[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     const LO: f32 = -87.336_54;
     const HI: f32 = 88.722_83;
@@ -82,6 +90,32 @@ pub(crate) fn exp(x: f32) -> f32 {
     let y = if x < LO { 0.0 } else { y };
     if x > HI {
         f32::INFINITY
+    } else {
+        y
+    }
+}
+
+/// e^x for `x <= 0` (and NaN), as [`exp`] gives it, with fewer operations: one clamp and one
+/// power-of-two factor. Softmax's `x - max` is never positive.
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    const LO: f32 = -87.336_54;
+    const ROUND: f32 = 12_582_912.0;
+    const ROUND_BITS: i32 = 0x4B40_0000;
+    let xc = if x < LO { LO } else { x };
+    let t = xc * std::f32::consts::LOG2_E + ROUND;
+    let n = (t.to_bits() as i32).wrapping_sub(ROUND_BITS);
+    let nf = t - ROUND;
+    let r = xc - nf * 0.693_359_4 - nf * -2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let p = p * r * r + r + 1.0;
+    // n lies in -126..=0 here, so 2^n is one normal f32.
+    let y = p * f32::from_bits(((n + 127) as u32) << 23);
+    if x < LO {
+        0.0
     } else {
         y
     }
@@ -144,6 +178,19 @@ mod tests {
         }
         assert!(exp(f32::NAN).is_nan());
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn exp_nonpositive_matches_exp() {
+        let mut x = 0.0f32;
+        while x > -100.0 {
+            assert_eq!(exp_nonpositive(x), exp(x), "exp({x})");
+            x -= 0.0137;
+        }
+        for x in [-0.0, -f32::MIN_POSITIVE, -87.0, -87.5, f32::NEG_INFINITY] {
+            assert_eq!(exp_nonpositive(x), exp(x), "exp({x})");
+        }
+        assert!(exp_nonpositive(f32::NAN).is_nan());
     }
 
     #[test]

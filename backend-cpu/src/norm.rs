@@ -3,6 +3,7 @@
 use crate::convert::{expect_dtype, float_dtype, load, round_in_place, store};
 use crate::math;
 use crate::rows::{block_row, block_rows, output_blocks, rows_of, RowReader};
+use crate::simd::vectorised;
 use crate::views::with_views;
 use calico_core::{Error, Result, Rows, Tensor};
 use rayon::prelude::*;
@@ -145,29 +146,35 @@ fn norm(
                 |scratch, (blk, (y_block, mut sum_block))| {
                     let (row, tmp) = scratch.split_at_mut(cols);
                     let first = blk * block;
-                    for i in 0..block.min(xr.rows - first) {
-                        x_rows.load(first + i, row);
-                        if let Some(res) = &res_rows {
-                            res.load(first + i, tmp);
-                            row.iter_mut().zip(tmp.iter()).for_each(|(a, r)| *a += r);
-                            // The norm sees the sum as stored, rounded to the dtype.
-                            round_in_place(dtype, row);
-                        }
-                        if let Some(s) = sum_block.as_deref_mut() {
-                            store(dtype, row, block_row(s, i, &sr, dtype));
-                        }
-                        match kind {
-                            Kind::Rms => rms_row(row, w.as_deref(), eps),
-                            Kind::Layer => layer_row(row, w.as_deref(), b.as_deref(), eps),
-                        }
-                        store(dtype, row, block_row(y_block, i, &yr, dtype));
-                    }
+                    vectorised(
+                        #[inline(always)]
+                        || {
+                            for i in 0..block.min(xr.rows - first) {
+                                x_rows.load(first + i, row);
+                                if let Some(res) = &res_rows {
+                                    res.load(first + i, tmp);
+                                    row.iter_mut().zip(tmp.iter()).for_each(|(a, r)| *a += r);
+                                    // The norm sees the sum as stored, rounded to the dtype.
+                                    round_in_place(dtype, row);
+                                }
+                                if let Some(s) = sum_block.as_deref_mut() {
+                                    store(dtype, row, block_row(s, i, &sr, dtype));
+                                }
+                                match kind {
+                                    Kind::Rms => rms_row(row, w.as_deref(), eps),
+                                    Kind::Layer => layer_row(row, w.as_deref(), b.as_deref(), eps),
+                                }
+                                store(dtype, row, block_row(y_block, i, &yr, dtype));
+                            }
+                        },
+                    )
                 },
             );
         Ok(())
     })
 }
 
+#[inline(always)]
 fn rms_row(row: &mut [f32], weight: Option<&[f32]>, eps: f32) {
     let r = 1.0 / (math::sum_sq(row) / row.len() as f32 + eps).sqrt();
     match weight {
@@ -176,6 +183,7 @@ fn rms_row(row: &mut [f32], weight: Option<&[f32]>, eps: f32) {
     }
 }
 
+#[inline(always)]
 fn layer_row(row: &mut [f32], weight: Option<&[f32]>, bias: Option<&[f32]>, eps: f32) {
     let n = row.len() as f32;
     // Statistics of x - row[0]: rows far from zero (1000 +- 0.01) keep their small spread,

@@ -2,6 +2,7 @@
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
 use crate::rows::{block_rows, carve_rows, rows_of, RowReader};
+use crate::simd::vectorised;
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
@@ -122,12 +123,17 @@ pub fn rope(
                     let (out, cs) = rest.split_at_mut(d);
                     let (c, s) = cs.split_at_mut(half);
                     let x_start = xd.start(r) * esz;
-                    load(dtype, &x_bytes[x_start..x_start + row_bytes], row);
                     let p = pos_offset + (r / xd.extents[2]) % seq;
-                    cos_rows.load(p, c);
-                    sin_rows.load(p, s);
-                    rotate(row, c, s, interleaved, out);
-                    store(dtype, out, y_row);
+                    vectorised(
+                        #[inline(always)]
+                        || {
+                            load(dtype, &x_bytes[x_start..x_start + row_bytes], row);
+                            cos_rows.load(p, c);
+                            sin_rows.load(p, s);
+                            rotate(row, c, s, interleaved, out);
+                            store(dtype, out, y_row);
+                        },
+                    )
                 },
             );
         Ok(())
@@ -152,6 +158,7 @@ fn table<'a>(
     Ok(RowReader::new(bytes, &r, DType::F32))
 }
 
+#[inline(always)]
 fn rotate(x: &[f32], cos: &[f32], sin: &[f32], interleaved: bool, out: &mut [f32]) {
     let half = cos.len();
     if interleaved {
@@ -167,9 +174,16 @@ fn rotate(x: &[f32], cos: &[f32], sin: &[f32], interleaved: bool, out: &mut [f32
     } else {
         let (xa, xb) = x.split_at(half);
         let (oa, ob) = out.split_at_mut(half);
-        for i in 0..half {
-            oa[i] = xa[i] * cos[i] - xb[i] * sin[i];
-            ob[i] = xa[i] * sin[i] + xb[i] * cos[i];
+        // Zipped iterators carry no bounds checks, so the loop vectorises.
+        for ((((oa, ob), (&a, &b)), &c), &s) in oa
+            .iter_mut()
+            .zip(ob.iter_mut())
+            .zip(xa.iter().zip(xb))
+            .zip(cos)
+            .zip(sin)
+        {
+            *oa = a * c - b * s;
+            *ob = a * s + b * c;
         }
     }
 }

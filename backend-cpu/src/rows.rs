@@ -45,7 +45,7 @@ impl<'a> RowReader<'a> {
     }
 
     /// Row `r` widened into `dst` (row length elements).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn load(&self, r: usize, dst: &mut [f32]) {
         let start = r * self.stride_bytes;
         crate::convert::load(self.dtype, &self.bytes[start..start + self.len_bytes], dst);
@@ -92,7 +92,7 @@ pub(crate) fn output_blocks<'a>(
 }
 
 /// Row `i` of a block from [`output_blocks`].
-#[inline]
+#[inline(always)]
 pub(crate) fn block_row<'b>(
     block: &'b mut [u8],
     i: usize,
