@@ -21,6 +21,10 @@ GEMMS = [(s, s, s) for s in (2048, 4096, 8192)]
 GEMMS += [(8192, n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336), (28672, 4096))]
 GEMMS += [(m, 4096, 4096) for m in (16, 64, 256)]
 GEMMS += [(64, 1024, 4096)]  # decode through a narrow (GQA key/value) projection
+# Decode GEMV (F.linear, weight [N, K]) and odd shapes (K, N or a row stride not a multiple of 8).
+GEMVS = [(m, n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)) for m in (1, 4, 16)]
+ODD_GEMMS = [(4097, 4097, 4097), (8191, 8191, 8191), (4096, 4096, 4095), (1000, 999, 1000)]
+ODD_ROWS = [4097, 4097]  # softmax and rms_norm with an odd row length
 
 
 def bench(fn):
@@ -68,7 +72,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="peers.json")
     ap.add_argument("--quick", action="store_true", help="the shapes of calico-bench --quick")
+    ap.add_argument("--only", default=None,
+                    help="only cases whose calico-bench name contains one of these comma-separated parts")
     args = ap.parse_args()
+    parts = [p for p in (args.only or "").split(",") if p]
+
+    def wanted(name):
+        return not parts or any(p in name for p in parts)
+
     if not torch.cuda.is_available():
         print("peers.py: no CUDA device", file=sys.stderr)
         return 1
@@ -89,21 +100,50 @@ def main():
         results.append(entry)
         print(json.dumps(entry), flush=True)
 
+    def dims(shape):
+        return "x".join(str(d) for d in shape)
+
     for op, shape, make, fn in norm_cases(norm_cols):
-        record({"op": op, "shape": shape, "dtype": "bf16"}, make, fn)
+        if wanted(f"{op} bf16 {dims(shape)}"):
+            record({"op": op, "shape": shape, "dtype": "bf16"}, make, fn)
     for cols in softmax_cols:
+        if not wanted(f"softmax bf16 {ROWS}x{cols}"):
+            continue
         make = lambda cols=cols: (torch.randn(ROWS, cols, device="cuda", dtype=torch.bfloat16) * 2,)
         record({"op": "softmax", "shape": [ROWS, cols], "dtype": "bf16"}, make, lambda x: torch.softmax(x, -1))
-    for m, n, k in gemms:
-        # A [M, K] @ W[N, K]^T, as torch Linear and calico-bench do.
-        make = lambda m=m, n=n, k=k: (
+    rows, cols = ODD_ROWS
+    make_odd = lambda: (torch.randn(rows, cols, device="cuda", dtype=torch.bfloat16) * 2,
+                        torch.rand(cols, device="cuda", dtype=torch.bfloat16) + 0.5)
+    if wanted(f"softmax odd bf16 {rows}x{cols}"):
+        record({"op": "softmax", "shape": [rows, cols], "dtype": "bf16"}, make_odd, lambda x, w: torch.softmax(x, -1))
+    if wanted(f"rms_norm odd bf16 {rows}x{cols}"):
+        F = torch.nn.functional
+        record({"op": "rms_norm", "shape": [rows, cols], "dtype": "bf16"}, make_odd,
+               lambda x, w: F.rms_norm(x, (cols,), w, 1e-6))
+
+    def operands(m, n, k):
+        # A [M, K] and a weight W [N, K], as torch Linear and calico-bench do.
+        return lambda: (
             torch.randn(m, k, device="cuda", dtype=torch.bfloat16),
             torch.randn(n, k, device="cuda", dtype=torch.bfloat16),
         )
-        record({"op": "gemm", "m": m, "n": n, "k": k, "dtype": "bf16"}, make, lambda a, w: torch.matmul(a, w.t()))
-    for entry in host_loops.run():
-        results.append(entry)
-        print(json.dumps(entry), flush=True)
+
+    for m, n, k in gemms:
+        if wanted(f"gemm {m}x{n}x{k}"):
+            record({"op": "gemm", "m": m, "n": n, "k": k, "dtype": "bf16"}, operands(m, n, k),
+                   lambda a, w: torch.matmul(a, w.t()))
+    for m, n, k in [] if args.quick else GEMVS:
+        if wanted(f"gemv {m}x{n}x{k}"):
+            record({"op": "linear", "m": m, "n": n, "k": k, "dtype": "bf16"}, operands(m, n, k),
+                   lambda a, w: torch.nn.functional.linear(a, w))
+    for m, n, k in ODD_GEMMS[:1] if args.quick else ODD_GEMMS:
+        if wanted(f"gemm odd {m}x{n}x{k}"):
+            record({"op": "matmul", "m": m, "n": n, "k": k, "dtype": "bf16"}, operands(m, n, k),
+                   lambda a, w: torch.matmul(a, w.t()))
+    if wanted("launch overhead") or wanted("graph replay"):
+        for entry in host_loops.run():
+            results.append(entry)
+            print(json.dumps(entry), flush=True)
     out = {
         "torch_version": torch.__version__,
         "device": torch.cuda.get_device_name(),

@@ -37,7 +37,8 @@ pub struct BenchOptions {
     /// Reports go to `<out>/<device-slug>/`.
     pub out: PathBuf,
     pub profile: Profile,
-    /// Only cases whose name contains this (the copy bandwidth always runs).
+    /// Only cases whose name contains this, or one of its comma-separated parts (the copy
+    /// bandwidth always runs).
     pub only: Option<String>,
     /// JSON written by `benches/peers/peers.py`, merged as the "torch" column.
     pub peers: Option<PathBuf>,
@@ -72,7 +73,8 @@ pub struct BenchArgs {
     /// Fewer shapes and runs.
     #[arg(long)]
     pub quick: bool,
-    /// Only run cases whose name contains this substring (e.g. "rms_norm", "gemm llm").
+    /// Only run cases whose name contains this substring, or one of its comma-separated parts
+    /// (e.g. "rms_norm", "gemm llm", "gemv,odd").
     #[arg(long)]
     pub only: Option<String>,
     /// Merge torch figures from this JSON (written by benches/peers/peers.py).
@@ -216,7 +218,11 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
     let gpu = dev.as_gpu().is_some();
     let profile = opts.profile;
     let plan = cases::plan(gpu, profile);
-    let wanted = |name: &str| opts.only.as_deref().is_none_or(|o| name.contains(o));
+    let wanted = |name: &str| {
+        opts.only
+            .as_deref()
+            .is_none_or(|o| o.split(',').any(|part| name.contains(part)))
+    };
     let mem_specs: Vec<_> = cases::memory_specs(gpu, profile)
         .into_iter()
         .filter(|s| wanted(&s.name()))

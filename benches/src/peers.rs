@@ -49,11 +49,12 @@ pub fn merge(report: &mut Report, file: &PeersFile, source: &str) {
         {
             h.torch_us = Some(ms * 1e3);
             matched += 1;
-        } else if r.op == "gemm" || r.op == "matmul" {
-            if let Some(g) = report
+        } else if matches!(r.op.as_str(), "gemm" | "matmul" | "linear" | "gemv") {
+            // Every case of that shape (a GEMV and a skinny GEMM may share one).
+            for g in report
                 .gemm
                 .iter_mut()
-                .find(|g| Some(g.m) == r.m && Some(g.n) == r.n && Some(g.k) == r.k)
+                .filter(|g| Some(g.m) == r.m && Some(g.n) == r.n && Some(g.k) == r.k)
             {
                 g.torch_ms = Some(ms);
                 matched += 1;

@@ -691,19 +691,21 @@ fn gemm_tiny_shapes_with_epilogues_end_at_the_allocation() {
     }
 }
 
-/// Whether `CALICO_SKINNY` turns the skinny kernel off (its router reads the same values).
-fn skinny_off() -> bool {
-    let v = std::env::var("CALICO_SKINNY").unwrap_or_default();
+/// Whether `var` (CALICO_SKINNY, CALICO_GEMV) turns its kernel off (the routers read the
+/// same values).
+fn env_off(var: &str) -> bool {
+    let v = std::env::var(var).unwrap_or_default();
     matches!(
         v.trim().to_ascii_lowercase().as_str(),
         "off" | "0" | "false" | "no"
     )
 }
 
-/// One GEMM with alpha, beta * C, bias and each epilogue through every GPU kernel. Its four
-/// layouts send it, on an H100, to the skinny kernel (K-major weight; the Hopper kernel under
-/// CALICO_SKINNY=off), the Hopper kernel (N-major B), the sm_80 kernel (column-major D) and
-/// the portable kernel (A at an odd address), which the test checks there. Every result must
+/// One GEMM with alpha, beta * C, bias and each epilogue through every GPU kernel. Its five
+/// layouts send it, on an H100, to the GEMV kernel (K-major weight; the skinny kernel under
+/// CALICO_GEMV=off, the Hopper kernel with CALICO_SKINNY=off too), the Hopper kernel (N-major
+/// B), the padded Hopper path (A at an odd address), the sm_80 kernel (column-major D) and the
+/// portable kernel (A at an odd address and column-major D), which the test checks there. Every result must
 /// match the f64 reference, and the others to within f32 accumulation-order noise: the kernels
 /// share one epilogue (kernels/device/gemm/epilogue.cuh), so a call gives the same numbers
 /// whichever kernel or GPU runs it.
@@ -722,15 +724,20 @@ fn gemm_epilogue_agrees_across_kernels() {
         (
             "k-major weight",
             [row, col, row],
-            if skinny_off() {
-                GemmKernel::Hopper
-            } else {
-                GemmKernel::Skinny
+            match (env_off("CALICO_GEMV"), env_off("CALICO_SKINNY")) {
+                (false, _) => GemmKernel::Gemv,
+                (true, false) => GemmKernel::Skinny,
+                (true, true) => GemmKernel::Hopper,
             },
         ),
         ("n-major b", [row, row, row], GemmKernel::Hopper),
+        ("misaligned a", [odd, row, row], GemmKernel::Padded),
         ("column-major d", [row, row, col], GemmKernel::Sm80),
-        ("misaligned a", [odd, row, row], GemmKernel::Portable),
+        (
+            "misaligned a, column-major d",
+            [odd, row, col],
+            GemmKernel::Portable,
+        ),
     ];
     for dev in backends().0 {
         let hopper = dev.arch().target.ends_with("90a");
@@ -780,6 +787,172 @@ fn gemm_epilogue_agrees_across_kernels() {
                         }
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Decode GEMV shapes (M <= 16 against a K-major weight, torch Linear's layout): every M tile
+/// edge, K tails around the 32- and 128-wide steps, N tails, and padded or offset rows (the
+/// scalar-load variant), with every epilogue, on every backend.
+#[test]
+fn gemv_shapes() {
+    report_skipped("gemv_shapes");
+    let weight = |pad, offset| MatrixMemory {
+        col_major: true,
+        pad,
+        offset,
+    };
+    let row = |pad, offset| MatrixMemory {
+        col_major: false,
+        pad,
+        offset,
+    };
+    let shapes = [
+        (1, 1, 1),
+        (1, 9, 7),
+        (2, 8, 8),
+        (3, 17, 33),
+        (4, 64, 127),
+        (5, 33, 128),
+        (7, 100, 129),
+        (8, 31, 255),
+        (9, 129, 256),
+        (15, 40, 1000),
+        (16, 257, 513),
+        (16, 8, 4097),
+    ];
+    for dev in backends().0 {
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            let (pad, offset) = [(0, 0), (0, 1), (3, 0), (8, 0), (1, 2)][i % 5];
+            let g = GemmCase {
+                in_dtype: [DType::BF16, DType::F16][i % 2],
+                out_dtype: [DType::BF16, DType::F32, DType::F16][i % 3],
+                batch: None,
+                m,
+                n,
+                k,
+                a_mem: row(pad, offset),
+                b_mem: weight(pad, offset),
+                c_mem: MatrixMemory::default(),
+                d_mem: MatrixMemory {
+                    pad: i % 2,
+                    ..Default::default()
+                },
+                alpha: [1.0, 0.5, -1.25][i % 3],
+                beta: if i % 4 == 1 { 1.0 } else { 0.0 },
+                c_mode: match i % 4 {
+                    1 => CMode::Separate,
+                    _ => CMode::None,
+                },
+                bias: i % 3 == 2,
+                epilogue: [Epilogue::None, Epilogue::Gelu, Epilogue::Silu][i % 3],
+                seed: 100 + i as u64,
+            };
+            if let Err(e) = run_gemm(&dev, &g, false) {
+                panic!("backend {}: {g:?}: {e}", dev.kind());
+            }
+        }
+    }
+}
+
+/// GPU-only problems of the decode GEMV (the bench's weights, M = 1, 4, 16 and odd M/K) and of
+/// the odd-shape path (K, N or a row stride not a multiple of 8: padded into an aligned
+/// workspace for the Hopper kernel), checked on sampled elements.
+#[test]
+fn gemv_and_odd_shapes_on_gpu() {
+    report_skipped("gemv_and_odd_shapes_on_gpu");
+    let gpus: Vec<Device> = backends()
+        .0
+        .into_iter()
+        .filter(|d| d.kind() != calico::BackendKind::Cpu)
+        .collect();
+    if gpus.is_empty() {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "[gemv_and_odd_shapes_on_gpu] no GPU backend present: GEMV and odd-shape checks not run"
+        );
+        return;
+    }
+    let row = MatrixMemory::default();
+    let weight = MatrixMemory {
+        col_major: true,
+        ..row
+    };
+    let base = GemmCase {
+        in_dtype: DType::BF16,
+        out_dtype: DType::BF16,
+        batch: None,
+        m: 1,
+        n: 4096,
+        k: 4096,
+        a_mem: row,
+        b_mem: weight,
+        c_mem: row,
+        d_mem: row,
+        alpha: 1.0,
+        beta: 0.0,
+        c_mode: CMode::None,
+        bias: false,
+        epilogue: Epilogue::None,
+        seed: 200,
+    };
+    let mut cases = Vec::new();
+    for (i, &(m, n, k)) in [
+        (1, 4096, 4096),
+        (4, 14336, 4096),
+        (16, 4096, 14336),
+        (11, 14336, 4096),
+        (16, 4095, 4097),
+    ]
+    .iter()
+    .enumerate()
+    {
+        cases.push(GemmCase {
+            m,
+            n,
+            k,
+            bias: i % 2 == 1,
+            epilogue: [Epilogue::None, Epilogue::Silu, Epilogue::Gelu][i % 3],
+            seed: 200 + i as u64,
+            ..base.clone()
+        });
+    }
+    // Odd shapes: the bench's (weight layout) and torch.matmul's (row-major B).
+    for (i, &(m, n, k, b_mem)) in [
+        (4097, 4097, 4097, weight),
+        (4096, 4096, 4095, weight),
+        (1000, 999, 1000, weight),
+        (1000, 999, 1000, row),
+        (2049, 4097, 1001, row),
+        (300, 513, 4097, weight),
+    ]
+    .iter()
+    .enumerate()
+    {
+        cases.push(GemmCase {
+            m,
+            n,
+            k,
+            b_mem,
+            out_dtype: [DType::BF16, DType::F32][i % 2],
+            beta: if i % 3 == 2 { 1.0 } else { 0.0 },
+            c_mode: if i % 3 == 2 {
+                CMode::Separate
+            } else {
+                CMode::None
+            },
+            bias: i % 2 == 0,
+            epilogue: [Epilogue::None, Epilogue::Gelu, Epilogue::Silu][i % 3],
+            seed: 300 + i as u64,
+            ..base.clone()
+        });
+    }
+    for dev in gpus {
+        for g in &cases {
+            if let Err(e) = run_gemm_sampled(&dev, g) {
+                panic!("backend {}: {g:?}: {e}", dev.kind());
             }
         }
     }

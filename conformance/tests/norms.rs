@@ -261,3 +261,37 @@ fn norms_rows_end_at_the_allocation() {
         }
     }
 }
+
+/// Odd row lengths with every row operand misaligned alike (the RMSNorm aligned-body kernel:
+/// scalar head and tail around 16-byte vectors, the weight read element by element), with and
+/// without the residual, every dtype, many rows so every head length occurs.
+#[test]
+fn rms_norm_odd_rows_aligned_body() {
+    report_skipped("rms_norm_odd_rows_aligned_body");
+    for dev in calico_conformance::backends().0 {
+        for (i, &(rows, cols)) in [(24, 4097), (17, 1001), (9, 9), (5, 15), (3, 1)]
+            .iter()
+            .enumerate()
+        {
+            for (k, dtype) in [DType::BF16, DType::F16, DType::F32]
+                .into_iter()
+                .enumerate()
+            {
+                for norm in [RMS, ADD_RMS] {
+                    let at = [Placement::default(), Placement { pad: 3, offset: 1 }][(i + k) % 2];
+                    let c = RowCase {
+                        dtype,
+                        shape: vec![rows, cols],
+                        x_at: at,
+                        out_at: at,
+                        dist: Dist::Normal { scale: 1.0 },
+                        seed: (200 + i * 10 + k) as u64,
+                    };
+                    if let Err(e) = norm_case(&dev, &c, norm, 1e-5) {
+                        panic!("backend {}: {norm:?} {dtype} {rows}x{cols}: {e}", dev.kind());
+                    }
+                }
+            }
+        }
+    }
+}

@@ -112,3 +112,34 @@ fn softmax_rows_end_at_the_allocation() {
         }
     }
 }
+
+/// Odd row lengths with x and y misaligned alike (the aligned-body kernel: scalar head and
+/// tail around 16-byte vectors), every dtype, many rows so every head length occurs.
+#[test]
+fn softmax_odd_rows_aligned_body() {
+    report_skipped("softmax_odd_rows_aligned_body");
+    for dev in calico_conformance::backends().0 {
+        for (i, &(rows, cols)) in [(24, 4097), (17, 1001), (9, 9), (5, 15), (3, 1)]
+            .iter()
+            .enumerate()
+        {
+            for (k, dtype) in [DType::BF16, DType::F16, DType::F32]
+                .into_iter()
+                .enumerate()
+            {
+                let at = [Placement::default(), Placement { pad: 3, offset: 1 }][(i + k) % 2];
+                let c = RowCase {
+                    dtype,
+                    shape: vec![rows, cols],
+                    x_at: at,
+                    out_at: at,
+                    dist: Dist::Uniform { scale: 1.0 },
+                    seed: (100 + i * 10 + k) as u64,
+                };
+                if let Err(e) = softmax_case(&dev, &c, 30.0) {
+                    panic!("backend {}: softmax {dtype} {rows}x{cols}: {e}", dev.kind());
+                }
+            }
+        }
+    }
+}

@@ -69,6 +69,7 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                         dtype,
                         vec,
                         plan,
+                        align_body: false,
                         layer,
                         residual,
                         weight: true,
@@ -85,6 +86,27 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                     });
                 }
             }
+            // Odd row lengths (RMSNorm): aligned body, scalar head and tail.
+            if !layer {
+                let wide = 16 / dtype.size_bytes();
+                for residual in [false, true] {
+                    let v = NormVariant {
+                        dtype,
+                        vec: wide,
+                        plan: rows::plan(4097, wide, &arch),
+                        align_body: true,
+                        layer,
+                        residual,
+                        weight: true,
+                        bias: false,
+                    };
+                    out.push(CatalogEntry {
+                        op: name,
+                        label: format!("{dtype} vec{wide} aligned body (odd rows) residual={residual}"),
+                        source: v.source(vendor)?,
+                    });
+                }
+            }
         }
     }
     if wanted("softmax") {
@@ -97,9 +119,17 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                 out.push(CatalogEntry {
                     op: "softmax",
                     label,
-                    source: crate::ops::softmax::source(vendor, dtype, vec, plan)?,
+                    source: crate::ops::softmax::source(vendor, dtype, vec, plan, false)?,
                 });
             }
+            // Odd row lengths: aligned body, scalar head and tail.
+            let wide = 16 / dtype.size_bytes();
+            let plan = rows::plan(4097, wide, &arch);
+            out.push(CatalogEntry {
+                op: "softmax",
+                label: format!("{dtype} vec{wide} aligned body (odd rows)"),
+                source: crate::ops::softmax::source(vendor, dtype, wide, plan, true)?,
+            });
         }
     }
     if wanted("rope") {

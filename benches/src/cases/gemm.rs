@@ -64,6 +64,23 @@ pub fn run_case(
         let s = &mut sets[i % n];
         ops::matmul(dev, &s.a, &s.b, &mut s.d)
     }));
+    if let Some((am, an, ak)) = spec.aligned() {
+        let aligned = GemmSpec {
+            group: "square",
+            m: am,
+            n: an,
+            k: ak,
+        };
+        let copies = rotation_copies(2 * (am * ak + an * ak + am * an) as u64, dev.arch().l2_bytes);
+        case.aligned = Some(match make_sets(dev, &aligned, copies, rng) {
+            Err(e) => Timed::from_error(&e),
+            Ok(mut sets) => timed(time_runs(dev, plan, pad, &mut |i| {
+                let n = sets.len();
+                let s = &mut sets[i % n];
+                ops::matmul(dev, &s.a, &s.b, &mut s.d)
+            })),
+        });
+    }
     case.cublaslt = match baseline {
         Baseline::Absent => None,
         Baseline::Unavailable(why) => Some(Timed::not_available(why.clone())),
@@ -99,8 +116,20 @@ pub fn skipped_case(spec: &GemmSpec, why: Timed) -> GemmCase {
         torch_ms: None,
         torch_tflops: None,
         ratio_torch: None,
+        target_pct_of_copy: (spec.group == "gemv").then_some(GEMV_TARGET_PCT_OF_COPY),
+        aligned_shape: spec.aligned(),
+        target_vs_aligned: spec.aligned().map(|_| ODD_TARGET_VS_ALIGNED),
+        target_vs_torch: (spec.group == "odd" && m == n && n == k).then_some(ODD_TARGET_VS_TORCH),
+        ..GemmCase::extras_none()
     }
 }
+
+/// Decode GEMV: weight bytes per second as a share of the copy bandwidth (TARGETS.md).
+pub const GEMV_TARGET_PCT_OF_COPY: f64 = 80.0;
+/// Odd shapes (issue 8): at 4097^3 and 8191^3 >= 1.5x torch.matmul; every odd shape >= 0.85x
+/// Calico's own speed at the nearest aligned shape.
+pub const ODD_TARGET_VS_TORCH: f64 = 1.5;
+pub const ODD_TARGET_VS_ALIGNED: f64 = 0.85;
 
 fn timed(r: Result<crate::stats::Stats>) -> Timed {
     match r {

@@ -17,6 +17,9 @@ struct Set {
 }
 
 /// Times one case (unless `skip`); errors become a "not available" or "failed" entry.
+/// Odd row lengths: at least torch's speed (issue 8).
+pub const ODD_TARGET_VS_TORCH: f64 = 1.0;
+
 pub fn run_case(
     dev: &Device,
     spec: &MemSpec,
@@ -47,6 +50,7 @@ pub fn run_case(
         gbps: None,
         pct_of_copy: None,
         target_pct: 100.0 * spec.op.target_fraction_of_copy(),
+        target_vs_torch: spec.odd.then_some(ODD_TARGET_VS_TORCH),
         torch_ms: None,
         torch_gbps: None,
         speedup_vs_torch: None,

@@ -39,12 +39,15 @@ pub struct MemSpec {
     pub op: MemOp,
     /// `[rows, cols]`, or `[B, S, H, D]` for rope.
     pub shape: Vec<usize>,
+    /// Rows whose length is not a multiple of 8 elements ("softmax odd ...", target vs torch).
+    pub odd: bool,
 }
 
 impl MemSpec {
     pub fn name(&self) -> String {
         let dims: Vec<String> = self.shape.iter().map(usize::to_string).collect();
-        format!("{} bf16 {}", self.op.name(), dims.join("x"))
+        let odd = if self.odd { " odd" } else { "" };
+        format!("{}{odd} bf16 {}", self.op.name(), dims.join("x"))
     }
 }
 
@@ -59,8 +62,58 @@ pub struct GemmSpec {
 
 impl GemmSpec {
     pub fn name(&self) -> String {
-        format!("gemm {} {}x{}x{}", self.group, self.m, self.n, self.k)
+        if self.group == "gemv" {
+            format!("gemv {}x{}x{}", self.m, self.n, self.k)
+        } else {
+            format!("gemm {} {}x{}x{}", self.group, self.m, self.n, self.k)
+        }
     }
+
+    /// For an odd shape (group "odd"), the nearest shape with every dimension a multiple of
+    /// 8, whose Calico speed the case is compared with.
+    pub fn aligned(&self) -> Option<(usize, usize, usize)> {
+        let near = |x: usize| ((x + 4) / 8 * 8).max(8);
+        (self.group == "odd").then(|| (near(self.m), near(self.n), near(self.k)))
+    }
+}
+
+/// Decode GEMV: M = 1, 4, 16 against the Llama-style weights (TARGETS.md: >= 80% of copy).
+fn gemv_specs(ms: &[usize]) -> Vec<GemmSpec> {
+    let mut out = Vec::new();
+    for &(n, k) in &[(4096, 4096), (14336, 4096), (4096, 14336)] {
+        for &m in ms {
+            out.push(GemmSpec {
+                group: "gemv",
+                m,
+                n,
+                k,
+            });
+        }
+    }
+    out
+}
+
+/// GEMMs with K, N or a row stride not a multiple of 8 elements.
+fn odd_specs(full: bool) -> Vec<GemmSpec> {
+    let shapes: &[(usize, usize, usize)] = if full {
+        &[
+            (4097, 4097, 4097),
+            (8191, 8191, 8191),
+            (4096, 4096, 4095),
+            (1000, 999, 1000),
+        ]
+    } else {
+        &[(4097, 4097, 4097)]
+    };
+    shapes
+        .iter()
+        .map(|&(m, n, k)| GemmSpec {
+            group: "odd",
+            m,
+            n,
+            k,
+        })
+        .collect()
 }
 
 const NORMS: [MemOp; 4] = [
@@ -91,6 +144,7 @@ pub fn memory_specs(gpu: bool, profile: Profile) -> Vec<MemSpec> {
             out.push(MemSpec {
                 op,
                 shape: vec![rows, cols],
+                odd: false,
             });
         }
     }
@@ -98,12 +152,24 @@ pub fn memory_specs(gpu: bool, profile: Profile) -> Vec<MemSpec> {
         out.push(MemSpec {
             op: MemOp::Softmax,
             shape: vec![rows, cols],
+            odd: false,
         });
     }
     out.push(MemSpec {
         op: MemOp::Rope,
         shape: rope.to_vec(),
+        odd: false,
     });
+    // Odd row lengths (no 16-byte aligned rows), against torch.
+    if gpu && profile != Profile::Tiny {
+        for op in [MemOp::Softmax, MemOp::RmsNorm] {
+            out.push(MemSpec {
+                op,
+                shape: vec![4097, 4097],
+                odd: true,
+            });
+        }
+    }
     out
 }
 
@@ -128,7 +194,7 @@ pub fn gemm_specs(gpu: bool, profile: Profile) -> Vec<GemmSpec> {
         k: 4096,
     };
     match (gpu, profile) {
-        (true, Profile::Full) => vec![
+        (true, Profile::Full) => [
             sq(2048),
             sq(4096),
             sq(8192),
@@ -145,8 +211,16 @@ pub fn gemm_specs(gpu: bool, profile: Profile) -> Vec<GemmSpec> {
                 n: 1024,
                 ..skinny(64)
             },
-        ],
-        (true, Profile::Quick) => vec![sq(4096), llm(14336, 4096), skinny(64)],
+        ]
+        .into_iter()
+        .chain(gemv_specs(&[1, 4, 16]))
+        .chain(odd_specs(true))
+        .collect(),
+        (true, Profile::Quick) => [sq(4096), llm(14336, 4096), skinny(64)]
+            .into_iter()
+            .chain(gemv_specs(&[16]))
+            .chain(odd_specs(false))
+            .collect(),
         (false, Profile::Full) => vec![sq(256), sq(512)],
         (false, Profile::Quick) => vec![sq(256)],
         (_, Profile::Tiny) => vec![sq(64)],
@@ -180,13 +254,23 @@ mod tests {
     #[test]
     fn full_gpu_suite_has_every_targets_shape() {
         let mem = memory_specs(true, Profile::Full);
-        assert_eq!(mem.len(), 4 * 4 + 2 + 1);
+        assert_eq!(mem.len(), 4 * 4 + 2 + 1 + 2);
+        assert!(mem.iter().any(|m| m.name() == "softmax odd bf16 4097x4097"));
+        assert!(mem.iter().any(|m| m.name() == "rms_norm odd bf16 4097x4097"));
         assert!(mem
             .iter()
             .any(|m| m.name() == "add_layer_norm bf16 65536x8192"));
         assert!(mem.iter().any(|m| m.name() == "rope bf16 16x1024x32x128"));
         let g = gemm_specs(true, Profile::Full);
-        assert_eq!(g.len(), 11);
+        assert_eq!(g.len(), 11 + 9 + 4);
+        assert!(g.iter().any(|g| g.name() == "gemv 1x14336x4096"));
+        let odd = g
+            .iter()
+            .find(|g| g.name() == "gemm odd 1000x999x1000")
+            .expect("odd case");
+        assert_eq!(odd.aligned(), Some((1000, 1000, 1000)));
+        let odd = g.iter().find(|g| g.name() == "gemm odd 8191x8191x8191");
+        assert_eq!(odd.and_then(GemmSpec::aligned), Some((8192, 8192, 8192)));
         assert!(g.iter().any(|g| g.name() == "gemm llm 8192x28672x4096"));
         assert!(g.iter().any(|g| g.name() == "gemm skinny 16x4096x4096"));
         assert!(g.iter().any(|g| g.name() == "gemm skinny 64x1024x4096"));

@@ -6,13 +6,24 @@
 // (L2 usually), one pass per statistic.
 //
 // Defines: THREADS (block size), ELEM (the element type, aliased T below) (bf16|f16|float), VEC (elements per access), NV (vectors per thread), STREAMING,
-// LAYER (0 = RMSNorm, 1 = LayerNorm), HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS.
+// LAYER (0 = RMSNorm, 1 = LayerNorm), HAS_RESIDUAL, HAS_WEIGHT, HAS_BIAS, ALIGN_BODY.
+//
+// ALIGN_BODY=1 (RMSNorm, register path) takes rows that do not start 16-byte aligned (odd
+// lengths or strides; x, residual, y and sum misaligned alike): per row a scalar head up to the
+// first aligned element, an aligned body of VEC-wide vectors (the weight, aligned differently,
+// is read element by element from L1), and a scalar tail; each thread holds its body vectors
+// plus at most one head or tail element.
 #include "calico/calico.h"
 
 using namespace calico;
 
 // ELEM, not T, comes in as a macro so that it cannot clash with template parameters.
 typedef ELEM T;
+
+#ifndef ALIGN_BODY
+#define ALIGN_BODY 0
+#endif
+static_assert(!(ALIGN_BODY && LAYER), "ALIGN_BODY is for RMSNorm");
 
 struct NormArgs {
     const T* x; long long x_stride;
@@ -44,7 +55,12 @@ CALICO_DEVICE void write_output(const float (&v)[VEC], const NormArgs& a, long l
     for (int j = 0; j < VEC; ++j) out[j] = (v[j] - mean) * rstd;
 #if HAS_WEIGHT
     float w[VEC];
+#if ALIGN_BODY
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) w[j] = to_float(a.weight[c + j]);
+#else
     load_vec<VEC>(w, a.weight + c);
+#endif
 #pragma unroll
     for (int j = 0; j < VEC; ++j) out[j] *= w[j];
 #endif
@@ -57,6 +73,33 @@ CALICO_DEVICE void write_output(const float (&v)[VEC], const NormArgs& a, long l
     store_vec<VEC>(a.y + row * a.y_stride + c, out);
 }
 
+#if ALIGN_BODY
+// Elements before the first 16-byte aligned one of a row (at most `cols`).
+CALICO_DEVICE long long head_of(const T* p, long long cols) {
+    const long long mis = (long long)(reinterpret_cast<unsigned long long>(p) % 16) / (long long)sizeof(T);
+    const long long h = mis == 0 ? 0 : 16 / (long long)sizeof(T) - mis;
+    return h < cols ? h : cols;
+}
+
+// read_input and write_output for the one element at column c (RMSNorm).
+CALICO_DEVICE float read_one(const NormArgs& a, long long row, long long c) {
+    float v = to_float(a.x[row * a.x_stride + c]);
+#if HAS_RESIDUAL
+    v = to_float(from_float<T>(v + to_float(a.residual[row * a.residual_stride + c])));
+    a.sum[row * a.sum_stride + c] = from_float<T>(v);
+#endif
+    return v;
+}
+
+CALICO_DEVICE void write_one(float v, const NormArgs& a, long long row, long long c, float rstd) {
+    float out = v * rstd;
+#if HAS_WEIGHT
+    out *= to_float(a.weight[c]);
+#endif
+    a.y[row * a.y_stride + c] = from_float<T>(out);
+}
+#endif
+
 CALICO_KERNEL CALICO_MAX_THREADS(THREADS) void calico_norm(const T* x, long long x_stride, const T* residual, long long residual_stride,
                                const T* weight, const T* bias, T* y, long long y_stride, T* sum, long long sum_stride,
                                long long rows, long long cols, float eps) {
@@ -65,7 +108,33 @@ CALICO_KERNEL CALICO_MAX_THREADS(THREADS) void calico_norm(const T* x, long long
     const long long step = (long long)VEC * block_dim_x();
     const float inv_cols = 1.0f / (float)cols;
     for (long long row = block_x(); row < rows; row += grid_dim_x()) {
-#if !STREAMING
+#if ALIGN_BODY && !STREAMING
+        const long long head = head_of(a.x + row * a.x_stride, cols);
+        const long long body_end = head + (cols - head) / VEC * VEC;
+        const long long t = thread_x();
+        // This thread's head or tail element, if any.
+        const long long ec = t < head ? t : (t - head < cols - body_end ? body_end + (t - head) : -1);
+        float v[NV][VEC];
+        float e = 0.0f;
+        if (ec >= 0) e = read_one(a, row, ec);
+        float sq = e * e;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = head + (long long)VEC * t + i * step;
+            if (c < body_end) {
+                read_input(v[i], a, row, c, true);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) sq += v[i][j] * v[i][j];
+            }
+        }
+        const float rstd = rsqrtf(block_sum(sq, scratch) * inv_cols + eps);
+        if (ec >= 0) write_one(e, a, row, ec, rstd);
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+            const long long c = head + (long long)VEC * t + i * step;
+            if (c < body_end) write_output(v[i], a, row, c, 0.0f, rstd);
+        }
+#elif !STREAMING
         float v[NV][VEC];
         float sq = 0.0f;  // RMSNorm: sum of squares
         int n = 0;        // LayerNorm: this thread's count, mean and M2, exact over its registers

@@ -176,7 +176,7 @@ impl Tune {
 }
 
 /// True when A is K-major (row-major M x K) in a TMA-compatible way.
-fn a_fits(p: &GemmProblem) -> bool {
+pub(super) fn a_fits(p: &GemmProblem) -> bool {
     let a = &p.a;
     (a.col_stride == 1 || p.k <= 1)
         && row_stride_ok(a.row_stride, p.m)
@@ -185,7 +185,7 @@ fn a_fits(p: &GemmProblem) -> bool {
 
 /// Where B's contiguous dimension is: `Some(true)` for K (an N x K row-major weight),
 /// `Some(false)` for N (K x N row-major), `None` when neither suits TMA.
-fn b_k_major(p: &GemmProblem) -> Option<bool> {
+pub(super) fn b_k_major(p: &GemmProblem) -> Option<bool> {
     let b = &p.b;
     if !batch_stride_ok(b, p.batch) {
         return None;

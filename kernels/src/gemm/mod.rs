@@ -1,11 +1,15 @@
 //! Matrix multiplication: `D = alpha * A @ B + beta * C (+ bias)`, then an optional epilogue.
 //!
 //! `ops::gemm` validates and describes the problem as a [`GemmProblem`]; the variant for the
-//! device is chosen here: skinny (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA +
-//! wgmma), sm_80 (mma.sync + cp.async), or the portable tile kernel (HIP and odd strides); the
-//! CPU backend has its own implementation.
+//! device is chosen here: GEMV (M <= 16 against a K-major weight, any alignment), skinny
+//! (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA + wgmma), padded Hopper
+//! (operands with strides TMA cannot read, copied aligned first), sm_80 (mma.sync +
+//! cp.async), or the portable tile kernel (HIP and odd strides); the CPU backend has its own
+//! implementation.
 
+mod gemv;
 mod hopper;
+mod padded;
 mod portable;
 mod skinny;
 mod sm80;
@@ -112,10 +116,14 @@ pub fn gemm(
 /// The GPU GEMM kernels (`kernels/device/gemm/`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GemmKernel {
+    /// Decode GEMV, M <= 16 against a K-major weight (gemv.cu).
+    Gemv,
     /// Split-K over a thread-block cluster, M <= 64 (skinny.cu).
     Skinny,
     /// TMA + wgmma, sm_90a (hopper.cu).
     Hopper,
+    /// The Hopper kernel on operands first copied to 16-byte aligned rows (pad.cu).
+    Padded,
     /// cp.async + mma.sync, sm_80 and later (sm80.cu).
     Sm80,
     /// Any vendor, any strides (portable.cu).
@@ -124,12 +132,17 @@ pub enum GemmKernel {
 
 /// The fastest kernel that supports `p` on `arch`.
 fn route(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
+    if gemv::supports(arch, p) {
+        return Ok(GemmKernel::Gemv);
+    }
     // The Hopper kernel's tile count, if it runs `p`: the skinny router weighs it too.
     let hopper_tiles = hopper::tiles(arch, p);
     if skinny::supports(arch, p) && skinny::prefers(arch, p, hopper_tiles) {
         Ok(GemmKernel::Skinny)
     } else if hopper_tiles.is_some() {
         Ok(GemmKernel::Hopper)
+    } else if padded::supports(arch, p) {
+        Ok(GemmKernel::Padded)
     } else if sm80::supports(arch, p) {
         Ok(GemmKernel::Sm80)
     } else if portable::supports(arch, p) {
@@ -148,7 +161,9 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
         .as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     match route(gpu.arch(), p)? {
+        GemmKernel::Gemv => gemv::launch(gpu, p),
         GemmKernel::Skinny => skinny::launch(gpu, p),
+        GemmKernel::Padded => padded::launch(gpu, p),
         GemmKernel::Hopper => hopper::launch(gpu, p),
         GemmKernel::Sm80 => sm80::launch(gpu, p),
         GemmKernel::Portable => portable::launch(gpu, p),
@@ -304,9 +319,11 @@ pub(crate) fn catalog(
     arch: &calico_core::Arch,
     vendor: calico_core::HeaderSet,
 ) -> Result<Vec<crate::catalog::CatalogEntry>> {
-    let mut out = skinny::catalog(arch, vendor)?;
+    let mut out = gemv::catalog(arch, vendor)?;
+    out.extend(skinny::catalog(arch, vendor)?);
     if arch.has_mma(calico_core::MmaKind::Wgmma, DType::BF16) && arch.target.ends_with('a') {
         out.extend(hopper::catalog(vendor)?);
+        out.extend(padded::catalog(vendor)?);
     }
     if arch.has_mma(calico_core::MmaKind::MmaSync, DType::BF16) {
         out.extend(sm80::catalog(vendor)?);

@@ -41,6 +41,16 @@ pub(crate) fn plan(cols: usize, vec: usize, arch: &Arch) -> RowPlan {
     }
 }
 
+/// True when every row of two row-major operands (base address, row stride in elements of
+/// `elem` bytes) starts at the same offset from a 16-byte boundary, and that offset is a whole
+/// element: their rows' aligned bodies then line up (the ALIGN_BODY row kernels).
+pub(crate) fn same_misalignment(elem: usize, x: (u64, usize), y: (u64, usize), rows: usize) -> bool {
+    let elem_ok = elem > 0 && x.0 % elem as u64 == 0 && y.0 % elem as u64 == 0;
+    let bases = x.0 % 16 == y.0 % 16;
+    let strides = rows <= 1 || (x.1 * elem) % 16 == (y.1 * elem) % 16;
+    elem_ok && bases && strides
+}
+
 /// A grid of one block per row, capped (the kernels loop over rows).
 pub(crate) fn config(rows: usize, plan: RowPlan) -> LaunchConfig {
     let blocks = rows.clamp(1, 1 << 20) as u32;
@@ -72,6 +82,15 @@ mod tests {
             (p.threads, p.vectors_per_thread, p.streaming),
             (128, 4, false)
         );
+    }
+
+    #[test]
+    fn misalignment_must_match_row_by_row() {
+        assert!(same_misalignment(2, (0x1002, 4097), (0x2002, 4097), 4097));
+        assert!(!same_misalignment(2, (0x1002, 4097), (0x2000, 4097), 4097));
+        assert!(!same_misalignment(2, (0x1000, 4097), (0x2000, 4098), 2));
+        assert!(same_misalignment(2, (0x1000, 4097), (0x2000, 4098), 1));
+        assert!(!same_misalignment(2, (0x1001, 8), (0x2001, 8), 1));
     }
 
     #[test]

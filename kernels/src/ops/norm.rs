@@ -213,11 +213,34 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         stride(c.sum)?,
     ];
     let vec = gpu::vector_width(esz, &addresses, &strides, xr.cols);
-    let plan = rows::plan(xr.cols, vec, dev.arch());
+    // RMSNorm rows that are not 16-byte aligned (odd lengths or strides) but misaligned alike
+    // in every row operand: vector loads over each row's aligned body, scalar head and tail.
+    let wide = 16 / esz;
+    let wide_plan = rows::plan(xr.cols, wide, dev.arch());
+    let x_at = (ptr(Some(c.x)), xr.row_stride);
+    let alike = |t: Option<&Tensor>| -> Result<bool> {
+        Ok(match t {
+            Some(t) => rows::same_misalignment(esz, x_at, (ptr(Some(t)), stride(Some(t))?), xr.rows),
+            None => true,
+        })
+    };
+    let align_body = vec < wide
+        && !c.layer
+        && !wide_plan.streaming
+        && alike(Some(c.y))?
+        && alike(c.residual)?
+        && alike(c.sum)?
+        && c.weight.is_none_or(|w| w.device_ptr().unwrap_or(1) % esz as u64 == 0);
+    let (vec, plan) = if align_body {
+        (wide, wide_plan)
+    } else {
+        (vec, rows::plan(xr.cols, vec, dev.arch()))
+    };
     let variant = NormVariant {
         dtype: c.x.dtype(),
         vec,
         plan,
+        align_body,
         layer: c.layer,
         residual: c.residual.is_some(),
         weight: c.weight.is_some(),
@@ -241,6 +264,8 @@ pub(crate) struct NormVariant {
     pub dtype: DType,
     pub vec: usize,
     pub plan: rows::RowPlan,
+    /// Aligned-body rows (RMSNorm only; see norm.cu).
+    pub align_body: bool,
     pub layer: bool,
     pub residual: bool,
     pub weight: bool,
@@ -260,6 +285,7 @@ impl KernelVariant for NormVariant {
             ("HAS_RESIDUAL", flag(self.residual)),
             ("HAS_WEIGHT", flag(self.weight)),
             ("HAS_BIAS", flag(self.bias)),
+            ("ALIGN_BODY", flag(self.align_body)),
         ];
         gpu::assemble(
             vendor,

@@ -35,8 +35,29 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         &[xr.row_stride, yr.row_stride],
         xr.cols,
     );
-    let plan = rows::plan(xr.cols, vec, dev.arch());
-    let variant = SoftmaxVariant { dtype, vec, plan };
+    // Rows that are not 16-byte aligned (odd lengths or strides) but misaligned alike in x and
+    // y: vector loads over each row's aligned body, scalar head and tail.
+    let wide = 16 / dtype.size_bytes();
+    let wide_plan = rows::plan(xr.cols, wide, dev.arch());
+    let align_body = vec < wide
+        && !wide_plan.streaming
+        && rows::same_misalignment(
+            dtype.size_bytes(),
+            (xp, xr.row_stride),
+            (yp, yr.row_stride),
+            xr.rows,
+        );
+    let (vec, plan) = if align_body {
+        (wide, wide_plan)
+    } else {
+        (vec, rows::plan(xr.cols, vec, dev.arch()))
+    };
+    let variant = SoftmaxVariant {
+        dtype,
+        vec,
+        plan,
+        align_body,
+    };
     let args = [
         KernelArg::Ptr(xp),
         KernelArg::I64(xr.row_stride as i64),
@@ -54,11 +75,13 @@ struct SoftmaxVariant {
     dtype: DType,
     vec: usize,
     plan: rows::RowPlan,
+    /// Aligned body, scalar head and tail per row (see softmax.cu).
+    align_body: bool,
 }
 
 impl KernelVariant for SoftmaxVariant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        source(vendor, self.dtype, self.vec, self.plan)
+        source(vendor, self.dtype, self.vec, self.plan, self.align_body)
     }
 }
 
@@ -68,8 +91,10 @@ pub(crate) fn source(
     dtype: DType,
     vec: usize,
     plan: rows::RowPlan,
+    align_body: bool,
 ) -> Result<KernelSource> {
     let defines = [
+        ("ALIGN_BODY", u8::from(align_body).to_string()),
         ("ELEM", dtype.device_type().to_string()),
         ("VEC", vec.to_string()),
         ("NV", plan.vectors_per_thread.max(1).to_string()),

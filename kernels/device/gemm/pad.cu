@@ -1,0 +1,60 @@
+// Copies up to two strided 16-bit matrices into row-major buffers whose rows start 16-byte
+// aligned, so that the Hopper GEMM's TMA loads can read operands with odd shapes or strides
+// (K, N or a row stride not a multiple of 8 elements). One launch pads both GEMM operands.
+//
+// Matrix z = block_y(): `batch` x `rows` x `cols` elements at src (strides src_rs, src_cs,
+// src_bs) go to dst (row stride dst_rs, a multiple of 8; batch stride dst_bs). Each thread
+// writes 8 destination elements of one row with a 16-byte store; the source is read element
+// by element (coalesced across the warp when src_cs = 1). Columns cols .. round_up(cols, 8)
+// are written as zeros. Grid-stride over (batch, row, 8-column chunk).
+#include "calico/calico.h"
+
+typedef long long i64;
+
+struct PadMatrix {
+    const unsigned short* src;
+    unsigned short* dst;
+    i64 batch, rows, cols, src_rs, src_cs, src_bs, dst_rs, dst_bs;
+};
+
+CALICO_DEVICE void pad_one(const PadMatrix& p) {
+    const i64 chunks_per_row = (p.cols + 7) / 8;
+    const i64 total = p.batch * p.rows * chunks_per_row;
+    const i64 stride = i64(grid_dim_x()) * block_dim_x();
+    for (i64 i = i64(block_x()) * block_dim_x() + thread_x(); i < total; i += stride) {
+        const i64 chunk = i % chunks_per_row;
+        const i64 rest = i / chunks_per_row;
+        const i64 row = rest % p.rows;
+        const i64 b = rest / p.rows;
+        const i64 c0 = chunk * 8;
+        const unsigned short* s = p.src + b * p.src_bs + row * p.src_rs + c0 * p.src_cs;
+        unsigned h[8];
+        if (c0 + 8 <= p.cols) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) h[j] = s[j * p.src_cs];
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) h[j] = c0 + j < p.cols ? unsigned(s[j * p.src_cs]) : 0u;
+        }
+        uint4 v;
+        v.x = h[0] | (h[1] << 16);
+        v.y = h[2] | (h[3] << 16);
+        v.z = h[4] | (h[5] << 16);
+        v.w = h[6] | (h[7] << 16);
+        *reinterpret_cast<uint4*>(p.dst + b * p.dst_bs + row * p.dst_rs + c0) = v;
+    }
+}
+
+#define CALICO_PAD_PARAMS(i)                                                                            \
+    const unsigned short *src##i, unsigned short *dst##i, i64 batch##i, i64 rows##i, i64 cols##i, i64 src_rs##i, \
+        i64 src_cs##i, i64 src_bs##i, i64 dst_rs##i, i64 dst_bs##i
+#define CALICO_PAD_MATRIX(i) PadMatrix{src##i, dst##i, batch##i, rows##i, cols##i, src_rs##i, src_cs##i, src_bs##i, dst_rs##i, dst_bs##i}
+
+// Two matrices (grid y = 2) or only the first (grid y = 1).
+CALICO_KERNEL void calico_gemm_pad(CALICO_PAD_PARAMS(0), CALICO_PAD_PARAMS(1)) {
+    if (block_y() == 0) {
+        pad_one(CALICO_PAD_MATRIX(0));
+    } else {
+        pad_one(CALICO_PAD_MATRIX(1));
+    }
+}

@@ -1,0 +1,377 @@
+//! The decode GEMV (`kernels/device/gemm/gemv.cu`): M <= 16 against a K-major weight (torch
+//! Linear's layout) on NVIDIA with mma.sync (sm_80 and later). The weight is streamed once
+//! with 16-byte loads straight into mma fragments; K is split over the warps of a CTA and
+//! summed in shared memory in a fixed order (deterministic, one launch, no workspace).
+//! `CALICO_GEMV=off` disables the path; `CALICO_GEMV_TUNE=nb=2,warps=8,unroll=4` forces its
+//! shape (A/B runs).
+
+use super::portable::GEMM_HEADERS;
+use super::{Epilogue, GemmProblem};
+use crate::catalog::CatalogEntry;
+use calico_core::{
+    Arch, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, MmaKind, Result, Vendor,
+};
+
+const SOURCE: &str = include_str!("../../device/gemm/gemv.cu");
+const ENTRY: &str = "calico_gemv";
+/// The inline-PTX helpers shared with the sm_80 kernel (mma.sync).
+const HELPERS: HeaderSet = &[(
+    "gemm/sm80_helpers.cuh",
+    include_str!("../../device/gemm/sm80_helpers.cuh"),
+)];
+/// The largest M the kernel takes (one m16 tile of A rows).
+pub(crate) const MAX_M: usize = 16;
+/// Warps per SM the K split aims for (loads in flight: ~64 KiB per SM at NB * UNROLL = 16).
+const WARPS_PER_SM: usize = 16;
+const DEFAULT_UNROLL: usize = 4;
+const MAX_GRID_X: usize = i32::MAX as usize;
+
+/// One compiled form of the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Variant {
+    pub in_dtype: DType,
+    pub out_dtype: DType,
+    /// Groups of 8 weight rows per CTA: 1, 2 or 4.
+    pub nb: usize,
+    /// Warps per CTA splitting K: 1..16.
+    pub warps: usize,
+    /// 32-wide K chunks per warp step: 1, 2, 4 or 8.
+    pub unroll: usize,
+    /// A and W rows 16-byte aligned: vector loads.
+    pub vec: bool,
+    /// M > 8: A rows 8..15 are read.
+    pub m16: bool,
+    pub epilogue: Epilogue,
+    pub has_c: bool,
+    pub has_bias: bool,
+}
+
+impl Variant {
+    fn defines(self) -> Vec<(&'static str, String)> {
+        vec![
+            ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
+            ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
+            ("CALICO_GEMV_NB", self.nb.to_string()),
+            ("CALICO_GEMV_WARPS", self.warps.to_string()),
+            ("CALICO_GEMV_UNROLL", self.unroll.to_string()),
+            ("CALICO_GEMV_VEC", u8::from(self.vec).to_string()),
+            ("CALICO_GEMV_M16", u8::from(self.m16).to_string()),
+            ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
+            ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
+            ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
+        ]
+    }
+
+    fn label(self) -> String {
+        format!(
+            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} {:?} c={} bias={}",
+            self.in_dtype,
+            self.out_dtype,
+            self.nb,
+            self.warps,
+            self.unroll,
+            self.vec,
+            self.m16,
+            self.epilogue,
+            self.has_c,
+            self.has_bias
+        )
+    }
+}
+
+impl KernelVariant for Variant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS, HELPERS];
+        KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
+    }
+}
+
+/// Shape overrides from `CALICO_GEMV_TUNE` (entries that do not parse are ignored).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Tune {
+    nb: Option<usize>,
+    warps: Option<usize>,
+    unroll: Option<usize>,
+}
+
+impl Tune {
+    fn parse(text: &str) -> Tune {
+        let mut t = Tune::default();
+        for item in text.split([',', ' ', ';']) {
+            let Some((key, value)) = item.split_once('=') else {
+                continue;
+            };
+            let num = value.trim().parse::<usize>().ok();
+            match key.trim() {
+                "nb" => t.nb = num.filter(|v| [1, 2, 4].contains(v)),
+                "warps" => t.warps = num.filter(|v| (1..=16).contains(v)),
+                "unroll" => t.unroll = num.filter(|v| [1, 2, 4, 8].contains(v)),
+                _ => {}
+            }
+        }
+        t
+    }
+
+    fn get() -> Tune {
+        static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+        *TUNE.get_or_init(|| {
+            std::env::var("CALICO_GEMV_TUNE")
+                .map(|s| Tune::parse(&s))
+                .unwrap_or_default()
+        })
+    }
+}
+
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let v = std::env::var("CALICO_GEMV").unwrap_or_default();
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "0" | "false" | "no"
+        )
+    })
+}
+
+/// True when the GEMV runs `p` on `arch` and is routed there: NVIDIA with bf16/f16 mma.sync,
+/// one matrix, 1 <= M <= 16, 16-bit inputs, A with K contiguous and B a K-major weight (K
+/// contiguous); any strides and alignments otherwise (unaligned rows take scalar loads).
+pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
+    let arch_ok = arch.vendor == Vendor::Nvidia && arch.has_mma(MmaKind::MmaSync, p.in_dtype);
+    let dtypes = matches!(p.in_dtype, DType::BF16 | DType::F16)
+        && matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32);
+    let shape = p.batch == 1
+        && (1..=MAX_M).contains(&p.m)
+        && p.n >= 1
+        && p.n.div_ceil(8) <= MAX_GRID_X
+        && i64::try_from(p.k).is_ok()
+        && i64::try_from(p.n).is_ok();
+    let a_ok = p.a.col_stride == 1 || p.k <= 1;
+    let b_ok = p.b.row_stride == 1 || p.k <= 1;
+    enabled() && arch_ok && dtypes && shape && a_ok && b_ok
+}
+
+/// Rows 16-byte aligned (or never stepped over): the vector-load variant applies.
+fn vector_loads_ok(p: &GemmProblem) -> bool {
+    let rows_ok = |stride: usize, extent: usize| extent <= 1 || stride % 8 == 0;
+    p.a.ptr % 16 == 0
+        && p.b.ptr % 16 == 0
+        && rows_ok(p.a.row_stride, p.m)
+        && rows_ok(p.b.col_stride, p.n)
+}
+
+/// The variant for `p` (call only when [`supports`] is true): more weight rows per CTA as M
+/// grows (A's bytes per weight byte are M / (8 NB)), and the fewest warps (a power of two up to
+/// 16) that give every SM ~16 warps while each keeps at least one K step.
+fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
+    let nb = tune.nb.unwrap_or(match p.m {
+        0..=4 => 1,
+        5..=8 => 2,
+        _ => 4,
+    });
+    let unroll = tune.unroll.unwrap_or(DEFAULT_UNROLL);
+    let ctas = p.n.div_ceil(8 * nb).max(1);
+    let steps = p.k.div_ceil(32 * unroll).max(1);
+    let want = (WARPS_PER_SM * arch.compute_units.max(1) as usize).div_ceil(ctas);
+    let mut warps = 4;
+    while warps < 16 && warps < want && 2 * warps <= steps {
+        warps *= 2;
+    }
+    while warps > 1 && warps > steps {
+        warps /= 2;
+    }
+    Variant {
+        in_dtype: p.in_dtype,
+        out_dtype: p.out_dtype,
+        nb,
+        warps: tune.warps.unwrap_or(warps),
+        unroll,
+        vec: vector_loads_ok(p),
+        m16: p.m > 8,
+        epilogue: p.epilogue,
+        has_c: p.c.is_some() && p.beta != 0.0,
+        has_bias: p.bias.is_some(),
+    }
+}
+
+fn as_i64(v: usize, what: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| {
+        Error::unsupported(format!("GEMM {what} = {v} exceeds the 64-bit signed range"))
+    })
+}
+
+/// The kernel's arguments: a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k,
+/// alpha, beta (strides in elements).
+fn args(p: &GemmProblem, has_c: bool) -> Result<[KernelArg; 16]> {
+    let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {
+        Some(c) => (c.ptr, c.row_stride, c.col_stride),
+        None => (0, 0, 0),
+    };
+    Ok([
+        KernelArg::Ptr(p.a.ptr),
+        KernelArg::I64(as_i64(p.a.row_stride, "A row stride")?),
+        KernelArg::Ptr(p.b.ptr),
+        KernelArg::I64(as_i64(p.b.col_stride, "B column stride")?),
+        KernelArg::Ptr(c_ptr),
+        KernelArg::I64(as_i64(c_rs, "C row stride")?),
+        KernelArg::I64(as_i64(c_cs, "C column stride")?),
+        KernelArg::Ptr(p.d.ptr),
+        KernelArg::I64(as_i64(p.d.row_stride, "D row stride")?),
+        KernelArg::I64(as_i64(p.d.col_stride, "D column stride")?),
+        KernelArg::Ptr(p.bias.unwrap_or(0)),
+        KernelArg::I64(as_i64(p.m, "M")?),
+        KernelArg::I64(as_i64(p.n, "N")?),
+        KernelArg::I64(as_i64(p.k, "K")?),
+        KernelArg::F32(p.alpha),
+        KernelArg::F32(p.beta),
+    ])
+}
+
+/// Launches the GEMV for `p`.
+pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
+    let arch = gpu.arch();
+    if !supports(arch, p) {
+        return Err(Error::unsupported(format!(
+            "the GEMV kernel does not support this problem on {}",
+            arch.target
+        )));
+    }
+    let v = variant(arch, p, Tune::get());
+    let config = LaunchConfig {
+        grid: (p.n.div_ceil(8 * v.nb) as u32, 1, 1),
+        block: (32 * v.warps as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let args = args(p, v.has_c)?;
+    gpu.launch_variant(&v, &config, &args)
+}
+
+/// Representative variants, for `calico compile` and the offline compile checks.
+pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
+    if !(arch.vendor == Vendor::Nvidia && arch.has_mma(MmaKind::MmaSync, DType::BF16)) {
+        return Ok(Vec::new());
+    }
+    let base = Variant {
+        in_dtype: DType::BF16,
+        out_dtype: DType::BF16,
+        nb: 1,
+        warps: 8,
+        unroll: 4,
+        vec: true,
+        m16: false,
+        epilogue: Epilogue::None,
+        has_c: false,
+        has_bias: false,
+    };
+    let variants = [
+        base,
+        Variant {
+            nb: 4,
+            warps: 16,
+            m16: true,
+            ..base
+        },
+        Variant {
+            in_dtype: DType::F16,
+            out_dtype: DType::F32,
+            nb: 2,
+            epilogue: Epilogue::Gelu,
+            has_c: true,
+            has_bias: true,
+            ..base
+        },
+        Variant {
+            vec: false,
+            m16: true,
+            epilogue: Epilogue::Silu,
+            unroll: 2,
+            ..base
+        },
+    ];
+    variants
+        .into_iter()
+        .map(|v| {
+            Ok(CatalogEntry {
+                op: "gemm",
+                label: v.label(),
+                source: v.source(vendor)?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::portable::tests::problem;
+
+    fn h100() -> Arch {
+        Arch::for_target("sm_90a").unwrap()
+    }
+
+    #[test]
+    fn decode_shapes_fill_the_sms() {
+        let t = Tune::default();
+        let v = variant(&h100(), &problem(1, 4096, 4096, true), t);
+        assert_eq!((v.nb, v.warps, v.vec, v.m16), (1, 8, true, false));
+        let v = variant(&h100(), &problem(16, 4096, 4096, true), t);
+        assert_eq!((v.nb, v.warps, v.m16), (4, 16, true));
+        let v = variant(&h100(), &problem(4, 14336, 4096, true), t);
+        assert_eq!((v.nb, v.warps), (1, 4));
+        // Short K: no more warps than K steps.
+        assert_eq!(variant(&h100(), &problem(1, 64, 100, true), t).warps, 1);
+    }
+
+    #[test]
+    fn odd_strides_take_scalar_loads() {
+        let mut p = problem(3, 100, 4095, true);
+        assert!(supports(&h100(), &p));
+        assert!(!variant(&h100(), &p, Tune::default()).vec);
+        p.k = 4096;
+        p.a.row_stride = 4096;
+        p.b.col_stride = 4096;
+        assert!(variant(&h100(), &p, Tune::default()).vec);
+        p.a.ptr += 2;
+        assert!(!variant(&h100(), &p, Tune::default()).vec);
+    }
+
+    #[test]
+    fn other_problems_are_declined() {
+        assert!(!supports(&h100(), &problem(17, 4096, 4096, true)));
+        assert!(!supports(&h100(), &problem(16, 4096, 4096, false)));
+        assert!(supports(
+            &Arch::for_target("sm_80").unwrap(),
+            &problem(16, 64, 64, true)
+        ));
+        assert!(!supports(
+            &Arch::for_target("gfx942").unwrap(),
+            &problem(16, 64, 64, true)
+        ));
+        let mut p = problem(16, 64, 64, true);
+        p.batch = 2;
+        assert!(!supports(&h100(), &p));
+    }
+
+    #[test]
+    fn tune_parses_and_ignores_junk() {
+        let t = Tune::parse("nb=2, warps=8;unroll=8,bogus=1,nb=3");
+        assert_eq!(t.warps, Some(8));
+        assert_eq!(t.unroll, Some(8));
+        assert_eq!(t.nb, None);
+    }
+
+    #[test]
+    fn args_and_sources() {
+        let mut p = problem(10, 20, 32, true);
+        p.c = Some(p.d);
+        p.beta = 0.5;
+        let a = args(&p, true).unwrap();
+        assert_eq!(a[3], KernelArg::I64(32));
+        assert_eq!(a[4], KernelArg::Ptr(3 << 20));
+        assert_eq!(a[15], KernelArg::F32(0.5));
+        let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
+        assert_eq!(entries.len(), 4);
+        assert!(entries[1].source.text.contains("#define CALICO_GEMV_NB 4\n"));
+    }
+}

@@ -1,0 +1,316 @@
+//! Odd shapes on the Hopper kernel: when A or B has a row stride (or base) that TMA cannot
+//! describe (K, N or a stride not a multiple of 8 elements), the operand is copied into a
+//! row-major buffer with 16-byte aligned rows (`kernels/device/gemm/pad.cu`, one launch for
+//! both operands, bandwidth-bound) and the Hopper kernel runs on the copies. The padding
+//! columns are never read: the tensor maps keep the true K and N, and TMA fills past them
+//! with zeros. D and C need no copy (the register-store epilogue takes any row stride).
+//!
+//! The copies live in the device's workspace (`GpuBackend::with_workspace`: kept per stream,
+//! grows only, so no allocation once a shape has been seen and a captured CUDA graph replays
+//! without allocating; held by this call while both launches are queued, and stream order
+//! keeps the GEMM's reads of it ahead of the next op's use).
+
+use super::{hopper, GemmProblem, MatrixArg};
+use crate::catalog::CatalogEntry;
+use calico_core::{
+    Arch, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant, LaunchConfig,
+    Result,
+};
+
+const SOURCE: &str = include_str!("../../device/gemm/pad.cu");
+const ENTRY: &str = "calico_gemm_pad";
+const THREADS: u32 = 256;
+/// Pad blocks per SM (grid-stride beyond that).
+const BLOCKS_PER_SM: usize = 8;
+/// Alignment of each padded operand in the workspace (bytes).
+const ALIGN: usize = 256;
+
+/// The pad kernel has no compile-time options: one source for every call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct PadVariant;
+
+impl KernelVariant for PadVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        KernelSource::assemble(ENTRY, SOURCE, &[vendor, calico_core::device_headers()], &[])
+    }
+}
+
+/// One operand copy: the source (in the orientation of the copy: rows x cols with `cols`
+/// contiguous in the destination) and the destination's row stride.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Copy {
+    src: u64,
+    batch: usize,
+    rows: usize,
+    cols: usize,
+    src_rs: usize,
+    src_cs: usize,
+    src_bs: usize,
+    /// Destination row stride: `cols` rounded up to 8 elements.
+    dst_rs: usize,
+    /// Destination batch stride: 0 for a broadcast operand (copied once).
+    dst_bs: usize,
+    /// Byte offset of the destination in the workspace.
+    offset: usize,
+}
+
+impl Copy {
+    fn new(x: &MatrixArg, batch: usize, rows: usize, cols: usize, transposed: bool) -> Copy {
+        let (src_rs, src_cs) = if transposed {
+            (x.col_stride, x.row_stride)
+        } else {
+            (x.row_stride, x.col_stride)
+        };
+        let broadcast = batch > 1 && x.batch_stride == 0;
+        let copies = if broadcast { 1 } else { batch.max(1) };
+        let dst_rs = cols.div_ceil(8) * 8;
+        Copy {
+            src: x.ptr,
+            batch: copies,
+            rows,
+            cols,
+            src_rs,
+            src_cs,
+            src_bs: if copies > 1 { x.batch_stride } else { 0 },
+            dst_rs,
+            dst_bs: if copies > 1 { rows * dst_rs } else { 0 },
+            offset: 0,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        (self.batch * self.rows * self.dst_rs * 2).div_ceil(ALIGN) * ALIGN
+    }
+}
+
+/// What to pad for `p` and the problem the Hopper kernel then runs (with zero pointers for
+/// the workspace operands, filled in at launch).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Plan {
+    a: Option<Copy>,
+    b: Option<Copy>,
+    /// B padded K-major (an N x K weight) rather than N-major.
+    b_kmajor: bool,
+    padded: GemmProblem,
+    workspace_bytes: usize,
+}
+
+fn a_ready(p: &GemmProblem) -> bool {
+    hopper::a_fits(p) && p.a.ptr % 16 == 0
+}
+
+fn b_ready(p: &GemmProblem) -> bool {
+    hopper::b_k_major(p).is_some() && p.b.ptr % 16 == 0
+}
+
+/// The padding plan for `p` on `arch`, or `None` when the Hopper kernel runs `p` as it is, or
+/// would not run it even with both operands padded (device, dtypes, D layout, sizes).
+fn plan(arch: &Arch, p: &GemmProblem) -> Option<Plan> {
+    if p.k == 0 || (a_ready(p) && b_ready(p)) {
+        return None;
+    }
+    let mut padded = *p;
+    let mut offset = 0;
+    let mut take = |mut c: Copy| {
+        c.offset = offset;
+        offset += c.bytes();
+        c
+    };
+    let a = (!a_ready(p)).then(|| take(Copy::new(&p.a, p.batch, p.m, p.k, false)));
+    if let Some(c) = &a {
+        padded.a = MatrixArg {
+            ptr: 0,
+            rows: p.m,
+            cols: p.k,
+            row_stride: c.dst_rs,
+            col_stride: 1,
+            batch_stride: c.dst_bs,
+        };
+    }
+    // B keeps its contiguous dimension when it has one (the copy then reads rows), else
+    // becomes K-major.
+    let b_kmajor = p.b.col_stride != 1 || p.b.row_stride == 1;
+    let b = (!b_ready(p)).then(|| {
+        if b_kmajor {
+            take(Copy::new(&p.b, p.batch, p.n, p.k, true))
+        } else {
+            take(Copy::new(&p.b, p.batch, p.k, p.n, false))
+        }
+    });
+    if let Some(c) = &b {
+        padded.b = if b_kmajor {
+            MatrixArg {
+                ptr: 0,
+                rows: p.k,
+                cols: p.n,
+                row_stride: 1,
+                col_stride: c.dst_rs,
+                batch_stride: c.dst_bs,
+            }
+        } else {
+            MatrixArg {
+                ptr: 0,
+                rows: p.k,
+                cols: p.n,
+                row_stride: c.dst_rs,
+                col_stride: 1,
+                batch_stride: c.dst_bs,
+            }
+        };
+    }
+    // Check with a stand-in aligned address: only alignment matters to the router.
+    let mut probe = padded;
+    if a.is_some() {
+        probe.a.ptr = 1 << 20;
+    }
+    if b.is_some() {
+        probe.b.ptr = 2 << 20;
+    }
+    hopper::tiles(arch, &probe)?;
+    Some(Plan {
+        a,
+        b,
+        b_kmajor,
+        padded,
+        workspace_bytes: offset,
+    })
+}
+
+/// True when `p` should run padded on the Hopper kernel (see [`plan`]).
+pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
+    plan(arch, p).is_some()
+}
+
+fn i64_of(v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::unsupported(format!("{v} exceeds the 64-bit range")))
+}
+
+fn copy_args(c: &Copy, base: u64) -> Result<[KernelArg; 10]> {
+    Ok([
+        KernelArg::Ptr(c.src),
+        KernelArg::Ptr(base + c.offset as u64),
+        KernelArg::I64(i64_of(c.batch)?),
+        KernelArg::I64(i64_of(c.rows)?),
+        KernelArg::I64(i64_of(c.cols)?),
+        KernelArg::I64(i64_of(c.src_rs)?),
+        KernelArg::I64(i64_of(c.src_cs)?),
+        KernelArg::I64(i64_of(c.src_bs)?),
+        KernelArg::I64(i64_of(c.dst_rs)?),
+        KernelArg::I64(i64_of(c.dst_bs)?),
+    ])
+}
+
+/// Pads the operands of `p` that TMA cannot read and runs the Hopper GEMM on the copies.
+pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
+    let arch = gpu.arch();
+    let Some(plan) = plan(arch, p) else {
+        return Err(Error::unsupported(
+            "the padded Hopper GEMM does not apply to this problem",
+        ));
+    };
+    gpu.with_workspace(plan.workspace_bytes, &mut |base| launch_in(gpu, &plan, base))
+}
+
+/// Queues the pad and the GEMM with the copies at `base` (the workspace's address).
+fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
+    let arch = gpu.arch();
+    // The second parameter set repeats the first when only one operand is padded (grid y = 1
+    // never reads it).
+    let (first, second) = match (&plan.a, &plan.b) {
+        (Some(a), Some(b)) => (a, b),
+        (Some(c), None) | (None, Some(c)) => (c, c),
+        (None, None) => return Err(Error::unsupported("nothing to pad")),
+    };
+    let matrices: u32 = if plan.a.is_some() && plan.b.is_some() { 2 } else { 1 };
+    let (x, y) = (copy_args(first, base)?, copy_args(second, base)?);
+    let args: [KernelArg; 20] = std::array::from_fn(|i| if i < 10 { x[i] } else { y[i - 10] });
+    let chunks = |c: &Copy| c.batch * c.rows * c.cols.div_ceil(8);
+    let blocks = chunks(first)
+        .max(chunks(second))
+        .div_ceil(THREADS as usize)
+        .clamp(1, BLOCKS_PER_SM * arch.compute_units.max(1) as usize);
+    let config = LaunchConfig {
+        grid: (blocks as u32, matrices, 1),
+        block: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    gpu.launch_variant(&PadVariant, &config, &args)?;
+
+    let mut q = plan.padded;
+    if let Some(c) = &plan.a {
+        q.a.ptr = base + c.offset as u64;
+    }
+    if let Some(c) = &plan.b {
+        q.b.ptr = base + c.offset as u64;
+    }
+    hopper::launch(gpu, &q)
+}
+
+/// The pad kernel, for `calico compile` and the offline compile checks (Hopper targets).
+pub(crate) fn catalog(vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
+    Ok(vec![CatalogEntry {
+        op: "gemm",
+        label: "pad (odd shapes for the Hopper GEMM)".into(),
+        source: PadVariant.source(vendor)?,
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::portable::tests::problem;
+
+    fn h100() -> Arch {
+        Arch::for_target("sm_90a").unwrap()
+    }
+
+    #[test]
+    fn aligned_problems_need_no_padding() {
+        assert!(plan(&h100(), &problem(4096, 4096, 4096, true)).is_none());
+        assert!(plan(&h100(), &problem(4096, 4096, 4096, false)).is_none());
+    }
+
+    #[test]
+    fn odd_k_pads_both_operands_k_major() {
+        let p = problem(4097, 4097, 4097, true);
+        let plan = plan(&h100(), &p).expect("padded");
+        let (a, b) = (plan.a.unwrap(), plan.b.unwrap());
+        assert_eq!((a.rows, a.cols, a.dst_rs, a.src_rs, a.src_cs), (4097, 4097, 4104, 4097, 1));
+        assert_eq!((b.rows, b.cols, b.dst_rs, b.src_rs, b.src_cs), (4097, 4097, 4104, 4097, 1));
+        assert!(plan.b_kmajor);
+        assert_eq!(b.offset, a.bytes());
+        assert_eq!(plan.workspace_bytes, a.bytes() + b.bytes());
+        assert_eq!(plan.padded.a.row_stride, 4104);
+        assert_eq!(plan.padded.b.col_stride, 4104);
+    }
+
+    #[test]
+    fn odd_n_pads_only_row_major_b() {
+        // 1000 x 999 x 1000 with row-major B: A's rows (K = 1000) are aligned, B's (N = 999) not.
+        let p = problem(1000, 999, 1000, false);
+        let plan = plan(&h100(), &p).expect("padded");
+        assert!(plan.a.is_none());
+        let b = plan.b.unwrap();
+        assert!(!plan.b_kmajor);
+        assert_eq!((b.rows, b.cols, b.dst_rs, b.offset), (1000, 999, 1000, 0));
+        assert_eq!(plan.padded.b.row_stride, 1000);
+        // The weight layout with N odd needs nothing: its rows are K long.
+        assert!(super::plan(&h100(), &problem(1000, 999, 1000, true)).is_none());
+    }
+
+    #[test]
+    fn other_devices_are_declined() {
+        let p = problem(4097, 4097, 4097, true);
+        assert!(plan(&Arch::for_target("sm_80").unwrap(), &p).is_none());
+        assert!(plan(&Arch::for_target("gfx942").unwrap(), &p).is_none());
+        let mut p = problem(100, 100, 0, true);
+        p.k = 0;
+        assert!(plan(&h100(), &p).is_none());
+    }
+
+    #[test]
+    fn source_assembles() {
+        let c = catalog(calico_cuda::device_headers()).unwrap();
+        assert!(c[0].source.text.contains("calico_gemm_pad"));
+    }
+}
