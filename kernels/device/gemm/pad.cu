@@ -9,6 +9,8 @@
 // are written as zeros. Grid-stride over (batch, row, 8-column chunk).
 #include "calico/calico.h"
 
+using namespace calico;
+
 typedef long long i64;
 
 struct PadMatrix {
