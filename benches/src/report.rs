@@ -654,8 +654,14 @@ impl Report {
         }
         let _ = writeln!(s, "\n## Decode GEMV\n");
         let _ = writeln!(s, "D[M,N] = A[M,K] · W[N,K]^T; GB/s = weight bytes (N·K·2) / median time; % is of the copy bandwidth above.\n");
-        let _ = writeln!(s, "| case | median ms | GB/s | % copy | cuBLASLt GB/s | torch GB/s | target | met |");
-        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: |");
+        let _ = writeln!(
+            s,
+            "| case | median ms | GB/s | % copy | cuBLASLt GB/s | torch GB/s | target | met |"
+        );
+        let _ = writeln!(
+            s,
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"
+        );
         for g in rows {
             let want = g.target_pct_of_copy.unwrap_or(0.0);
             let _ = writeln!(
@@ -680,7 +686,10 @@ impl Report {
         let _ = writeln!(s, "\n## GEMM, odd shapes\n");
         let _ = writeln!(s, "K, N or a row stride not a multiple of 8 elements; \"aligned\" is Calico at the nearest shape with every dimension a multiple of 8, in the same run.\n");
         let _ = writeln!(s, "| case | median ms | TFLOP/s | cuBLASLt TFLOP/s | torch TFLOP/s | vs torch | aligned shape | aligned TFLOP/s | vs aligned |");
-        let _ = writeln!(s, "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |");
+        let _ = writeln!(
+            s,
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"
+        );
         for g in rows {
             let (m, n, k) = g.aligned_shape.unwrap_or_default();
             let _ = writeln!(

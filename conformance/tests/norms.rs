@@ -288,7 +288,10 @@ fn rms_norm_odd_rows_aligned_body() {
                         seed: (200 + i * 10 + k) as u64,
                     };
                     if let Err(e) = norm_case(&dev, &c, norm, 1e-5) {
-                        panic!("backend {}: {norm:?} {dtype} {rows}x{cols}: {e}", dev.kind());
+                        panic!(
+                            "backend {}: {norm:?} {dtype} {rows}x{cols}: {e}",
+                            dev.kind()
+                        );
                     }
                 }
             }

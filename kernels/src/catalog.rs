@@ -102,7 +102,9 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                     };
                     out.push(CatalogEntry {
                         op: name,
-                        label: format!("{dtype} vec{wide} aligned body (odd rows) residual={residual}"),
+                        label: format!(
+                            "{dtype} vec{wide} aligned body (odd rows) residual={residual}"
+                        ),
                         source: v.source(vendor)?,
                     });
                 }

@@ -71,7 +71,10 @@ pub fn run_case(
             n: an,
             k: ak,
         };
-        let copies = rotation_copies(2 * (am * ak + an * ak + am * an) as u64, dev.arch().l2_bytes);
+        let copies = rotation_copies(
+            2 * (am * ak + an * ak + am * an) as u64,
+            dev.arch().l2_bytes,
+        );
         case.aligned = Some(match make_sets(dev, &aligned, copies, rng) {
             Err(e) => Timed::from_error(&e),
             Ok(mut sets) => timed(time_runs(dev, plan, pad, &mut |i| {

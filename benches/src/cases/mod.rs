@@ -256,7 +256,9 @@ mod tests {
         let mem = memory_specs(true, Profile::Full);
         assert_eq!(mem.len(), 4 * 4 + 2 + 1 + 2);
         assert!(mem.iter().any(|m| m.name() == "softmax odd bf16 4097x4097"));
-        assert!(mem.iter().any(|m| m.name() == "rms_norm odd bf16 4097x4097"));
+        assert!(mem
+            .iter()
+            .any(|m| m.name() == "rms_norm odd bf16 4097x4097"));
         assert!(mem
             .iter()
             .any(|m| m.name() == "add_layer_norm bf16 65536x8192"));

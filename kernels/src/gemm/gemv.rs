@@ -372,6 +372,9 @@ mod tests {
         assert_eq!(a[15], KernelArg::F32(0.5));
         let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
         assert_eq!(entries.len(), 4);
-        assert!(entries[1].source.text.contains("#define CALICO_GEMV_NB 4\n"));
+        assert!(entries[1]
+            .source
+            .text
+            .contains("#define CALICO_GEMV_NB 4\n"));
     }
 }

@@ -275,8 +275,14 @@ mod tests {
         let p = problem(4097, 4097, 4097, true);
         let plan = plan(&h100(), &p).expect("padded");
         let (a, b) = (plan.a.unwrap(), plan.b.unwrap());
-        assert_eq!((a.rows, a.cols, a.dst_rs, a.src_rs, a.src_cs), (4097, 4097, 4104, 4097, 1));
-        assert_eq!((b.rows, b.cols, b.dst_rs, b.src_rs, b.src_cs), (4097, 4097, 4104, 4097, 1));
+        assert_eq!(
+            (a.rows, a.cols, a.dst_rs, a.src_rs, a.src_cs),
+            (4097, 4097, 4104, 4097, 1)
+        );
+        assert_eq!(
+            (b.rows, b.cols, b.dst_rs, b.src_rs, b.src_cs),
+            (4097, 4097, 4104, 4097, 1)
+        );
         assert!(plan.b_kmajor);
         assert_eq!(b.offset, a.bytes());
         assert_eq!(plan.workspace_bytes, a.bytes() + b.bytes());

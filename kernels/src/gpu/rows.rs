@@ -44,7 +44,12 @@ pub(crate) fn plan(cols: usize, vec: usize, arch: &Arch) -> RowPlan {
 /// True when every row of two row-major operands (base address, row stride in elements of
 /// `elem` bytes) starts at the same offset from a 16-byte boundary, and that offset is a whole
 /// element: their rows' aligned bodies then line up (the ALIGN_BODY row kernels).
-pub(crate) fn same_misalignment(elem: usize, x: (u64, usize), y: (u64, usize), rows: usize) -> bool {
+pub(crate) fn same_misalignment(
+    elem: usize,
+    x: (u64, usize),
+    y: (u64, usize),
+    rows: usize,
+) -> bool {
     let elem_ok = elem > 0 && x.0 % elem as u64 == 0 && y.0 % elem as u64 == 0;
     let bases = x.0 % 16 == y.0 % 16;
     let strides = rows <= 1 || (x.1 * elem) % 16 == (y.1 * elem) % 16;

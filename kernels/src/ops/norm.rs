@@ -220,7 +220,9 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
     let x_at = (ptr(Some(c.x)), xr.row_stride);
     let alike = |t: Option<&Tensor>| -> Result<bool> {
         Ok(match t {
-            Some(t) => rows::same_misalignment(esz, x_at, (ptr(Some(t)), stride(Some(t))?), xr.rows),
+            Some(t) => {
+                rows::same_misalignment(esz, x_at, (ptr(Some(t)), stride(Some(t))?), xr.rows)
+            }
             None => true,
         })
     };
@@ -230,7 +232,8 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         && alike(Some(c.y))?
         && alike(c.residual)?
         && alike(c.sum)?
-        && c.weight.is_none_or(|w| w.device_ptr().unwrap_or(1) % esz as u64 == 0);
+        && c.weight
+            .is_none_or(|w| w.device_ptr().unwrap_or(1) % esz as u64 == 0);
     let (vec, plan) = if align_body {
         (wide, wide_plan)
     } else {
