@@ -208,7 +208,9 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
             "the padded Hopper GEMM does not apply to this problem",
         ));
     };
-    gpu.with_workspace(plan.workspace_bytes, &mut |base| launch_in(gpu, &plan, base))
+    gpu.with_workspace(plan.workspace_bytes, &mut |base| {
+        launch_in(gpu, &plan, base)
+    })
 }
 
 /// Queues the pad and the GEMM with the copies at `base` (the workspace's address).
@@ -221,7 +223,11 @@ fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
         (Some(c), None) | (None, Some(c)) => (c, c),
         (None, None) => return Err(Error::unsupported("nothing to pad")),
     };
-    let matrices: u32 = if plan.a.is_some() && plan.b.is_some() { 2 } else { 1 };
+    let matrices: u32 = if plan.a.is_some() && plan.b.is_some() {
+        2
+    } else {
+        1
+    };
     let (x, y) = (copy_args(first, base)?, copy_args(second, base)?);
     let args: [KernelArg; 20] = std::array::from_fn(|i| if i < 10 { x[i] } else { y[i - 10] });
     let chunks = |c: &Copy| c.batch * c.rows * c.cols.div_ceil(8);
