@@ -158,3 +158,46 @@ fn bad_targets_are_rejected_before_running_clang() {
         Err(Error::Unsupported(_))
     ));
 }
+
+/// The CDNA primitives compile to the instructions they exist for: every MFMA shape (fp8 on
+/// gfx942 only), s_setprio, buffer loads straight into LDS, and ds_read_b64 tile reads; no
+/// scratch memory.
+#[test]
+fn cdna_primitives_reach_the_matrix_cores_and_lds() {
+    if !clang_present() && skip_or_fail("clang-19") {
+        return;
+    }
+    const PRIMITIVES: &str = include_str!("kernels/cdna_primitives.hip");
+    let src = KernelSource::assemble(
+        "mfma_shapes",
+        PRIMITIVES,
+        &[hip_headers(), calico_core::device_headers()],
+        &[],
+    )
+    .unwrap();
+    for target in ["gfx90a", "gfx942"] {
+        let asm = disassemble(&compile_offline(&src, target).unwrap()).unwrap();
+        // gfx90a spells the 16-bit ones ..._16x16x16bf16_1k, gfx942 ..._16x16x16_bf16.
+        for shape in ["16x16x16", "32x32x8"] {
+            for dtype in ["bf16", "f16"] {
+                let found = asm
+                    .lines()
+                    .any(|l| l.contains(&format!("v_mfma_f32_{shape}")) && l.contains(dtype));
+                assert!(found, "{target}: no {shape} {dtype} MFMA");
+            }
+        }
+        let fp8 = asm.contains("v_mfma_f32_16x16x32_fp8_fp8");
+        assert_eq!(fp8, target == "gfx942", "{target}: fp8 MFMA only on CDNA3");
+        assert!(asm.contains("s_setprio 1"), "{target}: no s_setprio");
+        assert!(
+            asm.lines()
+                .any(|l| l.contains("buffer_load_dword") && l.trim_end().contains(" lds")),
+            "{target}: no buffer load into LDS"
+        );
+        assert!(
+            asm.contains("ds_read_b64"),
+            "{target}: no 8-byte LDS tile read"
+        );
+        assert!(!asm.contains("scratch_"), "{target}: scratch (spills)");
+    }
+}

@@ -14,6 +14,7 @@ pub mod error;
 pub mod kernel;
 pub mod lanes;
 pub mod layout;
+pub mod lds;
 pub mod tensor;
 pub mod variant;
 
@@ -42,4 +43,9 @@ const DEVICE_HEADERS: HeaderSet = &[
     ("calico/types.h", include_str!("../device/calico/types.h")),
     ("calico/reduce.h", include_str!("../device/calico/reduce.h")),
     ("calico/memory.h", include_str!("../device/calico/memory.h")),
+    (
+        "calico/tile_types.h",
+        include_str!("../device/calico/tile_types.h"),
+    ),
+    ("calico/tiles.h", include_str!("../device/calico/tiles.h")),
 ];

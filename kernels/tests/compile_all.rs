@@ -106,3 +106,50 @@ fn hopper_gemm_disassembles_to_hgmma_and_utmaldg() {
         );
     }
 }
+
+/// A kernel written only against the shared tile vocabulary (calico/tiles.h) compiles for
+/// every vendor target, and lands on each vendor's matrix instructions.
+#[test]
+fn shared_vocabulary_kernel_compiles_for_all_four_targets() {
+    const KERNEL: &str = include_str!("../device/tiles/vocabulary.cu");
+    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
+    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
+    let targets = [
+        ("sm_80", nvidia, "HMMA"),
+        ("sm_90a", nvidia, "HMMA"),
+        ("gfx90a", amd, "v_mfma_f32_16x16x16"),
+        ("gfx942", amd, "v_mfma_f32_16x16x16"),
+    ];
+    for (target, available, mma) in targets {
+        if !available {
+            continue;
+        }
+        let vendor = if target.starts_with("gfx") {
+            calico_hip::hip_headers()
+        } else {
+            calico_cuda::device_headers()
+        };
+        let source = calico_core::KernelSource::assemble(
+            "vocabulary_attention_tile",
+            KERNEL,
+            &[vendor, calico_core::device_headers()],
+            &[],
+        )
+        .unwrap();
+        let binary = catalog::compile(target, &source).unwrap_or_else(|e| panic!("{target}: {e}"));
+        let asm = match catalog::disassemble(target, &binary) {
+            Ok(asm) => asm,
+            Err(err) => {
+                toolchain_or_skip(&format!("{target} disassembler"), Err(err.to_string()));
+                continue;
+            }
+        };
+        // mma_ABt and mma_AB on 16 x 64 x 64: 16 + 16 MFMAs of 16x16x16 on AMD; HMMA on NVIDIA.
+        let count = asm.matches(mma).count();
+        println!("{target}: {count} x {mma}");
+        assert!(count > 0, "{target}: no {mma} in\n{asm}");
+        if target.starts_with("gfx") {
+            assert_eq!(count, 32, "{target}");
+        }
+    }
+}

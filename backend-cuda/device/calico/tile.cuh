@@ -26,22 +26,13 @@
 // are conflict-free. The tile base must be aligned to 8 * W bytes (1024 for 128B).
 //
 // GLOBAL LAYOUTS  gl<T>: a pointer with row and batch strides in elements (column stride 1).
+//
+// The type names, tags, gl and coord are declared once for both vendors in calico/tile_types.h.
 #pragma once
 #include "calico/ptx.cuh"
+#include "calico/tile_types.h"
 
 namespace calico {
-
-struct row_l {};
-struct col_l {};
-
-template <class A, class B>
-struct same_type {
-    static constexpr bool value = false;
-};
-template <class A>
-struct same_type<A, A> {
-    static constexpr bool value = true;
-};
 
 template <class T>
 struct packed;
@@ -102,7 +93,7 @@ CALICO_DEVICE void pair_coords(int lane, int reg, int row0, int col0, int& r0, i
     c1 = same_type<L, col_l>::value ? c0 : c0 + 1;
 }
 
-template <class T, int R, int C, class L = row_l>
+template <class T, int R, int C, class L>
 struct rt {
     static_assert(R % 16 == 0 && C % 16 == 0, "register tiles are made of 16x16 base tiles");
     typedef T dtype;
@@ -112,16 +103,6 @@ struct rt {
     pair data[R / 16][C / 16][4];
 };
 
-template <int R, int C, class L = row_l>
-using rt_fl = rt<float, R, C, L>;
-template <int R, int C, class L = row_l>
-using rt_bf = rt<bf16, R, C, L>;
-template <int R, int C, class L = row_l>
-using rt_hf = rt<f16, R, C, L>;
-
-struct per_row {};
-struct per_col {};
-
 template <int N, class Kind>
 struct rv {
     static_assert(N % 16 == 0, "register vectors cover whole 16-element blocks");
@@ -129,12 +110,6 @@ struct rv {
     static constexpr int per_block = same_type<Kind, per_row>::value ? 2 : 4;
     float data[N / 16][per_block];
 };
-
-// One value per row / per column of a tile shaped like TILE (row layout).
-template <class TILE>
-using row_vec = rv<TILE::rows, per_row>;
-template <class TILE>
-using col_vec = rv<TILE::cols, per_col>;
 
 // Shared tile with a TMA-compatible swizzle (see the top of this file).
 template <class T, int R, int C>
@@ -161,25 +136,6 @@ struct st {
     CALICO_DEVICE T* ptr(int r, int c) { return reinterpret_cast<T*>(raw + offset(r, c)); }
     CALICO_DEVICE const T* ptr(int r, int c) const { return reinterpret_cast<const T*>(raw + offset(r, c)); }
     CALICO_DEVICE uint32_t addr(int r, int c) const { return smem_addr(raw) + offset(r, c); }
-};
-
-template <int R, int C>
-using st_bf = st<bf16, R, C>;
-template <int R, int C>
-using st_hf = st<f16, R, C>;
-
-// A (batch of) row-major matrices in global memory; strides in elements.
-template <class T>
-struct gl {
-    T* ptr;
-    int rows, cols;
-    long long row_stride, batch_stride;
-    CALICO_DEVICE T* at(int batch, int r, int c) const { return ptr + batch * batch_stride + (long long)r * row_stride + c; }
-};
-
-// Tile coordinates: which R x C tile of a matrix (and which batch).
-struct coord {
-    int batch, row, col;
 };
 
 }  // namespace calico

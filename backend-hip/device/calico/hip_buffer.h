@@ -29,6 +29,10 @@ __attribute__((device)) calico::hip::i32x2 calico_raw_buffer_load_v2i32(calico::
                                                                          int aux) __asm("llvm.amdgcn.raw.buffer.load.v2i32");
 __attribute__((device)) int calico_raw_buffer_load_i32(calico::hip::i32x4 rsrc, int voffset, int soffset,
                                                         int aux) __asm("llvm.amdgcn.raw.buffer.load.i32");
+// (rsrc, LDS base (M0), bytes per lane, byte offset, scalar byte offset, immediate offset, cache bits)
+__attribute__((device)) void calico_raw_buffer_load_lds(calico::hip::i32x4 rsrc, __attribute__((address_space(3))) void* lds,
+                                                         int size, int voffset, int soffset, int offset,
+                                                         int aux) __asm("llvm.amdgcn.raw.buffer.load.lds");
 __attribute__((device)) void calico_raw_buffer_store_v4i32(calico::hip::i32x4 data, calico::hip::i32x4 rsrc, int voffset,
                                                             int soffset, int aux) __asm("llvm.amdgcn.raw.buffer.store.v4i32");
 
@@ -66,6 +70,19 @@ CALICO_DEVICE int load_4b(const buffer& b, unsigned byte_offset) {
 }
 CALICO_DEVICE void store_16b(const buffer& b, unsigned byte_offset, i32x4 v) {
     calico_raw_buffer_store_v4i32(v, b.rsrc, static_cast<int>(byte_offset), 0, 0);
+}
+
+// Straight into LDS, skipping registers (buffer_load_dword ... lds): lane l copies the 4 bytes
+// at its `byte_offset` to `lds_wave_base + 4 * l`, so one call fills 256 contiguous bytes of
+// LDS per wave and any swizzle is applied to the global offsets. `lds_wave_base` must be the
+// same for every lane of the wave (it goes to M0). Dwords past the buffer's end arrive as zero.
+// The data is in LDS once this wave's vmcnt drains (wait_vmem<0>() in calico/mfma.h), and
+// visible to other waves after a barrier.
+CALICO_DEVICE void load_lds_4b(const buffer& b, unsigned byte_offset, void* lds_wave_base) {
+    const unsigned lds = static_cast<unsigned>(reinterpret_cast<unsigned long long>(
+        (__attribute__((address_space(3))) void*)lds_wave_base));
+    auto* base = (__attribute__((address_space(3))) void*)(unsigned long long)__builtin_amdgcn_readfirstlane(lds);
+    calico_raw_buffer_load_lds(b.rsrc, base, 4, static_cast<int>(byte_offset), 0, 0, 0);
 }
 
 // 16 bytes of T starting at element `index`, widened to float; elements past the buffer's
