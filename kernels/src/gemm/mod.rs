@@ -4,9 +4,10 @@
 //! device is chosen here: GEMV (M <= 16 against a K-major weight, any alignment), skinny
 //! (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA + wgmma), padded Hopper
 //! (operands with strides TMA cannot read, copied aligned first), sm_80 (mma.sync +
-//! cp.async), or the portable tile kernel (HIP and odd strides); the CPU backend has its own
-//! implementation.
+//! cp.async), CDNA (MFMA ping-pong on gfx90a/gfx94x), or the portable tile kernel (other GPUs
+//! and layouts); the CPU backend has its own implementation.
 
+mod cdna;
 mod gemv;
 mod hopper;
 mod padded;
@@ -126,6 +127,8 @@ pub enum GemmKernel {
     Padded,
     /// cp.async + mma.sync, sm_80 and later (sm80.cu).
     Sm80,
+    /// MFMA 8-wave ping-pong, gfx90a and gfx94x (cdna.cu).
+    Cdna,
     /// Any vendor, any strides (portable.cu).
     Portable,
 }
@@ -145,6 +148,8 @@ fn route(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
         Ok(GemmKernel::Padded)
     } else if sm80::supports(arch, p) {
         Ok(GemmKernel::Sm80)
+    } else if cdna::supports(arch, p) {
+        Ok(GemmKernel::Cdna)
     } else if portable::supports(arch, p) {
         Ok(GemmKernel::Portable)
     } else {
@@ -166,6 +171,7 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
         GemmKernel::Padded => padded::launch(gpu, p),
         GemmKernel::Hopper => hopper::launch(gpu, p),
         GemmKernel::Sm80 => sm80::launch(gpu, p),
+        GemmKernel::Cdna => cdna::launch(gpu, p),
         GemmKernel::Portable => portable::launch(gpu, p),
     }
 }
@@ -327,6 +333,9 @@ pub(crate) fn catalog(
     }
     if arch.has_mma(calico_core::MmaKind::MmaSync, DType::BF16) {
         out.extend(sm80::catalog(vendor)?);
+    }
+    if arch.has_mma(calico_core::MmaKind::Mfma, DType::BF16) {
+        out.extend(cdna::catalog(vendor)?);
     }
     out.extend(portable::catalog(vendor)?);
     Ok(out)
