@@ -86,6 +86,10 @@ pub struct BenchArgs {
     /// Exit (code 3) if no case finishes for this many seconds: a hung kernel.
     #[arg(long, default_value_t = 180)]
     pub stall_s: u64,
+    /// No device: list the GEMM cases' kernels on this compile target (e.g. gfx942) with, on
+    /// AMD targets, their registers, LDS and occupancy. Nothing is timed or written.
+    #[arg(long, value_name = "TARGET")]
+    pub dry_run: Option<String>,
 }
 
 impl BenchArgs {

@@ -1,5 +1,6 @@
 //! `calico compile`: the catalog's kernel variants of one op for one target, as source and,
-//! optionally, disassembly with counts of the instructions the kernels exist for.
+//! optionally, disassembly with counts of the instructions the kernels exist for and (on AMD
+//! targets) each kernel's registers, LDS, scratch and occupancy.
 
 use calico::{catalog, Error, Result};
 
@@ -72,6 +73,7 @@ pub fn run(args: &CompileArgs) -> Result<()> {
     }
     let keys = key_instructions(&args.target);
     let mut summary = Vec::new();
+    let mut resources = Vec::new();
     for e in &entries {
         println!(
             "==== {} [{}] entry {} ({} bytes of source)",
@@ -86,12 +88,18 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         if !args.disasm {
             continue;
         }
-        let result = catalog::compile(&args.target, &e.source)
-            .and_then(|bin| catalog::disassemble(&args.target, &bin));
+        let result = catalog::compile(&args.target, &e.source).and_then(|bin| {
+            let text = catalog::disassemble(&args.target, &bin)?;
+            Ok((text, catalog::resources(&args.target, &bin)?))
+        });
         match result {
-            Ok(text) => {
+            Ok((text, kernels)) => {
                 println!("---- disassembly of {} [{}]", e.op, e.label);
                 println!("{text}");
+                for k in kernels.iter().flatten() {
+                    println!("---- resources: {}", k.summary());
+                }
+                resources.extend(kernels.into_iter().flatten().map(|k| (e.label.clone(), k)));
                 summary.push((e.label.clone(), Ok(count_instructions(&text, keys))));
             }
             Err(err) => {
@@ -125,6 +133,13 @@ pub fn run(args: &CompileArgs) -> Result<()> {
                 }
             }
         }
+        if !resources.is_empty() {
+            println!(
+                "\n==== {} on {}: resources per kernel",
+                args.op, args.target
+            );
+            print_resources(&resources);
+        }
         let failed = summary.iter().filter(|(_, c)| c.is_err()).count();
         println!(
             "\n{}",
@@ -132,6 +147,27 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A table of kernels' registers, LDS, scratch and occupancy (AMD targets).
+pub fn print_resources(rows: &[(String, calico::catalog::KernelResources)]) {
+    let width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(7).max(7);
+    println!(
+        "{:<width$} {:>5} {:>5} {:>5} {:>7} {:>8} {:>6} {:>10}",
+        "variant", "VGPR", "AGPR", "SGPR", "LDS", "scratch", "WG/CU", "waves/SIMD"
+    );
+    for (label, k) in rows {
+        println!(
+            "{label:<width$} {:>5} {:>5} {:>5} {:>7} {:>8} {:>6} {:>10}",
+            k.vgprs,
+            k.agprs,
+            k.sgprs,
+            k.lds_bytes,
+            k.scratch_bytes,
+            k.workgroups_per_cu(),
+            k.occupancy()
+        );
+    }
 }
 
 #[cfg(test)]

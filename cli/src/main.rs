@@ -3,6 +3,7 @@
 
 mod check;
 mod compile;
+mod dry_run;
 mod info;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +38,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info => info::run(),
         Command::Compile(args) => compile::run(&args).map(|()| true),
+        Command::Bench(args) if args.dry_run.is_some() => {
+            dry_run::run(args.dry_run.as_deref().unwrap_or_default(), args.quick).map(|()| true)
+        }
         Command::Bench(args) => calico::Device::auto()
             .and_then(|dev| calico_benches::run(&dev, &args.options()))
             .map(|_| true),

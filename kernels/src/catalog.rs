@@ -181,3 +181,14 @@ pub fn disassemble(target: &str, binary: &[u8]) -> Result<String> {
         _ => calico_cuda::disasm::sass(binary),
     }
 }
+
+/// Register, LDS and scratch use per kernel and the occupancy that follows, read from an AMD
+/// code object's metadata; `None` for NVIDIA targets (their cubins carry no such note here).
+pub fn resources(target: &str, binary: &[u8]) -> Result<Option<Vec<KernelResources>>> {
+    match arch_for(target)?.vendor {
+        Vendor::Amd => calico_hip::read_resources(binary).map(Some),
+        _ => Ok(None),
+    }
+}
+
+pub use calico_hip::KernelResources;

@@ -153,3 +153,56 @@ fn shared_vocabulary_kernel_compiles_for_all_four_targets() {
         }
     }
 }
+
+/// The CDNA GEMM is what it claims to be on gfx90a and gfx942: MFMA fed by buffer loads, with
+/// s_setprio around the matrix-core phase, no scratch (spills), the LDS within one CU's 64 KiB
+/// and two waves per SIMD (one of each ping-pong half), as `calico compile --op gemm --target
+/// gfx942 --disasm` shows a user.
+#[test]
+fn cdna_gemm_uses_mfma_and_buffer_loads_without_scratch() {
+    if !toolchain_or_skip("gfx90a/gfx942", clang_available()) {
+        return;
+    }
+    for target in ["gfx90a", "gfx942"] {
+        let entries: Vec<_> = catalog::entries(target, Some("gemm"))
+            .expect("catalog assembles")
+            .into_iter()
+            .filter(|e| e.label.starts_with("cdna"))
+            .collect();
+        assert!(!entries.is_empty(), "{target}: no CDNA GEMM variants");
+        for e in &entries {
+            let code = catalog::compile(target, &e.source).expect("compiles");
+            let asm = catalog::disassemble(target, &code).expect("disassembles");
+            let mfma = asm.matches("v_mfma_f32_16x16x16").count();
+            let buffer_loads = asm.matches("buffer_load_dwordx4").count();
+            assert!(
+                mfma > 0 && buffer_loads > 0,
+                "{target} {}: {mfma} MFMA, {buffer_loads} buffer loads",
+                e.label
+            );
+            assert!(
+                asm.contains("s_setprio 1"),
+                "{target} {}: no s_setprio",
+                e.label
+            );
+            let kernels = catalog::resources(target, &code)
+                .expect("metadata")
+                .expect("AMD");
+            assert_eq!(kernels.len(), 1, "{target} {}", e.label);
+            let k = &kernels[0];
+            println!(
+                "{target} {}: {mfma} MFMA, {buffer_loads} buffer loads; {}",
+                e.label,
+                k.summary()
+            );
+            assert!(
+                !k.uses_scratch(),
+                "{target} {}: scratch: {}",
+                e.label,
+                k.summary()
+            );
+            assert!(k.lds_bytes <= 64 * 1024, "{target} {}", e.label);
+            assert!(k.occupancy() >= 2, "{target} {}: {}", e.label, k.summary());
+        }
+    }
+}

@@ -16,7 +16,8 @@
 // buffer loads of k-tile t+2, read tile t's fragments from LDS stage t) and a compute phase C(t)
 // (MFMAs at raised priority), each ended by a barrier. Half 1 passes one extra barrier first and
 // half 0 one extra last, so while one half is in C(t) the other is in M: one wave of each half
-// sits on every SIMD, and the matrix core and the memory pipes stay busy alternately.
+// sits on every SIMD (waves of a workgroup are dealt to the 4 SIMDs in turn), and the matrix
+// core and the memory pipes stay busy alternately.
 // Race-freedom with two stages: stage t % 2 is written in M(t - 1) by both halves, which end
 // at least one barrier before any wave's M(t) reads it; and it is rewritten in M(t + 1), which
 // starts at least one barrier after every wave's M(t) read (see the barrier count above).
@@ -205,8 +206,6 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, const Out*
     }
     if (half == 0) sync_threads();  // the barrier half 1 spent at the start
 
-    // Epilogue straight from the accumulators: lane holds row lane % 16, columns 4q..4q+3 of
-    // each 16 x 16 block (hip_tile.h's row_l).
     // Epilogue through LDS, one 16-row slice of the wave's tile at a time: the slice goes out
     // of the accumulators as 16-byte writes, comes back one column per lane, and each lane
     // finishes its elements (C, bias, activation) with loads and stores that are contiguous

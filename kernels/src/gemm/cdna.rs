@@ -7,7 +7,8 @@
 use super::{portable, Epilogue, GemmProblem};
 use crate::catalog::CatalogEntry;
 use calico_core::{
-    Arch, DType, Error, GpuBackend, HeaderSet, KernelSource, LaunchConfig, MmaKind, Result, Vendor,
+    Arch, DType, Error, GpuBackend, HeaderSet, KernelSource, KernelVariant, LaunchConfig, MmaKind,
+    Result, Vendor,
 };
 
 const SOURCE: &str = include_str!("../../device/gemm/cdna.cu");
@@ -33,7 +34,7 @@ pub(crate) struct Variant {
 }
 
 impl Variant {
-    fn for_problem(p: &GemmProblem) -> Variant {
+    pub(crate) fn for_problem(p: &GemmProblem) -> Variant {
         Variant {
             in_dtype: p.in_dtype,
             out_dtype: p.out_dtype,
@@ -43,8 +44,10 @@ impl Variant {
             has_bias: p.bias.is_some(),
         }
     }
+}
 
-    pub(crate) fn source(self, vendor: HeaderSet) -> Result<KernelSource> {
+impl KernelVariant for Variant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
         let defines = vec![
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
             ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
@@ -143,12 +146,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     }
     let v = Variant::for_problem(p);
     let config = grid(p);
-    let source = v.source(gpu.vendor_headers())?;
-    gpu.launch(
-        &source,
-        &config,
-        &portable::args(p, v.has_c, config.grid.2)?,
-    )
+    gpu.launch_variant(&v, &config, &portable::args(p, v.has_c, config.grid.2)?)
 }
 
 /// Representative variants, for `calico compile` and the offline compile checks.

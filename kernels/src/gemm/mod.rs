@@ -11,6 +11,7 @@ mod cdna;
 mod gemv;
 mod hopper;
 mod padded;
+mod plan;
 mod portable;
 mod skinny;
 mod sm80;
@@ -19,6 +20,7 @@ use crate::ops_check as check;
 use crate::Device;
 pub use calico_core::Epilogue;
 use calico_core::{DType, Error, Result, Tensor};
+pub use plan::{plan_dense, GemmPlan};
 
 /// One operand as the kernels see it: a device pointer and strides in elements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,96 @@
+//! What the GEMM router would run for a dense problem on a compile target, with no device:
+//! for `calico bench --dry-run` and the router's tests.
+
+use super::{cdna, portable, route, Epilogue, GemmKernel, GemmProblem, MatrixArg};
+use calico_core::{Arch, DType, Error, KernelSource, KernelVariant, Result, Vendor};
+
+/// The kernel a problem would take, and (for AMD targets) the source it would compile.
+#[derive(Debug, Clone)]
+pub struct GemmPlan {
+    pub kernel: GemmKernel,
+    /// The variant's source on AMD targets; `None` on NVIDIA (see `calico compile`).
+    pub source: Option<KernelSource>,
+}
+
+/// The plan for `D[m, n] = A[m, k] @ B` on `target`, with A and D dense row-major, B a dense
+/// N x K weight (`b_k_major`) or dense K x N rows, and 256-byte-aligned buffers.
+pub fn plan_dense(
+    target: &str,
+    (m, n, k): (usize, usize, usize),
+    in_dtype: DType,
+    out_dtype: DType,
+    b_k_major: bool,
+) -> Result<GemmPlan> {
+    let arch = Arch::for_target(target)
+        .ok_or_else(|| Error::unsupported(format!("unknown target `{target}`")))?;
+    let matrix =
+        |ptr: u64, rows: usize, cols: usize, row_stride: usize, col_stride: usize| MatrixArg {
+            ptr,
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+            batch_stride: rows * cols,
+        };
+    let b = if b_k_major {
+        matrix(2 << 40, k, n, 1, k)
+    } else {
+        matrix(2 << 40, k, n, n, 1)
+    };
+    let p = GemmProblem {
+        batch: 1,
+        m,
+        n,
+        k,
+        in_dtype,
+        out_dtype,
+        a: matrix(1 << 40, m, k, k, 1),
+        b,
+        c: None,
+        d: matrix(3 << 40, m, n, n, 1),
+        bias: None,
+        alpha: 1.0,
+        beta: 0.0,
+        epilogue: Epilogue::None,
+    };
+    let kernel = route(&arch, &p)?;
+    let source = match (arch.vendor, kernel) {
+        (Vendor::Amd, GemmKernel::Cdna) => {
+            Some(cdna::Variant::for_problem(&p).source(calico_hip::hip_headers())?)
+        }
+        (Vendor::Amd, GemmKernel::Portable) => {
+            Some(portable::Variant::for_problem(&arch, &p).source(calico_hip::hip_headers())?)
+        }
+        _ => None,
+    };
+    Ok(GemmPlan { kernel, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cdna_targets_plan_the_mfma_kernel_for_dense_bf16() {
+        for target in ["gfx90a", "gfx942"] {
+            for b_k_major in [true, false] {
+                let plan = plan_dense(
+                    target,
+                    (4096, 4096, 4096),
+                    DType::BF16,
+                    DType::BF16,
+                    b_k_major,
+                )
+                .unwrap();
+                assert_eq!(plan.kernel, GemmKernel::Cdna, "{target}");
+                assert_eq!(plan.source.unwrap().entry, "calico_gemm_cdna");
+            }
+        }
+        // N = 100: K x N rows 200 bytes apart are not 16-byte aligned: the portable kernel.
+        let odd = plan_dense("gfx942", (64, 100, 64), DType::BF16, DType::F32, false).unwrap();
+        assert_eq!(odd.kernel, GemmKernel::Portable);
+        let hopper = plan_dense("sm_90a", (4096, 4096, 4096), DType::BF16, DType::BF16, true);
+        assert_eq!(hopper.unwrap().kernel, GemmKernel::Hopper);
+        assert!(plan_dense("tpu_v5", (1, 1, 1), DType::BF16, DType::BF16, true).is_err());
+    }
+}
