@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# The whole GPU test suite under compute-sanitizer: every test executable packed by
+# scripts/gpu-pack.sh, run as `.gpu/run.sh tests` runs them, once per tool (memcheck,
+# racecheck, synccheck, initcheck), with --error-exitcode so that any error fails the run. Ends
+# with a table (test executable x tool: clean / N errors / failed / timeout / not run) and exits
+# non-zero unless every cell is clean.
+#
+#   bash benches/gpu/sanitize.sh [BUNDLE]      # from the repository root; BUNDLE defaults to
+#                                              # .gpu/bundle.tgz (a folder of executables works)
+# Environment:
+#   SANITIZE_TOOLS     tools to run, in order (default "memcheck racecheck synccheck initcheck")
+#   SANITIZE_FILTER    only executables whose name contains this (default: all)
+#   SANITIZE_EXCLUDE   space-separated name parts of executables to leave out, listed as
+#                      "excluded" (e.g. "compile_all": it compiles kernels but launches none)
+#   SANITIZE_TIMEOUT   seconds per (tool, executable) run before it counts as failed (default 600)
+#   SANITIZE_BUDGET    seconds for the whole script; runs that would start later are "not run"
+#                      (and fail the script) (default: no limit)
+#   CALICO_CONFORMANCE_CASES   proptest cases per property (default here 4, so the four passes
+#                      take minutes, not hours)
+#   OUT                logs go to $OUT/sanitize/ (default /tmp/calico-sanitize)
+#
+# Excluded on purpose: conformance's `tma_2d_store_before_the_tensor_faults_unchecked` (tiles
+# test executable). It checks that a TMA store placed before its tensor is an illegal
+# instruction, by running that store in a child process and expecting the fault; under the
+# sanitizer the intended fault would be reported as an error. It is skipped (libtest --skip) in
+# every executable; the other tests that run a child process run under the sanitizer as well
+# (--target-processes all), and a child's errors fail its parent test.
+set -uo pipefail
+tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
+filter=${SANITIZE_FILTER:-}
+exclude=${SANITIZE_EXCLUDE:-}
+per_run=${SANITIZE_TIMEOUT:-600}
+budget=${SANITIZE_BUDGET:-0}
+export CALICO_CONFORMANCE_CASES=${CALICO_CONFORMANCE_CASES:-4}
+skip_tests=(tma_2d_store_before_the_tensor_faults_unchecked)
+logs=${OUT:-/tmp/calico-sanitize}/sanitize
+mkdir -p "$logs"
+start=$(date +%s)
+
+sanitizer=$(command -v compute-sanitizer || true)
+for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  [[ -n "$sanitizer" ]] && break
+  [[ -x "$c" ]] && sanitizer=$c
+done
+if [[ -z "$sanitizer" ]]; then
+  echo "sanitize: compute-sanitizer not found (PATH, /usr/local/cuda)" >&2
+  exit 2
+fi
+"$sanitizer" --version | tail -n 1
+
+bundle=${1:-.gpu/bundle.tgz}
+if [[ -d "$bundle" ]]; then
+  exes_dir=$bundle
+else
+  unpacked=$(mktemp -d /tmp/calico-sanitize.XXXXXX)
+  tar -C "$unpacked" -xzf "$bundle" || { echo "sanitize: cannot unpack $bundle" >&2; exit 2; }
+  exes_dir=$unpacked/tests
+fi
+exes=()
+for t in "$exes_dir"/*; do
+  [[ -x "$t" && -f "$t" ]] || continue
+  [[ -z "$filter" || "$(basename "$t")" == *"$filter"* ]] && exes+=("$t")
+done
+is_excluded() {
+  local x
+  for x in $exclude; do [[ "$(basename "$1")" == *"$x"* ]] && return 0; done
+  return 1
+}
+((${#exes[@]} > 0)) || { echo "sanitize: no test executables in $exes_dir" >&2; exit 2; }
+
+skip_args=()
+for s in "${skip_tests[@]}"; do skip_args+=(--skip "$s"); done
+
+# The executable's name without cargo's hash suffix.
+short() { basename "$1" | sed -E 's/-[0-9a-f]{16}$//'; }
+
+declare -A cell
+failed=0
+for tool in $tools; do
+  for t in "${exes[@]}"; do
+    name=$(short "$t")
+    key="$tool/$name"
+    if is_excluded "$t"; then
+      cell[$key]="excluded"
+      continue
+    fi
+    if ((budget > 0 && $(date +%s) - start >= budget)); then
+      cell[$key]="not run"
+      failed=1
+      continue
+    fi
+    log="$logs/$tool-$name.log"
+    t0=$(date +%s)
+    timeout --signal=KILL "$per_run" "$sanitizer" --tool "$tool" --error-exitcode 97 \
+      --target-processes all --print-limit 50 "$t" "${skip_args[@]}" >"$log" 2>&1
+    rc=$?
+    # One summary line per sanitized process (children included): "ERROR SUMMARY: N errors",
+    # or racecheck's "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+    errors=$(grep -E "=+ (ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: .*\([0-9]+ error)" "$log" \
+      | grep -oE "(SUMMARY: |\()[0-9]+ error" | grep -oE "[0-9]+" | awk '{s += $1} END {print s + 0}')
+    secs=$(($(date +%s) - t0))
+    if ((rc == 137)); then
+      cell[$key]="timeout (${per_run} s)"
+    elif ((errors > 0)); then
+      cell[$key]="$errors errors"
+    elif ((rc != 0)); then
+      cell[$key]="failed (rc $rc)"
+    else
+      cell[$key]="clean"
+    fi
+    [[ "${cell[$key]}" == clean ]] || failed=1
+    printf '%-10s %-22s %-18s %4d s\n' "$tool" "$name" "${cell[$key]}" "$secs"
+  done
+done
+
+echo
+echo "compute-sanitizer, CALICO_CONFORMANCE_CASES=$CALICO_CONFORMANCE_CASES, skipped: ${skip_tests[*]} ($(($(date +%s) - start)) s; logs in $logs)"
+printf '| %-22s |' "test executable"
+for tool in $tools; do printf ' %-18s |' "$tool"; done
+echo
+printf '| %-22s |' "---"
+for tool in $tools; do printf ' %-18s |' "---"; done
+echo
+for t in "${exes[@]}"; do
+  name=$(short "$t")
+  printf '| %-22s |' "$name"
+  for tool in $tools; do printf ' %-18s |' "${cell[$tool/$name]:-not run}"; done
+  echo
+done
+# The first errors of each failing run, so a failure can be read without the logs.
+if ((failed)); then
+  for tool in $tools; do
+    for t in "${exes[@]}"; do
+      name=$(short "$t")
+      c=${cell[$tool/$name]:-not run}
+      [[ "$c" == clean || "$c" == "not run" || "$c" == excluded ]] && continue
+      echo "---- $tool $name: $c"
+      grep -E "=+ (Invalid|Race|Barrier|Uninitialized|Error|Program hit|Warning)|^=+ +at |panicked|FAILED" \
+        "$logs/$tool-$name.log" | head -n 25
+    done
+  done
+fi
+exit $failed
