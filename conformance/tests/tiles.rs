@@ -38,6 +38,8 @@ struct Family {
     text: &'static str,
     /// Compiled for sm_80 too (false: sm_90a only).
     sm80: bool,
+    /// Compiled for sm_100a too (Blackwell keeps TMA and cp.async; it has no wgmma).
+    sm100a: bool,
     /// Every `extern "C"` entry of the file.
     entries: &'static [&'static str],
     /// (entry name fragment, opcode prefix): entries whose name contains the fragment must hold
@@ -49,6 +51,7 @@ const FRAGMENTS: Family = Family {
     name: "fragments",
     text: include_str!("../device/tiles/fragments.cu"),
     sm80: true,
+    sm100a: false,
     entries: &[
         "tiles_fragments_f32_row_m0",
         "tiles_fragments_f32_col_m0",
@@ -73,6 +76,7 @@ const ROUNDTRIP: Family = Family {
     name: "roundtrip",
     text: include_str!("../device/tiles/roundtrip.cu"),
     sm80: true,
+    sm100a: false,
     entries: &[
         "tiles_roundtrip_f32_row_p0_32x32",
         "tiles_roundtrip_f32_col_p0_32x32",
@@ -102,6 +106,7 @@ const MMA: Family = Family {
     name: "mma",
     text: include_str!("../device/tiles/mma.cu"),
     sm80: true,
+    sm100a: false,
     entries: &[
         "tiles_mma_bf16_ab_32x32x32",
         "tiles_mma_bf16_abt_32x32x32",
@@ -122,6 +127,7 @@ const REDUCE: Family = Family {
     name: "reduce",
     text: include_str!("../device/tiles/reduce.cu"),
     sm80: true,
+    sm100a: false,
     entries: &[
         "tiles_reduce_f32_16x64",
         "tiles_reduce_bf16_32x32",
@@ -134,6 +140,7 @@ const MAPS: Family = Family {
     name: "maps",
     text: include_str!("../device/tiles/maps.cu"),
     sm80: true,
+    sm100a: false,
     entries: &[
         "tiles_maps_f32_to_bf16_row_32x32",
         "tiles_maps_bf16_to_f32_col_32x32",
@@ -147,6 +154,7 @@ const CP_ASYNC: Family = Family {
     name: "cp_async",
     text: include_str!("../device/tiles/cp_async.cu"),
     sm80: true,
+    sm100a: false,
     entries: &[
         "tiles_cp_async_bf16_32x64",
         "tiles_cp_async_f16_16x32",
@@ -160,6 +168,7 @@ const TMA: Family = Family {
     name: "tma",
     text: include_str!("../device/tiles/tma.cu"),
     sm80: false,
+    sm100a: true,
     entries: &[
         "tiles_tma_2d_bf16_32x64",
         "tiles_tma_2d_f16_16x32",
@@ -180,6 +189,7 @@ const WGMMA: Family = Family {
     name: "wgmma",
     text: include_str!("../device/tiles/wgmma.cu"),
     sm80: false,
+    sm100a: false,
     entries: &[
         "tiles_wgmma_bf16_n64_kmajor",
         "tiles_wgmma_bf16_n128_nmajor",
@@ -210,10 +220,11 @@ impl Family {
     }
 
     fn targets(&self) -> &'static [&'static str] {
-        if self.sm80 {
-            &["sm_80", "sm_90a"]
-        } else {
-            &["sm_90a"]
+        match (self.sm80, self.sm100a) {
+            (true, true) => &["sm_80", "sm_90a", "sm_100a"],
+            (true, false) => &["sm_80", "sm_90a"],
+            (false, true) => &["sm_90a", "sm_100a"],
+            (false, false) => &["sm_90a"],
         }
     }
 }

@@ -167,7 +167,7 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
     let gpu = dev
         .as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
-    match route(gpu.arch(), p)? {
+    match route_on(gpu.arch(), p)? {
         GemmKernel::Gemv => gemv::launch(gpu, p),
         GemmKernel::Skinny => skinny::launch(gpu, p),
         GemmKernel::Padded => padded::launch(gpu, p),
@@ -192,7 +192,15 @@ pub fn gemm_kernel(
     if p.m == 0 || p.n == 0 || p.batch == 0 || matches!(dev, Device::Cpu(_)) {
         return Ok(None);
     }
-    route(dev.arch(), &p).map(Some)
+    route_on(dev.arch(), &p).map(Some)
+}
+
+/// [`route`] for a device, honouring `CALICO_GEMM_ROUTE_AS` (plan.rs).
+fn route_on(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
+    match plan::route_as(arch) {
+        Some(as_target) => route(&as_target, p),
+        None => route(arch, p),
+    }
 }
 
 /// (batch, rows, cols, batch stride) of a rank-2 or rank-3 operand.

@@ -1,8 +1,30 @@
-//! What the GEMM router would run for a dense problem on a compile target, with no device:
-//! for `calico bench --dry-run` and the router's tests.
+//! What the GEMM router would run for a dense problem on a compile target, with no device
+//! (for `calico bench --dry-run` and the router's tests), and `CALICO_GEMM_ROUTE_AS`, which
+//! routes on the GPU at hand as another target would (e.g. sm_100a's path on an H100).
 
 use super::{cdna, portable, route, Epilogue, GemmKernel, GemmProblem, MatrixArg};
 use calico_core::{Arch, DType, Error, KernelSource, KernelVariant, Result, Vendor};
+use std::sync::OnceLock;
+
+/// The architecture the router should see for a device of `arch`: `None` (the device's own)
+/// unless `CALICO_GEMM_ROUTE_AS` names a target of the same vendor, whose matrix instructions
+/// and async copies are then used with the device's own sizes. The kernels still compile for
+/// the device's target and check their own requirements against it. Read once per process.
+pub(crate) fn route_as(arch: &Arch) -> Option<Arch> {
+    static TARGET: OnceLock<Option<Arch>> = OnceLock::new();
+    let target = TARGET
+        .get_or_init(|| {
+            let name = std::env::var("CALICO_GEMM_ROUTE_AS").ok()?;
+            Arch::for_target(name.trim())
+        })
+        .as_ref()?;
+    (target.vendor == arch.vendor).then(|| Arch {
+        compute_units: arch.compute_units,
+        shared_mem_per_block: arch.shared_mem_per_block,
+        l2_bytes: arch.l2_bytes,
+        ..target.clone()
+    })
+}
 
 /// The kernel a problem would take, and (for AMD targets) the source it would compile.
 #[derive(Debug, Clone)]
@@ -69,6 +91,27 @@ pub fn plan_dense(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Blackwell (sm_100) has no wgmma: its GEMMs take the mma.sync kernels (the GEMV for
+    /// decode shapes), never the Hopper or skinny kernels, which need sm_90a.
+    #[test]
+    fn sm100_routes_to_the_mma_sync_kernels() {
+        for target in ["sm_100", "sm_100a"] {
+            for (shape, b_k_major, want) in [
+                ((4096, 4096, 4096), true, GemmKernel::Sm80),
+                ((4096, 4096, 4096), false, GemmKernel::Sm80),
+                ((64, 4096, 4096), true, GemmKernel::Sm80),
+                ((8, 4096, 4096), true, GemmKernel::Gemv),
+                ((300, 200, 136), false, GemmKernel::Sm80),
+            ] {
+                let plan = plan_dense(target, shape, DType::BF16, DType::BF16, b_k_major).unwrap();
+                assert_eq!(
+                    plan.kernel, want,
+                    "{target} {shape:?} b_k_major={b_k_major}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn cdna_targets_plan_the_mfma_kernel_for_dense_bf16() {
