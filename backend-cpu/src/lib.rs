@@ -6,6 +6,7 @@
 //! rows, or shapes that do not fit.
 
 mod attention;
+mod attention_decode;
 mod convert;
 mod device;
 mod gemm;
@@ -21,6 +22,7 @@ mod views;
 pub use attention::{
     attention_backward, attention_forward, AttentionParams, AttentionShape, SeqSpan,
 };
+pub use attention_decode::{attention_decode, DecodeCache, DecodeMask};
 pub use calico_core::Epilogue;
 pub use device::CpuDevice;
 pub use gemm::gemm;

@@ -25,6 +25,8 @@ GEMMS += [(64, 1024, 4096)]  # decode through a narrow (GQA key/value) projectio
 GEMVS = [(m, n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)) for m in (1, 4, 16)]
 ODD_GEMMS = [(4097, 4097, 4097), (8191, 8191, 8191), (4096, 4096, 4095), (1000, 999, 1000)]
 ODD_ROWS = [4097, 4097]  # softmax and rms_norm with an odd row length
+# Decode attention: (batch, context), one query token, GQA 32:8, head_dim 128, contiguous KV.
+DECODES = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 8192)]
 
 
 def bench(fn):
@@ -68,6 +70,28 @@ def norm_cases(cols_list):
         yield "add_layer_norm", shape, make, lambda x, r, w, b: F.layer_norm(x + r, (x.shape[-1],), w, b, 1e-5)
 
 
+def decode_cases(shapes):
+    """torch SDPA on decode shapes, once per backend (cuDNN, flash), GQA through enable_gqa."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    F = torch.nn.functional
+    for batch, context in shapes:
+
+        def make(batch=batch, context=context):
+            q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(batch, 8, context, 128, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            return q, k, v
+
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION)):
+
+            def fn(q, k, v, backend=backend):
+                with sdpa_kernel([backend]):
+                    return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+            yield {"op": "attention_decode", "shape": [batch, context], "backend": name, "dtype": "bf16"}, make, fn
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="peers.json")
@@ -83,10 +107,11 @@ def main():
     if not torch.cuda.is_available():
         print("peers.py: no CUDA device", file=sys.stderr)
         return 1
-    norm_cols, softmax_cols, gemms = NORM_COLS, SOFTMAX_COLS, GEMMS
+    norm_cols, softmax_cols, gemms, decodes = NORM_COLS, SOFTMAX_COLS, GEMMS, DECODES
     if args.quick:
         norm_cols, softmax_cols = [4096], [4096]
         gemms = [(4096, 4096, 4096), (8192, 14336, 4096), (64, 4096, 4096)]
+        decodes = [(1, 32768)]
     results = []
 
     def record(entry, make, fn):
@@ -128,6 +153,10 @@ def main():
             torch.randn(n, k, device="cuda", dtype=torch.bfloat16),
         )
 
+    for entry, make, fn in decode_cases(decodes):
+        batch, context = entry["shape"]
+        if wanted(f"attention decode bf16 b{batch} ctx{context} contiguous"):
+            record(entry, make, fn)
     for m, n, k in gemms:
         if wanted(f"gemm {m}x{n}x{k}"):
             record({"op": "gemm", "m": m, "n": n, "k": k, "dtype": "bf16"}, operands(m, n, k),

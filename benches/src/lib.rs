@@ -235,6 +235,10 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         .into_iter()
         .filter(|s| wanted(&s.name()))
         .collect();
+    let decode_specs: Vec<_> = cases::decode::decode_specs(gpu, profile)
+        .into_iter()
+        .filter(|s| wanted(&s.name()))
+        .collect();
     let latency_name = "latency rms_norm";
     let run_latency = wanted(latency_name);
     let over_budget = || opts.budget.is_some_and(|b| started.elapsed() > b);
@@ -270,6 +274,7 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         copy: None,
         memory: Vec::new(),
         gemm: Vec::new(),
+        decode: Vec::new(),
         latency: None,
         host: Vec::new(),
         peers: None,
@@ -291,7 +296,11 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         .count()
         + usize::from(wanted("graph replay decode step"));
     let progress = Progress::new(
-        1 + usize::from(run_latency) + host_cases + mem_specs.len() + gemm_specs.len(),
+        1 + usize::from(run_latency)
+            + host_cases
+            + mem_specs.len()
+            + gemm_specs.len()
+            + decode_specs.len(),
     );
     let watchdog = opts.watchdog.map(Watchdog::start);
     let tick = || {
@@ -444,6 +453,29 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
             tick();
             save_partial(&report);
         }
+    }
+    for spec in &decode_specs {
+        progress.start(&spec.name());
+        let case = if over_budget() {
+            cases::decode::skipped_case(spec, skipped())
+        } else {
+            cases::decode::run_case(dev, spec, &plan, pad.as_ref(), &mut rng)
+        };
+        let rate_text = case.calico.median_ms().map(|ms| {
+            let g = accounting::gbps(case.kv_bytes, ms);
+            match copy_gbps {
+                Some(c) if c > 0.0 => format!("{} GB/s, {:.1}% of copy", rate(g), 100.0 * g / c),
+                _ => format!("{} GB/s", rate(g)),
+            }
+        });
+        progress.done(format!(
+            "{:<34} {}",
+            case.name,
+            describe(&case.calico, rate_text)
+        ));
+        report.decode.push(case);
+        tick();
+        save_partial(&report);
     }
     progress.finish();
     drop(pad);

@@ -23,6 +23,9 @@ pub struct PeerResult {
     pub n: Option<usize>,
     pub k: Option<usize>,
     pub median_ms: Option<f64>,
+    /// The SDPA backend of an `attention_decode` case: `cudnn` or `flash`.
+    #[serde(default)]
+    pub backend: Option<String>,
 }
 
 /// Reads `path` and merges its figures into `report` (then re-derives the rates).
@@ -42,7 +45,19 @@ pub fn merge(report: &mut Report, file: &PeersFile, source: &str) {
         let Some(ms) = r.median_ms.filter(|ms| ms.is_finite() && *ms > 0.0) else {
             continue;
         };
-        if let Some(h) = report
+        if r.op == "attention_decode" {
+            // shape = [batch, context]; torch runs contiguous caches only.
+            if let Some(d) = report.decode.iter_mut().find(|d| {
+                d.spec.page_size.is_none() && [d.spec.batch, d.spec.context] == r.shape[..]
+            }) {
+                match r.backend.as_deref() {
+                    Some("cudnn") => d.cudnn_ms = Some(ms),
+                    Some("flash") => d.flash_ms = Some(ms),
+                    _ => continue,
+                }
+                matched += 1;
+            }
+        } else if let Some(h) = report
             .host
             .iter_mut()
             .find(|h| h.op == r.op && h.shape == r.shape)

@@ -198,6 +198,25 @@ impl GemmCase {
     }
 }
 
+/// One decode-attention case: K + V bytes per second against the copy bandwidth, beside torch
+/// SDPA's cuDNN and flash backends on the same shape (contiguous caches only).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DecodeCase {
+    pub name: String,
+    pub spec: crate::cases::decode::DecodeSpec,
+    pub kv_bytes: u64,
+    pub rotation_copies: usize,
+    pub calico: Timed,
+    pub gbps: Option<f64>,
+    pub pct_of_copy: Option<f64>,
+    /// Target share of the copy bandwidth in percent (contexts of 8k and more).
+    pub target_pct: Option<f64>,
+    pub cudnn_ms: Option<f64>,
+    pub flash_ms: Option<f64>,
+    pub cudnn_pct_of_copy: Option<f64>,
+    pub flash_pct_of_copy: Option<f64>,
+}
+
 /// Host time of the first call (compile) and of later calls.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
@@ -247,6 +266,8 @@ pub struct Report {
     pub copy: Option<CopyResult>,
     pub memory: Vec<MemCase>,
     pub gemm: Vec<GemmCase>,
+    #[serde(default)]
+    pub decode: Vec<DecodeCase>,
     pub latency: Option<Latency>,
     /// Host-loop cases: launch overhead and graph replay.
     #[serde(default)]
@@ -328,6 +349,16 @@ impl Report {
         for h in &mut self.host {
             h.derive();
         }
+        let pct = |ms: Option<f64>, bytes: u64| match (ms, copy_gbps) {
+            (Some(ms), Some(c)) if c > 0.0 => Some(100.0 * gbps(bytes, ms) / c),
+            _ => None,
+        };
+        for d in &mut self.decode {
+            d.gbps = d.calico.median_ms().map(|ms| gbps(d.kv_bytes, ms));
+            d.pct_of_copy = pct(d.calico.median_ms(), d.kv_bytes);
+            d.cudnn_pct_of_copy = pct(d.cudnn_ms, d.kv_bytes);
+            d.flash_pct_of_copy = pct(d.flash_ms, d.kv_bytes);
+        }
         self.targets = self.check_targets();
     }
 
@@ -399,6 +430,18 @@ impl Report {
             });
         }
         out.extend(self.host.iter().filter_map(|h| h.target()));
+        for d in &self.decode {
+            if let Some(t) = d.target_pct {
+                out.push(TargetCheck {
+                    what: d.name.clone(),
+                    target: format!(">= {t:.0}% of copy BW (K + V bytes)"),
+                    measured: d
+                        .pct_of_copy
+                        .map_or_else(|| "not measured".into(), |p| format!("{p:.1}%")),
+                    met: d.pct_of_copy.map(|p| p >= t),
+                });
+            }
+        }
         if let Some(l) = &self.latency {
             out.push(TargetCheck {
                 what: format!("first call of {} (compile)", l.op),
@@ -559,6 +602,32 @@ impl Report {
         crate::host_report::markdown(&mut s, &self.host);
         self.gemv_markdown(&mut s);
         self.odd_markdown(&mut s);
+        if !self.decode.is_empty() {
+            let _ = writeln!(s, "\n## Attention decode\n");
+            let _ = writeln!(s, "One query token per sequence, GQA 32:8, head_dim 128, bf16; bandwidth = K + V bytes / median time; % is of the copy bandwidth. torch SDPA (cuDNN, flash) runs on contiguous caches of the same size.\n");
+            let _ = writeln!(s, "| case | MB | median ms | runs | GB/s | % copy | cuDNN % copy | flash % copy | target | met |");
+            let _ = writeln!(
+                s,
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"
+            );
+            for d in &self.decode {
+                let st = d.calico.stats.as_ref();
+                let _ = writeln!(
+                    s,
+                    "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    d.name,
+                    d.kv_bytes as f64 / 1e6,
+                    or_status(&d.calico, st.map(|t| format!("{:.4}", t.median_ms))),
+                    st.map_or("-".into(), |t| t.runs.to_string()),
+                    fmt_rate(d.gbps),
+                    fmt_opt(d.pct_of_copy, 1, "%"),
+                    fmt_opt(d.cudnn_pct_of_copy, 1, "%"),
+                    fmt_opt(d.flash_pct_of_copy, 1, "%"),
+                    fmt_opt(d.target_pct, 0, "%"),
+                    met(d.target_pct.and_then(|t| d.pct_of_copy.map(|p| p >= t))),
+                );
+            }
+        }
 
         if let Some(l) = &self.latency {
             let _ = writeln!(s, "\n## First-call and later-call latency\n");
@@ -615,6 +684,7 @@ impl Report {
             .iter()
             .map(|m| (&m.name, &m.calico, "calico"))
             .chain(self.gemm.iter().map(|g| (&g.name, &g.calico, "calico")))
+            .chain(self.decode.iter().map(|d| (&d.name, &d.calico, "calico")))
             .chain(
                 self.gemm
                     .iter()
@@ -844,6 +914,7 @@ pub(crate) mod tests {
                 ratio_torch: None,
                 ..GemmCase::extras_none()
             }],
+            decode: Vec::new(),
             latency: Some(Latency {
                 op: "rms_norm".into(),
                 shape: vec![4096, 4096],

@@ -7,6 +7,75 @@ use calico::{DType, Epilogue};
 
 use crate::tensors::round;
 
+/// Masks and scale of [`decode_attention`] (the decode op's own reference, separate from the
+/// attention forward's).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeMask {
+    pub scale: f64,
+    pub causal: bool,
+    pub window: Option<(usize, usize)>,
+    pub softcap: Option<f64>,
+}
+
+/// Decode attention of one sequence: `q` [Hq, Nq, D] against `k`, `v` [Hkv, L, D] (the cache
+/// gathered into contiguous rows, L = the sequence's length). The queries are the last Nq
+/// tokens: query i sees key j iff j <= i + L - Nq when causal, and within (left, right) of
+/// that diagonal with a window. Returns O [Hq, Nq, D] and the natural-log LSE [Hq, Nq]; a
+/// query that sees no key gets zeros and -inf.
+pub fn decode_attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    (hq, hkv, nq, dim, len): (usize, usize, usize, usize, usize),
+    mask: DecodeMask,
+) -> (Vec<f64>, Vec<f64>) {
+    let group = hq / hkv;
+    let mut o = vec![0.0; hq * nq * dim];
+    let mut lse = vec![f64::NEG_INFINITY; hq * nq];
+    for h in 0..hq {
+        let kv = h / group;
+        for i in 0..nq {
+            let diag = i as i64 + len as i64 - nq as i64;
+            let qrow = &q[(h * nq + i) * dim..][..dim];
+            let visible = |j: usize| {
+                let j = j as i64;
+                let mut ok = true;
+                if mask.causal {
+                    ok &= j <= diag;
+                }
+                if let Some((left, right)) = mask.window {
+                    ok &= j >= diag - left as i64 && j <= diag + right as i64;
+                }
+                ok
+            };
+            let scores: Vec<(usize, f64)> = (0..len)
+                .filter(|&j| visible(j))
+                .map(|j| {
+                    let krow = &k[(kv * len + j) * dim..][..dim];
+                    let mut s = qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>() * mask.scale;
+                    if let Some(cap) = mask.softcap {
+                        s = cap * (s / cap).tanh();
+                    }
+                    (j, s)
+                })
+                .collect();
+            let Some(max) = scores.iter().map(|s| s.1).reduce(f64::max) else {
+                continue;
+            };
+            let total: f64 = scores.iter().map(|s| (s.1 - max).exp()).sum();
+            let out = &mut o[(h * nq + i) * dim..][..dim];
+            for &(j, s) in &scores {
+                let p = (s - max).exp() / total;
+                for (d, x) in out.iter_mut().zip(&v[(kv * len + j) * dim..][..dim]) {
+                    *d += p * x;
+                }
+            }
+            lse[h * nq + i] = max + total.ln();
+        }
+    }
+    (o, lse)
+}
+
 /// `y = x / sqrt(mean(x^2) + eps) * w`, row by row.
 pub fn rms_norm(x: &[f64], cols: usize, w: &[f64], eps: f64) -> Vec<f64> {
     let mut y = Vec::with_capacity(x.len());

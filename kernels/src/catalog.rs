@@ -8,7 +8,14 @@ use crate::ops::RopeMode;
 use calico_core::{Arch, DType, Error, HeaderSet, KernelSource, KernelVariant, Result, Vendor};
 
 /// The ops that have device kernels.
-pub const OPS: &[&str] = &["rms_norm", "layer_norm", "softmax", "rope", "gemm"];
+pub const OPS: &[&str] = &[
+    "rms_norm",
+    "layer_norm",
+    "softmax",
+    "rope",
+    "gemm",
+    "attention_decode",
+];
 
 /// One variant of one op's kernel.
 #[derive(Debug, Clone)]
@@ -162,6 +169,15 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
     }
     if wanted("gemm") {
         out.extend(crate::gemm::catalog(&arch, vendor)?);
+    }
+    if wanted("attention_decode") {
+        for (label, kernel) in crate::ops::attention::decode::catalog_variants() {
+            out.push(CatalogEntry {
+                op: "attention_decode",
+                label,
+                source: kernel.source(vendor)?,
+            });
+        }
     }
     Ok(out)
 }

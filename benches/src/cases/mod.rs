@@ -1,6 +1,7 @@
 //! The suite's cases: which shapes run on which device class and profile.
 
 pub mod copy;
+pub mod decode;
 pub mod decode_step;
 pub mod gemm;
 pub mod host_loop;

@@ -10,7 +10,8 @@ pub(crate) mod softmax;
 
 pub use crate::gemm::{gemm, matmul, GemmOptions};
 pub use attention::{
-    attention, attention_backward, attention_varlen, attention_varlen_backward, AttentionOptions,
+    attention, attention_backward, attention_decode, attention_varlen, attention_varlen_backward,
+    AttentionOptions, KvCache, MAX_DECODE_QUERIES,
 };
 pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm};
 pub use rope::{rope, RopeMode};

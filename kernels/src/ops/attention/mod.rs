@@ -9,6 +9,7 @@
 //! `O = 0` and `LSE = -inf`. See docs/ops-spec.md.
 
 pub(crate) mod check;
+pub(crate) mod decode;
 mod gpu;
 mod varlen;
 
@@ -17,6 +18,7 @@ use crate::Device;
 use calico_core::{Result, Tensor};
 use calico_cpu::{AttentionShape, SeqSpan};
 
+pub use decode::{attention_decode, KvCache, MAX_DECODE_QUERIES};
 pub use varlen::{attention_varlen, attention_varlen_backward};
 
 /// How scores are formed and masked.

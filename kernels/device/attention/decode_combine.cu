@@ -1,0 +1,62 @@
+// Merges the split partials of decode attention (decode.cu) in split order: one warp per output
+// row (sequence, query head, query token). Each split left its normalised output o_s and base-2
+// LSE l_s; the row's output is sum_s 2^(l_s - M) o_s / sum_s 2^(l_s - M) with M = max_s l_s, and
+// its LSE (natural log) is (M + log2(sum_s 2^(l_s - M))) * ln 2. A row no split saw (M = -inf)
+// gets O = 0 and LSE = -inf. The order of the sums is fixed, so results are bit-identical
+// across runs.
+//
+// Defines: ELEM (output element type), HEAD_DIM.
+#include "calico/calico.h"
+#include "attention/decode_common.h"
+
+using namespace calico;
+
+typedef ELEM T;
+
+constexpr int WARPS = 4;
+constexpr int PER_LANE = (HEAD_DIM + CALICO_LANES - 1) / CALICO_LANES;
+
+CALICO_KERNEL CALICO_MAX_THREADS(WARPS * CALICO_LANES) void calico_attention_decode_combine(
+    const float* part_o, const float* part_lse, T* o, long long o_sb, long long o_sh, long long o_sn,
+    float* lse, long long rows, int hq, int nq, int splits) {
+    const long long row = (long long)block_x() * WARPS + warp_id();
+    if (row >= rows) return;
+    const int lane = lane_id();
+    const float NEG_INF = decode_neg_inf();
+    const float* ls = part_lse + row * splits;
+
+    float mx = NEG_INF;
+    for (int s = lane; s < splits; s += CALICO_LANES) mx = fmaxf(mx, ls[s]);
+    mx = warp_max(mx);
+    const float base = mx == NEG_INF ? 0.0f : mx;
+    float total = 0.0f;
+    for (int s = lane; s < splits; s += CALICO_LANES) total += exp2_approx(ls[s] - base);
+    total = warp_sum(total);
+
+    float out[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) out[i] = 0.0f;
+    if (total > 0.0f) {
+        const float inv = 1.0f / total;
+        for (int s = 0; s < splits; ++s) {
+            const float w = exp2_approx(ls[s] - base) * inv;
+            if (w == 0.0f) continue;  // an empty split (its LSE is -inf) adds nothing
+            const float* ps = part_o + (row * splits + s) * HEAD_DIM;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) {
+                const int d = lane + i * CALICO_LANES;
+                if (d < HEAD_DIM) out[i] = fmaf(w, ps[d], out[i]);
+            }
+        }
+    }
+    const long long qi = row % nq;
+    const long long head = (row / nq) % hq;
+    const long long b = row / ((long long)nq * hq);
+    T* orow = o + b * o_sb + head * o_sh + qi * o_sn;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+        const int d = lane + i * CALICO_LANES;
+        if (d < HEAD_DIM) orow[d] = from_float<T>(out[i]);
+    }
+    if (lane == 0) lse[row] = total > 0.0f ? (base + decode_log2(total)) * DECODE_LN2 : NEG_INF;
+}

@@ -1,0 +1,726 @@
+//! Decode attention: 1 to 16 new query tokens per sequence against a KV cache, paged (vLLM /
+//! FlashInfer layout) or contiguous, split along the KV length and merged through the LSE
+//! (`kernels/device/attention/decode*.cu`).
+
+use super::AttentionOptions;
+use crate::ops::check;
+use crate::Device;
+use calico_core::{
+    Arch, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, Result, Tensor,
+};
+
+/// The most tokens one sequence's cache may address (token indices are 32-bit on GPUs).
+const MAX_TOKENS: usize = (i32::MAX as usize) - (1 << 16);
+
+/// The most query tokens per sequence a decode call takes.
+pub const MAX_DECODE_QUERIES: usize = 16;
+
+/// A KV cache as decode attention reads it. Every tensor lives on the op's device; K and V
+/// have the query's dtype and a contiguous head dimension; `seq_lens` (I32 `[B]`, contiguous)
+/// gives the tokens of each sequence in the cache, the new ones included.
+#[derive(Debug, Clone, Copy)]
+pub enum KvCache<'a> {
+    /// Pages of `page_size` tokens: `k_pages`/`v_pages` `[num_pages, page_size, Hkv, D]` (any
+    /// strides), `block_table` I32 `[B, max_pages]` (rows contiguous): token `j` of sequence
+    /// `b` is in page `block_table[b][j / page_size]` at slot `j % page_size`.
+    Paged {
+        k_pages: &'a Tensor,
+        v_pages: &'a Tensor,
+        block_table: &'a Tensor,
+        seq_lens: &'a Tensor,
+    },
+    /// One slab per sequence: `k`/`v` `[B, Hkv, Nmax, D]` (any strides); sequence `b` uses its
+    /// first `seq_lens[b]` tokens.
+    Contiguous {
+        k: &'a Tensor,
+        v: &'a Tensor,
+        seq_lens: &'a Tensor,
+    },
+}
+
+/// Attention of `q` (`[B, Hq, Nq, D]`, any strides with D contiguous; a `[B, Nq, Hq, D]` tensor
+/// is passed as its `transpose(1, 2)`) over `cache`, writing `o` (like `q`) and `lse` (f32
+/// `[B, Hq, Nq]`, contiguous, natural log). The Nq queries are the last Nq tokens of each
+/// sequence: causal masks and windows are bottom-right aligned (query `i` sees key `j` iff
+/// `j <= i + L - Nq`). bf16 or f16; D of 64, 128 or 256; Hq a multiple of Hkv. A query that
+/// sees no key gets O = 0 and LSE = -inf.
+///
+/// `seq_lens` and `block_table` are device data the op cannot read without a sync: on GPUs a
+/// length is clamped to `[0, capacity]` and a page index to the pool (bad entries give wrong
+/// values, never reads outside the tensors); the CPU backend rejects them with an `Err`.
+pub fn attention_decode(
+    dev: &Device,
+    q: &Tensor,
+    cache: &KvCache<'_>,
+    opts: &AttentionOptions,
+    o: &mut Tensor,
+    lse: &mut Tensor,
+) -> Result<()> {
+    let p = Problem::new(dev, q, cache, opts, o, lse)?;
+    if p.batch == 0 || p.hq == 0 {
+        return Ok(());
+    }
+    let gpu = match dev {
+        Device::Cpu(_) => {
+            return calico_cpu::attention_decode(q, &p.cpu_cache(cache), &p.mask, o, lse)
+        }
+        _ => dev
+            .as_gpu()
+            .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
+    };
+    launch(gpu, &p, q, cache, o, lse)
+}
+
+/// The validated sizes of one call.
+struct Problem {
+    dtype: DType,
+    batch: usize,
+    hq: usize,
+    hkv: usize,
+    nq: usize,
+    dim: usize,
+    /// Tokens one sequence can hold: Nmax, or max_pages * page_size.
+    capacity: usize,
+    page_size: usize,
+    num_pages: usize,
+    mask: calico_cpu::DecodeMask,
+}
+
+impl Problem {
+    fn new(
+        dev: &Device,
+        q: &Tensor,
+        cache: &KvCache<'_>,
+        opts: &AttentionOptions,
+        o: &Tensor,
+        lse: &Tensor,
+    ) -> Result<Problem> {
+        let dtype = q.dtype();
+        if !matches!(dtype, DType::BF16 | DType::F16) {
+            return Err(Error::DType {
+                expected: "bf16 or f16 for `q`".into(),
+                got: dtype,
+            });
+        }
+        let [batch, hq, nq, dim] = rank4("q", q)?;
+        if !(1..=MAX_DECODE_QUERIES).contains(&nq) {
+            return Err(Error::shape(format!(
+                "attention_decode takes 1 to {MAX_DECODE_QUERIES} query tokens per sequence, got {nq}"
+            )));
+        }
+        if !matches!(dim, 64 | 128 | 256) {
+            return Err(Error::unsupported(format!(
+                "attention_decode supports head_dim 64, 128 and 256, got {dim}"
+            )));
+        }
+        let (k, v, table, seq_lens) = match *cache {
+            KvCache::Paged {
+                k_pages,
+                v_pages,
+                block_table,
+                seq_lens,
+            } => (k_pages, v_pages, Some(block_table), seq_lens),
+            KvCache::Contiguous { k, v, seq_lens } => (k, v, None, seq_lens),
+        };
+        let mut named: Vec<(&str, &Tensor)> =
+            vec![("q", q), ("k", k), ("v", v), ("seq_lens", seq_lens)];
+        if let Some(t) = table {
+            named.push(("block_table", t));
+        }
+        check::on_device(dev, &named)?;
+        check::on_device(dev, &[("o", o), ("lse", lse)])?;
+        check::dtype_is("k", k, dtype)?;
+        check::dtype_is("v", v, dtype)?;
+        check::dtype_is("o", o, dtype)?;
+        check::dtype_is("lse", lse, DType::F32)?;
+        check::dtype_is("seq_lens", seq_lens, DType::I32)?;
+        check::shape_is("o", o, q.shape())?;
+        check::shape_is("lse", lse, &[batch, hq, nq])?;
+        if !lse.layout().is_contiguous() {
+            return Err(Error::stride("`lse` must be contiguous [B, Hq, Nq]"));
+        }
+        check::shape_is("seq_lens", seq_lens, &[batch])?;
+        if !seq_lens.layout().is_contiguous() {
+            return Err(Error::stride("`seq_lens` must be contiguous"));
+        }
+        check::shape_is("v", v, k.shape())?;
+        let (hkv, capacity, page_size, num_pages) = match table {
+            Some(table) => {
+                let [num_pages, page_size, hkv, kd] = rank4("k_pages", k)?;
+                if kd != dim {
+                    return Err(Error::shape(format!(
+                        "`k_pages` has head_dim {kd}, `q` has {dim}"
+                    )));
+                }
+                if page_size == 0 {
+                    return Err(Error::shape("pages must hold at least one token"));
+                }
+                check::dtype_is("block_table", table, DType::I32)?;
+                if table.shape().len() != 2 || table.shape()[0] != batch {
+                    return Err(Error::shape(format!(
+                        "`block_table` must be [{batch}, max_pages], got {:?}",
+                        table.shape()
+                    )));
+                }
+                if table.shape()[1] > 1 && table.strides()[1] != 1 {
+                    return Err(Error::stride(
+                        "the rows of `block_table` must be contiguous",
+                    ));
+                }
+                let max_pages = table.shape()[1];
+                if max_pages > 0 && num_pages == 0 {
+                    return Err(Error::shape(
+                        "`block_table` has entries but the pool has no pages",
+                    ));
+                }
+                let capacity = max_pages
+                    .checked_mul(page_size)
+                    .filter(|&c| c <= MAX_TOKENS)
+                    .ok_or_else(|| Error::shape("the block table addresses too many tokens"))?;
+                (hkv, capacity, page_size, num_pages)
+            }
+            None => {
+                let [kb, hkv, nmax, kd] = rank4("k", k)?;
+                if kb != batch || kd != dim {
+                    return Err(Error::shape(format!(
+                        "`k` must be [{batch}, Hkv, Nmax, {dim}], got {:?}",
+                        k.shape()
+                    )));
+                }
+                if nmax > MAX_TOKENS {
+                    return Err(Error::shape(format!(
+                        "`k` holds {nmax} tokens per sequence; at most {MAX_TOKENS} are supported"
+                    )));
+                }
+                (hkv, nmax, nmax, batch)
+            }
+        };
+        if hkv == 0 || hq % hkv != 0 {
+            return Err(Error::shape(format!(
+                "query heads ({hq}) must be a multiple of KV heads ({hkv})"
+            )));
+        }
+        for (name, t) in [("q", q), ("k", k), ("v", v), ("o", o)] {
+            if t.strides()[3] != 1 {
+                return Err(Error::stride(format!(
+                    "the head dimension of `{name}` must be contiguous"
+                )));
+            }
+        }
+        let mut inputs = named.clone();
+        inputs.retain(|(_, t)| t.numel() > 0);
+        check::no_overlap(&[("o", o), ("lse", lse)], &inputs)?;
+        let scale = opts.scale.unwrap_or(1.0 / (dim as f32).sqrt());
+        if !scale.is_finite() {
+            return Err(Error::shape(format!(
+                "the softmax scale must be finite, got {scale}"
+            )));
+        }
+        if let Some(cap) = opts.softcap {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(Error::shape(format!(
+                    "the soft-cap must be positive and finite, got {cap}"
+                )));
+            }
+        }
+        Ok(Problem {
+            dtype,
+            batch,
+            hq,
+            hkv,
+            nq,
+            dim,
+            capacity,
+            page_size,
+            num_pages,
+            mask: calico_cpu::DecodeMask {
+                scale,
+                causal: opts.causal,
+                window: opts.window,
+                softcap: opts.softcap,
+            },
+        })
+    }
+
+    fn cpu_cache<'a>(&self, cache: &KvCache<'a>) -> calico_cpu::DecodeCache<'a> {
+        match *cache {
+            KvCache::Paged {
+                k_pages,
+                v_pages,
+                block_table,
+                seq_lens,
+            } => calico_cpu::DecodeCache::Paged {
+                k_pages,
+                v_pages,
+                block_table,
+                seq_lens,
+            },
+            KvCache::Contiguous { k, v, seq_lens } => {
+                calico_cpu::DecodeCache::Contiguous { k, v, seq_lens }
+            }
+        }
+    }
+
+    /// Query rows that share one KV head.
+    fn rows_per_kv_head(&self) -> usize {
+        self.hq / self.hkv * self.nq
+    }
+}
+
+fn rank4(name: &str, t: &Tensor) -> Result<[usize; 4]> {
+    match *t.shape() {
+        [a, b, c, d] => Ok([a, b, c, d]),
+        _ => Err(Error::shape(format!(
+            "`{name}` must have rank 4, got {:?}",
+            t.shape()
+        ))),
+    }
+}
+
+/// One compiled form of the main decode kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct DecodeVariant {
+    pub dtype: DType,
+    pub head_dim: usize,
+    /// Query rows per block (1..=8).
+    pub rows: usize,
+    /// 16-byte accesses per lane per tile (of K and of V each).
+    pub unroll: usize,
+    pub paged: bool,
+    /// Loads of the next tile issued before the math of the current one.
+    pub pipe: bool,
+    /// Blocks per SM the registers must allow on NVIDIA (0: no bound).
+    pub min_blocks: usize,
+}
+
+/// The split combiner for one output dtype and head_dim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct CombineVariant {
+    pub dtype: DType,
+    pub head_dim: usize,
+}
+
+const DECODE_SOURCE: &str = include_str!("../../../device/attention/decode.cu");
+const COMBINE_SOURCE: &str = include_str!("../../../device/attention/decode_combine.cu");
+const DECODE_HEADERS: HeaderSet = &[(
+    "attention/decode_common.h",
+    include_str!("../../../device/attention/decode_common.h"),
+)];
+/// Warps per block of both kernels.
+const WARPS: usize = 4;
+/// Most query rows one block keeps in registers.
+const MAX_ROWS: usize = 8;
+const MAX_SPLITS: usize = 1024;
+
+/// Tuning knobs, defaults from the H100 measurements in docs/perf-log.md;
+/// `CALICO_DECODE_TUNE="pipe=0,unroll=8,minblocks=2,blocks_per_sm=4,min_split=128"` overrides
+/// them for A/B runs (unroll applies to blocks of at most 4 rows; larger blocks use half).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tune {
+    pipe: bool,
+    unroll: usize,
+    min_blocks: usize,
+    /// Blocks per SM the split aims for (enough loads in flight to cover the memory latency).
+    blocks_per_sm: usize,
+    /// Fewest KV tokens worth a split of their own.
+    min_split: usize,
+}
+
+const DEFAULT_TUNE: Tune = Tune {
+    pipe: true,
+    unroll: 4,
+    min_blocks: 0,
+    blocks_per_sm: 4,
+    min_split: 128,
+};
+
+fn tune() -> Tune {
+    static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+    *TUNE.get_or_init(|| parse_tune(&std::env::var("CALICO_DECODE_TUNE").unwrap_or_default()))
+}
+
+/// `key=value` pairs over the defaults; unknown keys and bad values are ignored.
+fn parse_tune(text: &str) -> Tune {
+    let mut t = DEFAULT_TUNE;
+    for pair in text.split(',') {
+        let Some((key, value)) = pair.split_once('=') else {
+            continue;
+        };
+        let Ok(n) = value.trim().parse::<usize>() else {
+            continue;
+        };
+        match key.trim() {
+            "pipe" => t.pipe = n != 0,
+            "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
+            "minblocks" if n <= 8 => t.min_blocks = n,
+            "blocks_per_sm" if (1..=32).contains(&n) => t.blocks_per_sm = n,
+            "min_split" if n >= 16 => t.min_split = n,
+            _ => {}
+        }
+    }
+    t
+}
+
+impl KernelVariant for DecodeVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let defines = [
+            ("ELEM", self.dtype.device_type().to_string()),
+            ("HEAD_DIM", self.head_dim.to_string()),
+            ("ROWS", self.rows.to_string()),
+            ("UNROLL", self.unroll.to_string()),
+            ("PAGED", u8::from(self.paged).to_string()),
+            ("PIPE", u8::from(self.pipe).to_string()),
+            ("MIN_BLOCKS", self.min_blocks.to_string()),
+        ];
+        let sets = [vendor, calico_core::device_headers(), DECODE_HEADERS];
+        KernelSource::assemble("calico_attention_decode", DECODE_SOURCE, &sets, &defines)
+    }
+}
+
+impl DecodeVariant {
+    /// Tokens one warp reads per tile.
+    fn tile_tokens(&self, lanes: usize) -> usize {
+        lanes / (self.head_dim / 8) * self.unroll
+    }
+}
+
+impl KernelVariant for CombineVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let defines = [
+            ("ELEM", self.dtype.device_type().to_string()),
+            ("HEAD_DIM", self.head_dim.to_string()),
+        ];
+        let sets = [vendor, calico_core::device_headers(), DECODE_HEADERS];
+        KernelSource::assemble(
+            "calico_attention_decode_combine",
+            COMBINE_SOURCE,
+            &sets,
+            &defines,
+        )
+    }
+}
+
+/// How one call is cut into blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Plan {
+    pub variant: DecodeVariant,
+    /// Blocks per KV head covering its query rows.
+    pub row_groups: usize,
+    pub splits: usize,
+    /// KV tokens per split (a multiple of the warp tile).
+    pub split_tokens: usize,
+}
+
+/// Rows per block as even as possible under [`MAX_ROWS`]; splits so that about
+/// `blocks_per_sm` blocks per SM stream the cache, each with at least `min_split` tokens.
+fn plan(arch: &Arch, p: &Problem, paged: bool) -> Plan {
+    plan_with(arch, p, paged, tune())
+}
+
+fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
+    let rows_total = p.rows_per_kv_head();
+    let row_groups = rows_total.div_ceil(MAX_ROWS);
+    let rows = rows_total.div_ceil(row_groups);
+    let variant = DecodeVariant {
+        dtype: p.dtype,
+        head_dim: p.dim,
+        rows,
+        unroll: if rows <= 4 {
+            tune.unroll
+        } else {
+            (tune.unroll / 2).max(1)
+        },
+        paged,
+        pipe: tune.pipe,
+        min_blocks: tune.min_blocks,
+    };
+    let tile = variant.tile_tokens(arch.lanes.max(1) as usize);
+    let blocks = p.batch * p.hkv * row_groups;
+    let target = (arch.compute_units.max(1) as usize * tune.blocks_per_sm).div_ceil(blocks);
+    let by_length = p.capacity.div_ceil(tune.min_split);
+    let want = target.min(by_length).clamp(1, MAX_SPLITS);
+    let split_tokens = p.capacity.div_ceil(want).div_ceil(tile).max(1) * tile;
+    let splits = p.capacity.div_ceil(split_tokens).max(1);
+    Plan {
+        variant,
+        row_groups,
+        splits,
+        split_tokens,
+    }
+}
+
+fn i64_of(v: usize) -> Result<i64> {
+    i64::try_from(v).map_err(|_| Error::shape(format!("{v} does not fit the kernel's i64")))
+}
+
+fn i32_of(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| Error::shape(format!("{what} ({v}) is too large")))
+}
+
+/// A device address that a 16-byte vector access may use, with strides of whole vectors.
+fn vector_ready(name: &str, t: &Tensor, strides: &[usize]) -> Result<()> {
+    let addr = t.device_ptr().unwrap_or(0);
+    if addr % 16 != 0 || strides.iter().any(|s| s % 8 != 0) {
+        return Err(Error::stride(format!(
+            "`{name}` must start 16-byte aligned with strides that are multiples of 8 elements \
+             on GPUs (strides {:?})",
+            t.strides()
+        )));
+    }
+    Ok(())
+}
+
+fn launch(
+    gpu: &dyn GpuBackend,
+    p: &Problem,
+    q: &Tensor,
+    cache: &KvCache<'_>,
+    o: &Tensor,
+    lse: &Tensor,
+) -> Result<()> {
+    let (k, v, table, seq_lens, paged) = match *cache {
+        KvCache::Paged {
+            k_pages,
+            v_pages,
+            block_table,
+            seq_lens,
+        } => (k_pages, v_pages, Some(block_table), seq_lens, true),
+        KvCache::Contiguous { k, v, seq_lens } => (k, v, None, seq_lens, false),
+    };
+    let plan = plan(gpu.arch(), p, paged);
+    let qs = q.strides();
+    vector_ready("q", q, &qs[..3])?;
+    // Paged: page, token, head strides; contiguous: batch (the "page"), token, head.
+    let kv_strides = |t: &Tensor| -> [usize; 3] {
+        let s = t.strides();
+        if paged {
+            [s[0], s[1], s[2]]
+        } else {
+            [s[0], s[2], s[1]]
+        }
+    };
+    let (ks, vs) = (kv_strides(k), kv_strides(v));
+    if k.numel() > 0 {
+        vector_ready("k", k, &ks)?;
+        vector_ready("v", v, &vs)?;
+    }
+    let os = o.strides();
+    let rows = p.batch * p.hq * p.nq;
+    let ws_bytes = if plan.splits > 1 {
+        rows * plan.splits * (p.dim + 1) * 4
+    } else {
+        0
+    };
+    let (table_ptr, table_stride) = match table {
+        Some(t) => (t.device_ptr().unwrap_or(0), t.strides()[0]),
+        None => (0, 0),
+    };
+    let page_shift = if paged && p.page_size.is_power_of_two() {
+        p.page_size.trailing_zeros() as i32
+    } else {
+        -1
+    };
+    let (win_left, win_right) = match p.mask.window {
+        Some((l, r)) => (
+            i64_of(l.min(i32::MAX as usize))?,
+            i64_of(r.min(i32::MAX as usize))?,
+        ),
+        None => (-1, -1),
+    };
+    let log2e = std::f32::consts::LOG2_E;
+    let qk_scale = if p.mask.softcap.is_some() {
+        p.mask.scale
+    } else {
+        p.mask.scale * log2e
+    };
+    let grid_y = p.hkv * plan.row_groups;
+    if grid_y > 65_535 || p.batch > 65_535 {
+        return Err(Error::shape(format!(
+            "attention_decode: {} KV heads x {} row groups or batch {} exceed the grid",
+            p.hkv, plan.row_groups, p.batch
+        )));
+    }
+    let launch_both = |ws_base: u64| -> Result<()> {
+        let part_o = ws_base;
+        let part_lse = ws_base + (rows * plan.splits * p.dim * 4) as u64;
+        let args = [
+            KernelArg::Ptr(q.device_ptr().unwrap_or(0)),
+            KernelArg::I64(i64_of(qs[0])?),
+            KernelArg::I64(i64_of(qs[1])?),
+            KernelArg::I64(i64_of(qs[2])?),
+            KernelArg::Ptr(k.device_ptr().unwrap_or(0)),
+            KernelArg::I64(i64_of(ks[0])?),
+            KernelArg::I64(i64_of(ks[1])?),
+            KernelArg::I64(i64_of(ks[2])?),
+            KernelArg::Ptr(v.device_ptr().unwrap_or(0)),
+            KernelArg::I64(i64_of(vs[0])?),
+            KernelArg::I64(i64_of(vs[1])?),
+            KernelArg::I64(i64_of(vs[2])?),
+            KernelArg::Ptr(table_ptr),
+            KernelArg::I64(i64_of(table_stride)?),
+            KernelArg::I64(i64_of(p.page_size)?),
+            KernelArg::I32(page_shift),
+            KernelArg::I64(i64_of(p.num_pages)?),
+            KernelArg::Ptr(seq_lens.device_ptr().unwrap_or(0)),
+            KernelArg::I64(i64_of(p.capacity)?),
+            KernelArg::Ptr(o.device_ptr().unwrap_or(0)),
+            KernelArg::I64(i64_of(os[0])?),
+            KernelArg::I64(i64_of(os[1])?),
+            KernelArg::I64(i64_of(os[2])?),
+            KernelArg::Ptr(lse.device_ptr().unwrap_or(0)),
+            KernelArg::Ptr(part_o),
+            KernelArg::Ptr(part_lse),
+            KernelArg::I32(i32_of(p.hq, "query heads")?),
+            KernelArg::I32(i32_of(p.hkv, "KV heads")?),
+            KernelArg::I32(i32_of(p.nq, "query tokens")?),
+            KernelArg::I32(i32_of(plan.row_groups, "row groups")?),
+            KernelArg::I32(i32_of(plan.splits, "splits")?),
+            KernelArg::I64(i64_of(plan.split_tokens)?),
+            KernelArg::F32(qk_scale),
+            KernelArg::F32(p.mask.softcap.unwrap_or(0.0)),
+            KernelArg::I32(i32::from(p.mask.causal)),
+            KernelArg::I64(win_left),
+            KernelArg::I64(win_right),
+        ];
+        let lanes = gpu.arch().lanes.max(1);
+        let config = LaunchConfig {
+            grid: (plan.splits as u32, grid_y as u32, p.batch as u32),
+            block: (WARPS as u32 * lanes, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        gpu.launch_variant(&plan.variant, &config, &args)?;
+        if plan.splits > 1 {
+            let combine = CombineVariant {
+                dtype: p.dtype,
+                head_dim: p.dim,
+            };
+            let args = [
+                KernelArg::Ptr(part_o),
+                KernelArg::Ptr(part_lse),
+                KernelArg::Ptr(o.device_ptr().unwrap_or(0)),
+                KernelArg::I64(i64_of(os[0])?),
+                KernelArg::I64(i64_of(os[1])?),
+                KernelArg::I64(i64_of(os[2])?),
+                KernelArg::Ptr(lse.device_ptr().unwrap_or(0)),
+                KernelArg::I64(i64_of(rows)?),
+                KernelArg::I32(i32_of(p.hq, "query heads")?),
+                KernelArg::I32(i32_of(p.nq, "query tokens")?),
+                KernelArg::I32(i32_of(plan.splits, "splits")?),
+            ];
+            let blocks = rows.div_ceil(WARPS);
+            let config = LaunchConfig::linear(
+                u32::try_from(blocks).map_err(|_| Error::shape("too many rows"))?,
+                WARPS as u32 * lanes,
+                0,
+            );
+            gpu.launch_variant(&combine, &config, &args)?;
+        }
+        Ok(())
+    };
+    if ws_bytes > 0 {
+        // Both kernels are queued while the workspace is ours: another thread's call cannot
+        // reuse the partials between them.
+        gpu.with_workspace(ws_bytes, &mut |address| launch_both(address))
+    } else {
+        launch_both(0)
+    }
+}
+
+/// Representative variants for `calico compile` and the offline compile checks.
+pub(crate) fn catalog_variants() -> Vec<(String, DecodeKernel)> {
+    let mut out: Vec<(String, DecodeKernel)> = Vec::new();
+    for (dtype, head_dim, rows, unroll, paged, pipe, min_blocks) in [
+        (DType::BF16, 128, 4, 4, true, true, 0),
+        (DType::BF16, 128, 4, 8, false, false, 2),
+        (DType::F16, 64, 1, 4, true, true, 3),
+        (DType::BF16, 256, 8, 2, true, true, 0),
+        (DType::F16, 128, 7, 2, false, false, 0),
+    ] {
+        let v = DecodeVariant {
+            dtype,
+            head_dim,
+            rows,
+            unroll,
+            paged,
+            pipe,
+            min_blocks,
+        };
+        out.push((
+            format!("{dtype} d{head_dim} rows{rows} unroll{unroll} paged={paged} pipe={pipe} minblocks={min_blocks}"),
+            DecodeKernel::Decode(v),
+        ));
+    }
+    for (dtype, head_dim) in [(DType::BF16, 128), (DType::F16, 64), (DType::BF16, 256)] {
+        out.push((
+            format!("combine {dtype} d{head_dim}"),
+            DecodeKernel::Combine(CombineVariant { dtype, head_dim }),
+        ));
+    }
+    out
+}
+
+/// One of the two decode kernels, for the catalog.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum DecodeKernel {
+    Decode(DecodeVariant),
+    Combine(CombineVariant),
+}
+
+impl DecodeKernel {
+    pub(crate) fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        match self {
+            DecodeKernel::Decode(v) => v.source(vendor),
+            DecodeKernel::Combine(v) => v.source(vendor),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(batch: usize, hq: usize, hkv: usize, nq: usize, capacity: usize) -> Problem {
+        Problem {
+            dtype: DType::BF16,
+            batch,
+            hq,
+            hkv,
+            nq,
+            dim: 128,
+            capacity,
+            page_size: 16,
+            num_pages: 1,
+            mask: calico_cpu::DecodeMask {
+                scale: 1.0,
+                causal: false,
+                window: None,
+                softcap: None,
+            },
+        }
+    }
+
+    #[test]
+    fn plan_splits_long_contexts_and_groups_rows() {
+        let h100 = Arch::for_target("sm_90a").unwrap();
+        let one = plan_with(&h100, &problem(1, 32, 8, 1, 8192), true, DEFAULT_TUNE);
+        assert_eq!((one.row_groups, one.variant.rows), (1, 4));
+        assert_eq!(one.variant.unroll, DEFAULT_TUNE.unroll);
+        assert!(one.splits > 1 && one.splits * one.split_tokens >= 8192);
+        assert_eq!(one.split_tokens % one.variant.tile_tokens(32), 0);
+        let big = plan_with(&h100, &problem(64, 32, 8, 1, 8192), false, DEFAULT_TUNE);
+        assert!(big.splits <= 2);
+        let wide = plan_with(&h100, &problem(2, 32, 8, 16, 100), true, DEFAULT_TUNE);
+        assert_eq!((wide.row_groups, wide.variant.rows), (8, 8));
+        let odd = plan_with(&h100, &problem(1, 7, 1, 2, 1), true, DEFAULT_TUNE);
+        assert_eq!((odd.row_groups, odd.variant.rows, odd.splits), (2, 7, 1));
+    }
+
+    #[test]
+    fn tune_overrides_known_keys_only() {
+        let t = parse_tune("pipe=0, unroll=8,minblocks=2,bogus=1,unroll=3,min_split=x");
+        assert_eq!((t.pipe, t.unroll, t.min_blocks), (false, 8, 2));
+        assert_eq!(t.min_split, DEFAULT_TUNE.min_split);
+        assert_eq!(parse_tune(""), DEFAULT_TUNE);
+    }
+}
