@@ -15,6 +15,7 @@ pub const OPS: &[&str] = &[
     "rope",
     "gemm",
     "attention_decode",
+    "attention",
 ];
 
 /// One variant of one op's kernel.
@@ -176,6 +177,15 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                 op: "attention_decode",
                 label,
                 source: kernel.source(vendor)?,
+            });
+        }
+    }
+    if wanted("attention") {
+        for (label, source) in crate::ops::attention::gpu::catalog(&arch, vendor)? {
+            out.push(CatalogEntry {
+                op: "attention",
+                label,
+                source,
             });
         }
     }

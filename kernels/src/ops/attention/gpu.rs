@@ -1,33 +1,384 @@
-//! GPU launches of the attention kernels.
+//! GPU launches of the attention kernels (kernels/device/attention/).
+//!
+//! NVIDIA GPUs with mma.sync and cp.async (sm_80 and later) run the tile kernels at head dims
+//! 64, 128 and 256; every other case (HIP until the CDNA register tiles carry the tile
+//! kernels, other head dims) runs the portable kernels, one warp per row.
 
 use super::check::Problem;
 use crate::Device;
-use calico_core::{Error, Result, Tensor};
+use calico_core::{
+    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, MmaKind, Result, Tensor, Vendor,
+};
 use calico_cpu::AttentionParams;
+
+const FORWARD: &str = include_str!("../../../device/attention/forward.cu");
+const BACKWARD: &str = include_str!("../../../device/attention/backward.cu");
+const PORTABLE: &str = include_str!("../../../device/attention/portable.cu");
+const HEADERS: HeaderSet = &[(
+    "attention/common.cuh",
+    include_str!("../../../device/attention/common.cuh"),
+)];
+/// Query rows per block: tile kernels 64 (4 warps of 16), portable kernels 4 (a warp each).
+const TILE_ROWS: usize = 64;
+const PORTABLE_ROWS: usize = 4;
+const TILE_THREADS: u32 = 128;
+const MAX_GRID_YZ: usize = 65_535;
+
+/// Which kernel of the attention sources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Kernel {
+    /// The tile forward; `aligned`: K and V rows are 16-byte aligned (cp.async).
+    Forward {
+        aligned: bool,
+    },
+    /// The tile backward: dQ per query block, dK and dV per key block.
+    BackwardDq {
+        aligned: bool,
+    },
+    BackwardDkDv {
+        aligned: bool,
+    },
+    PortableForward,
+    PortableDq,
+    PortableDkDv,
+}
+
+/// One compiled form of an attention kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct AttentionVariant {
+    pub kernel: Kernel,
+    pub dtype: DType,
+    pub head_dim: usize,
+}
+
+impl AttentionVariant {
+    /// Keys per block of the tile forward: 32 at head dim 256 keeps the registers in budget.
+    fn keys_per_block(&self) -> usize {
+        if self.head_dim > 128 {
+            32
+        } else {
+            64
+        }
+    }
+
+    /// Dynamic shared memory: the tile forward double-buffers K and V; the backward kernels
+    /// hold one block of each of their two streamed operands, double-buffered.
+    pub(crate) fn smem_bytes(&self) -> u32 {
+        let tile = |rows: usize| rows * self.head_dim * 2;
+        let bytes = match self.kernel {
+            Kernel::Forward { .. } => 4 * tile(self.keys_per_block()) + 1024,
+            Kernel::BackwardDq { .. } | Kernel::BackwardDkDv { .. } => {
+                4 * tile(backward_block(self.head_dim)) + 1024
+            }
+            _ => 0,
+        };
+        bytes as u32
+    }
+
+    pub(crate) fn label(&self) -> String {
+        format!("{:?} {} d{}", self.kernel, self.dtype, self.head_dim)
+    }
+}
+
+/// Rows of the streamed blocks of the backward kernels.
+fn backward_block(head_dim: usize) -> usize {
+    if head_dim > 64 {
+        32
+    } else {
+        64
+    }
+}
+
+impl KernelVariant for AttentionVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let (entry, text, aligned) = match self.kernel {
+            Kernel::Forward { aligned } => ("calico_attention_fwd", FORWARD, aligned),
+            Kernel::BackwardDq { aligned } => ("calico_attention_bwd_dq", BACKWARD, aligned),
+            Kernel::BackwardDkDv { aligned } => ("calico_attention_bwd_dkdv", BACKWARD, aligned),
+            Kernel::PortableForward => ("calico_attention_fwd_portable", PORTABLE, false),
+            Kernel::PortableDq => ("calico_attention_bwd_dq_portable", PORTABLE, false),
+            Kernel::PortableDkDv => ("calico_attention_bwd_dkdv_portable", PORTABLE, false),
+        };
+        let defines = [
+            ("ELEM", self.dtype.device_type().to_string()),
+            ("HEAD_DIM", self.head_dim.to_string()),
+            ("BN", self.keys_per_block().to_string()),
+            ("BWD_BLOCK", backward_block(self.head_dim).to_string()),
+            ("ALIGNED", u8::from(aligned).to_string()),
+        ];
+        let sets = [vendor, calico_core::device_headers(), HEADERS];
+        KernelSource::assemble(entry, text, &sets, &defines)
+    }
+}
+
+/// The tile kernels run here: NVIDIA with mma.sync and cp.async, a head dim they cover.
+fn tile_kernels(arch: &Arch, dtype: DType, head_dim: usize, backward: bool) -> bool {
+    let dims_ok = if backward {
+        matches!(head_dim, 64 | 128)
+    } else {
+        matches!(head_dim, 64 | 128 | 256)
+    };
+    arch.vendor == Vendor::Nvidia
+        && arch.has_mma(MmaKind::MmaSync, dtype)
+        && arch.has_async_copy(AsyncCopy::CpAsync)
+        && dims_ok
+}
+
+/// Element strides (batch, head, position) of an operand: `[B, H, N, D]` or packed `[T, H, D]`.
+fn strides(t: &Tensor) -> [usize; 3] {
+    let s = t.strides();
+    if s.len() == 4 {
+        [s[0], s[1], s[2]]
+    } else {
+        [0, s[1], s[0]]
+    }
+}
+
+fn ptr(t: &Tensor) -> u64 {
+    t.device_ptr().unwrap_or(0)
+}
+
+fn operand(t: &Tensor) -> [KernelArg; 4] {
+    let [sb, sh, sn] = strides(t);
+    [
+        KernelArg::Ptr(ptr(t)),
+        KernelArg::I64(sb as i64),
+        KernelArg::I64(sh as i64),
+        KernelArg::I64(sn as i64),
+    ]
+}
+
+/// Rows of `t` start on 16-byte boundaries (cp.async moves 16 bytes).
+fn rows_aligned(t: &Tensor) -> bool {
+    ptr(t) % 16 == 0 && strides(t).iter().all(|s| s % 8 == 0)
+}
+
+fn params_args(p: &Problem, params: &AttentionParams) -> [KernelArg; 9] {
+    let side = |s: Option<usize>| s.map_or(-1, |v| v as i64);
+    [
+        KernelArg::I64(p.batch as i64),
+        KernelArg::I64(p.q_heads as i64),
+        KernelArg::I64(p.kv_heads as i64),
+        KernelArg::I64(p.q_len as i64),
+        KernelArg::I64(p.k_len as i64),
+        KernelArg::F32(params.scale),
+        KernelArg::F32(params.softcap.unwrap_or(0.0)),
+        KernelArg::I64(side(params.left)),
+        KernelArg::I64(side(params.right)),
+    ]
+}
+
+/// LSE strides (batch, head): `[B, Hq, Nq]`, or `[Hq, total_q]` when packed.
+fn lse_strides(p: &Problem, packed: bool) -> [KernelArg; 2] {
+    if packed {
+        [KernelArg::I64(0), KernelArg::I64(p.q_len as i64)]
+    } else {
+        [
+            KernelArg::I64((p.q_heads * p.q_len) as i64),
+            KernelArg::I64(p.q_len as i64),
+        ]
+    }
+}
+
+fn offsets_args(varlen: Option<[&Tensor; 2]>) -> [KernelArg; 2] {
+    match varlen {
+        Some([cq, ck]) => [KernelArg::Ptr(ptr(cq)), KernelArg::Ptr(ptr(ck))],
+        None => [KernelArg::Ptr(0), KernelArg::Ptr(0)],
+    }
+}
+
+fn launcher(dev: &Device) -> Result<&dyn GpuBackend> {
+    dev.as_gpu()
+        .ok_or_else(|| Error::unsupported("device has no kernel launcher"))
+}
+
+/// A grid of `rows`-row blocks over the longest sequence, `heads`, and the batch.
+fn grid(
+    len: usize,
+    rows: usize,
+    heads: usize,
+    batch: usize,
+    threads: u32,
+    smem: u32,
+) -> Result<LaunchConfig> {
+    let blocks = len.div_ceil(rows).max(1);
+    if heads > MAX_GRID_YZ || batch > MAX_GRID_YZ || blocks > i32::MAX as usize {
+        return Err(Error::unsupported(format!(
+            "attention grid of {blocks} x {heads} heads x {batch} sequences exceeds the launch limits"
+        )));
+    }
+    Ok(LaunchConfig {
+        grid: (blocks as u32, heads as u32, batch as u32),
+        block: (threads, 1, 1),
+        shared_mem_bytes: smem,
+    })
+}
+
+fn portable_threads(dev: &Device) -> u32 {
+    PORTABLE_ROWS as u32 * dev.arch().lanes.max(1)
+}
 
 /// Launches the forward kernel on `[q, k, v, o, lse]`; `varlen` holds the offsets tensors.
 pub(crate) fn forward(
-    _dev: &Device,
-    _p: &Problem,
-    _params: &AttentionParams,
-    _t: [&Tensor; 5],
-    _varlen: Option<[&Tensor; 2]>,
+    dev: &Device,
+    p: &Problem,
+    params: &AttentionParams,
+    [q, k, v, o, lse]: [&Tensor; 5],
+    varlen: Option<[&Tensor; 2]>,
 ) -> Result<()> {
-    Err(Error::unsupported(
-        "attention forward has no GPU kernel yet",
-    ))
+    let gpu = launcher(dev)?;
+    let kernel = if tile_kernels(dev.arch(), p.dtype, p.head_dim, false) {
+        Kernel::Forward {
+            aligned: rows_aligned(k) && rows_aligned(v),
+        }
+    } else {
+        Kernel::PortableForward
+    };
+    let variant = AttentionVariant {
+        kernel,
+        dtype: p.dtype,
+        head_dim: p.head_dim,
+    };
+    let config = match kernel {
+        Kernel::PortableForward => grid(
+            p.q_len,
+            PORTABLE_ROWS,
+            p.q_heads,
+            p.batch,
+            portable_threads(dev),
+            0,
+        )?,
+        _ => grid(
+            p.q_len,
+            TILE_ROWS,
+            p.q_heads,
+            p.batch,
+            TILE_THREADS,
+            variant.smem_bytes(),
+        )?,
+    };
+    let mut args = Vec::with_capacity(32);
+    for t in [q, k, v, o] {
+        args.extend(operand(t));
+    }
+    args.push(KernelArg::Ptr(ptr(lse)));
+    args.extend(lse_strides(p, varlen.is_some()));
+    args.extend(offsets_args(varlen));
+    args.extend(params_args(p, params));
+    gpu.launch_variant(&variant, &config, &args)
 }
 
-/// Launches the backward kernels on `[q, k, v, o, lse, d_o, dq, dk, dv]`.
+/// Launches the backward kernels on `[q, k, v, o, lse, d_o, dq, dk, dv]`: dQ, then dK and
+/// dV. Each output element is written by one warp from sums in a fixed order, so every mode
+/// is deterministic.
 pub(crate) fn backward(
-    _dev: &Device,
-    _p: &Problem,
-    _params: &AttentionParams,
+    dev: &Device,
+    p: &Problem,
+    params: &AttentionParams,
     _deterministic: bool,
-    _t: [&Tensor; 9],
-    _varlen: Option<[&Tensor; 2]>,
+    [q, k, v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
+    varlen: Option<[&Tensor; 2]>,
 ) -> Result<()> {
-    Err(Error::unsupported(
-        "attention backward has no GPU kernel yet",
-    ))
+    let gpu = launcher(dev)?;
+    let tile = tile_kernels(dev.arch(), p.dtype, p.head_dim, true);
+    let aligned = [q, k, v, o, d_o].iter().all(|t| rows_aligned(t));
+    let (dq_kernel, dkdv_kernel) = if tile {
+        (
+            Kernel::BackwardDq { aligned },
+            Kernel::BackwardDkDv { aligned },
+        )
+    } else {
+        (Kernel::PortableDq, Kernel::PortableDkDv)
+    };
+    let mut common = Vec::with_capacity(48);
+    for t in [q, k, v, o, d_o] {
+        common.extend(operand(t));
+    }
+    common.push(KernelArg::Ptr(ptr(lse)));
+    common.extend(lse_strides(p, varlen.is_some()));
+    let tail: Vec<KernelArg> = offsets_args(varlen)
+        .into_iter()
+        .chain(params_args(p, params))
+        .collect();
+    let config = |kernel: Kernel, len: usize, heads: usize| {
+        let variant = AttentionVariant {
+            kernel,
+            dtype: p.dtype,
+            head_dim: p.head_dim,
+        };
+        let c = if tile {
+            grid(
+                len,
+                TILE_ROWS,
+                heads,
+                p.batch,
+                TILE_THREADS,
+                variant.smem_bytes(),
+            )
+        } else {
+            grid(len, PORTABLE_ROWS, heads, p.batch, portable_threads(dev), 0)
+        };
+        c.map(|c| (variant, c))
+    };
+    let dq_launch = config(dq_kernel, p.q_len, p.q_heads)?;
+    let dkdv_launch = config(dkdv_kernel, p.k_len, p.kv_heads)?;
+    // The tile kernels pass delta = rowsum(dO * O) from the dQ kernel to the dK/dV kernel
+    // through the workspace (laid out as the LSE); the portable ones recompute it.
+    let run = |delta: Option<u64>| -> Result<()> {
+        let delta_arg = delta.map(KernelArg::Ptr);
+        if q.numel() > 0 {
+            let mut args = common.clone();
+            args.extend(delta_arg);
+            args.extend(operand(dq));
+            args.extend(tail.iter().copied());
+            gpu.launch_variant(&dq_launch.0, &dq_launch.1, &args)?;
+        }
+        if k.numel() > 0 {
+            let mut args = common.clone();
+            args.extend(delta_arg);
+            args.extend(operand(dk));
+            args.extend(operand(dv));
+            args.extend(tail.iter().copied());
+            gpu.launch_variant(&dkdv_launch.0, &dkdv_launch.1, &args)?;
+        }
+        Ok(())
+    };
+    if tile {
+        gpu.with_workspace(lse.numel().max(1) * 4, &mut |addr| run(Some(addr)))
+    } else {
+        run(None)
+    }
+}
+
+/// Every attention variant, for the catalog (compiled for each target in CI).
+pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, KernelSource)>> {
+    let mut out = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in [64, 128, 256] {
+            let mut kernels = vec![
+                Kernel::PortableForward,
+                Kernel::PortableDq,
+                Kernel::PortableDkDv,
+            ];
+            for aligned in [true, false] {
+                if tile_kernels(arch, dtype, head_dim, false) {
+                    kernels.push(Kernel::Forward { aligned });
+                }
+                if tile_kernels(arch, dtype, head_dim, true) {
+                    kernels.push(Kernel::BackwardDq { aligned });
+                    kernels.push(Kernel::BackwardDkDv { aligned });
+                }
+            }
+            for kernel in kernels {
+                let v = AttentionVariant {
+                    kernel,
+                    dtype,
+                    head_dim,
+                };
+                out.push((v.label(), v.source(vendor)?));
+            }
+        }
+    }
+    Ok(out)
 }

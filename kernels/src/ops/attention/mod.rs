@@ -10,7 +10,7 @@
 
 pub(crate) mod check;
 pub(crate) mod decode;
-mod gpu;
+pub(crate) mod gpu;
 mod varlen;
 
 use super::check as common;
