@@ -27,6 +27,43 @@ ODD_GEMMS = [(4097, 4097, 4097), (8191, 8191, 8191), (4096, 4096, 4095), (1000, 
 ODD_ROWS = [4097, 4097]  # softmax and rms_norm with an odd row length
 # Decode attention: (batch, context), one query token, GQA 32:8, head_dim 128, contiguous KV.
 DECODES = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 8192)]
+# FlashAttention-3's shapes: 16384 tokens in all, hidden 2048 (heads = 2048 / head_dim).
+ATTN_TOKENS, ATTN_HIDDEN = 16384, 2048
+ATTN_SEQS = [512, 1024, 2048, 4096, 8192, 16384]
+ATTN_DIMS = [64, 128]
+
+
+def attention_cases(seqs):
+    """(op, shape [B, H, N, D, causal], make, fn) for SDPA forward and backward through the
+    cuDNN and flash backends (bf16, [B, H, N, D] contiguous)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    F = torch.nn.functional
+    backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
+    for d in ATTN_DIMS:
+        for n in seqs:
+            b, h = ATTN_TOKENS // n, ATTN_HIDDEN // d
+            for causal in (False, True):
+                shape = [b, h, n, d, int(causal)]
+                for name, backend in backends:
+
+                    def make(b=b, h=h, n=n, d=d):
+                        return [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+
+                    def fwd(q, k, v, backend=backend, causal=causal):
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                    def make_bwd(make=make, fwd=fwd):
+                        q, k, v = make()
+                        o = fwd(q, k, v)
+                        return o, torch.randn_like(o), (q, k, v)
+
+                    def bwd(o, g, inputs):
+                        return torch.autograd.grad(o, inputs, g, retain_graph=True)
+
+                    yield f"attention fwd {name}", shape, make, fwd
+                    yield f"attention bwd {name}", shape, make_bwd, bwd
 
 
 def bench(fn):
@@ -173,6 +210,11 @@ def main():
         for entry in host_loops.run():
             results.append(entry)
             print(json.dumps(entry), flush=True)
+    attn_seqs = [1024, 4096] if args.quick else ATTN_SEQS
+    for op, shape, make, fn in attention_cases(attn_seqs):
+        if wanted(op):
+            with torch.no_grad() if " fwd " in op else torch.enable_grad():
+                record({"op": op, "shape": shape, "dtype": "bf16"}, make, fn)
     out = {
         "torch_version": torch.__version__,
         "device": torch.cuda.get_device_name(),

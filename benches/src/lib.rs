@@ -10,6 +10,7 @@
 //! ```
 
 pub mod accounting;
+pub mod attention;
 pub mod cases;
 pub mod cublaslt;
 pub mod host_report;
@@ -239,6 +240,10 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         .into_iter()
         .filter(|s| wanted(&s.name()))
         .collect();
+    let attn_specs: Vec<_> = attention::specs(gpu, profile)
+        .into_iter()
+        .filter(|s| wanted(&s.name()))
+        .collect();
     let latency_name = "latency rms_norm";
     let run_latency = wanted(latency_name);
     let over_budget = || opts.budget.is_some_and(|b| started.elapsed() > b);
@@ -275,6 +280,7 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         memory: Vec::new(),
         gemm: Vec::new(),
         decode: Vec::new(),
+        attention: Vec::new(),
         latency: None,
         host: Vec::new(),
         peers: None,
@@ -300,7 +306,8 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
             + host_cases
             + mem_specs.len()
             + gemm_specs.len()
-            + decode_specs.len(),
+            + decode_specs.len()
+            + attn_specs.len(),
     );
     let watchdog = opts.watchdog.map(Watchdog::start);
     let tick = || {
@@ -474,6 +481,26 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
             describe(&case.calico, rate_text)
         ));
         report.decode.push(case);
+        tick();
+        save_partial(&report);
+    }
+    for spec in &attn_specs {
+        progress.start(&spec.name());
+        let case = if over_budget() {
+            attention::skipped_case(spec, skipped())
+        } else {
+            attention::run_case(dev, spec, &plan, pad.as_ref(), &mut rng)
+        };
+        let tf = case
+            .calico
+            .median_ms()
+            .map(|ms| format!("{} TFLOP/s", rate(accounting::tflops(case.flops, ms))));
+        progress.done(format!(
+            "{:<34} calico   {}",
+            case.name,
+            describe(&case.calico, tf)
+        ));
+        report.attention.push(case);
         tick();
         save_partial(&report);
     }

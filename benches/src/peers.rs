@@ -45,7 +45,11 @@ pub fn merge(report: &mut Report, file: &PeersFile, source: &str) {
         let Some(ms) = r.median_ms.filter(|ms| ms.is_finite() && *ms > 0.0) else {
             continue;
         };
-        if r.op == "attention_decode" {
+        if r.op.starts_with("attention ") {
+            if crate::attention::merge_peer(&mut report.attention, &r.op, &r.shape, ms) {
+                matched += 1;
+            }
+        } else if r.op == "attention_decode" {
             // shape = [batch, context]; torch runs contiguous caches only.
             if let Some(d) = report.decode.iter_mut().find(|d| {
                 d.spec.page_size.is_none() && [d.spec.batch, d.spec.context] == r.shape[..]

@@ -268,6 +268,8 @@ pub struct Report {
     pub gemm: Vec<GemmCase>,
     #[serde(default)]
     pub decode: Vec<DecodeCase>,
+    #[serde(default)]
+    pub attention: Vec<crate::attention::AttnCase>,
     pub latency: Option<Latency>,
     /// Host-loop cases: launch overhead and graph replay.
     #[serde(default)]
@@ -359,6 +361,7 @@ impl Report {
             d.cudnn_pct_of_copy = pct(d.cudnn_ms, d.kv_bytes);
             d.flash_pct_of_copy = pct(d.flash_ms, d.kv_bytes);
         }
+        crate::attention::derive(&mut self.attention, peak);
         self.targets = self.check_targets();
     }
 
@@ -442,6 +445,7 @@ impl Report {
                 });
             }
         }
+        out.extend(crate::attention::targets(&self.attention));
         if let Some(l) = &self.latency {
             out.push(TargetCheck {
                 what: format!("first call of {} (compile)", l.op),
@@ -656,6 +660,7 @@ impl Report {
             }
         }
 
+        s.push_str(&crate::attention::markdown(&self.attention));
         let _ = writeln!(s, "\n## Targets (TARGETS.md)\n");
         let met_count = self.targets.iter().filter(|t| t.met == Some(true)).count();
         let measured = self.targets.iter().filter(|t| t.met.is_some()).count();
@@ -915,6 +920,7 @@ pub(crate) mod tests {
                 ..GemmCase::extras_none()
             }],
             decode: Vec::new(),
+            attention: Vec::new(),
             latency: Some(Latency {
                 op: "rms_norm".into(),
                 shape: vec![4096, 4096],

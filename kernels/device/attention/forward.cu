@@ -154,7 +154,18 @@ CALICO_KERNEL void CALICO_MAX_THREADS(128) calico_attention_fwd(CALICO_ATTN_OPER
             load(kf, ks[stage], 0, c * DC);
             mma_ABt(s, qr[c], kf, s);
         }
-        mask_scores(s, p, seq, m0 + 16 * warp, (i64)t * BN);
+        {
+            // Tiles every row of this warp sees in full (most of them) skip the per-element
+            // mask: one multiply by scale * log2(e).
+            const i64 row0 = m0 + 16 * warp, col0 = (i64)t * BN;
+            const i64 diag0 = row0 + seq.k_len - seq.q_len;
+            const bool full = col0 + BN <= seq.k_len && (p.left < 0 || col0 >= diag0 + 15 - p.left) &&
+                              (p.right < 0 || col0 + BN - 1 <= diag0 + p.right);
+            if (full && p.softcap <= 0.0f)
+                mul(s, s, p.scale * LOG2E);
+            else
+                mask_scores(s, p, seq, row0, col0);
+        }
 
         // Online softmax in base 2.
         rv<16, per_row> tile_max, scale_old, tile_sum;

@@ -1,0 +1,321 @@
+//! Attention forward and backward in TFLOP/s at FlashAttention-3's shapes (16384 tokens in
+//! all, hidden 2048, head dims 64 and 128, N from 512 to 16384, causal and not), next to torch
+//! SDPA through cuDNN and flash (merged from peers.py). Forward FLOPs 4 B H N^2 D, halved when
+//! causal; backward 2.5x the forward.
+
+use crate::accounting::tflops;
+use crate::cases::Profile;
+use crate::report::{TargetCheck, Timed};
+use crate::rng::{random_tensor, XorShift};
+use crate::timing::{time_runs, Pad, Plan};
+use calico::ops::{self, AttentionOptions};
+use calico::{DType, Device, Result, Tensor};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+const TOKENS: usize = 16384;
+const HIDDEN: usize = 2048;
+
+/// One attention problem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttnSpec {
+    pub backward: bool,
+    pub head_dim: usize,
+    pub seq: usize,
+    pub causal: bool,
+}
+
+impl AttnSpec {
+    pub fn batch(&self) -> usize {
+        (TOKENS / self.seq).max(1)
+    }
+    pub fn heads(&self) -> usize {
+        HIDDEN / self.head_dim
+    }
+    pub fn name(&self) -> String {
+        format!(
+            "attention {} d{} N{}{}",
+            if self.backward { "bwd" } else { "fwd" },
+            self.head_dim,
+            self.seq,
+            if self.causal { " causal" } else { "" }
+        )
+    }
+    /// `[B, H, N, D, causal]`, as peers.py records it.
+    pub fn shape(&self) -> Vec<usize> {
+        vec![
+            self.batch(),
+            self.heads(),
+            self.seq,
+            self.head_dim,
+            usize::from(self.causal),
+        ]
+    }
+    pub fn flops(&self) -> f64 {
+        let (b, h, n, d) = (
+            self.batch() as f64,
+            self.heads() as f64,
+            self.seq as f64,
+            self.head_dim as f64,
+        );
+        let fwd = 4.0 * b * h * n * n * d / if self.causal { 2.0 } else { 1.0 };
+        if self.backward {
+            2.5 * fwd
+        } else {
+            fwd
+        }
+    }
+}
+
+/// The cases of a profile (GPU only: on the CPU these shapes take minutes each).
+pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
+    if !gpu || profile == Profile::Tiny {
+        return Vec::new();
+    }
+    let seqs: &[usize] = if profile == Profile::Full {
+        &[512, 1024, 2048, 4096, 8192, 16384]
+    } else {
+        &[1024, 4096]
+    };
+    let mut out = Vec::new();
+    for backward in [false, true] {
+        for head_dim in [64, 128] {
+            for &seq in seqs {
+                for causal in [false, true] {
+                    out.push(AttnSpec {
+                        backward,
+                        head_dim,
+                        seq,
+                        causal,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One measured case.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttnCase {
+    pub name: String,
+    pub backward: bool,
+    /// `[B, H, N, D, causal]`.
+    pub shape: Vec<usize>,
+    pub flops: f64,
+    pub calico: Timed,
+    pub calico_tflops: Option<f64>,
+    pub pct_of_peak: Option<f64>,
+    /// Host time of the first call of this variant in the run (compile or disk cache, load,
+    /// launch, wait).
+    pub first_call_ms: Option<f64>,
+    pub cudnn_ms: Option<f64>,
+    pub cudnn_tflops: Option<f64>,
+    pub ratio_cudnn: Option<f64>,
+    pub flash_ms: Option<f64>,
+    pub flash_tflops: Option<f64>,
+    pub ratio_flash: Option<f64>,
+    /// Ratio to cuDNN the issue asks for (N >= 2048), else None.
+    pub target_ratio: Option<f64>,
+}
+
+struct Inputs {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    d_o: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+}
+
+fn inputs(dev: &Device, s: &AttnSpec, rng: &mut XorShift) -> Result<Inputs> {
+    let shape = [s.batch(), s.heads(), s.seq, s.head_dim];
+    let t = |rng: &mut XorShift| random_tensor(dev, rng, &shape, DType::BF16, -1.0, 1.0);
+    Ok(Inputs {
+        q: t(rng)?,
+        k: t(rng)?,
+        v: t(rng)?,
+        o: dev.zeros(&shape, DType::BF16)?,
+        lse: dev.zeros(&shape[..3], DType::F32)?,
+        d_o: t(rng)?,
+        dq: dev.zeros(&shape, DType::BF16)?,
+        dk: dev.zeros(&shape, DType::BF16)?,
+        dv: dev.zeros(&shape, DType::BF16)?,
+    })
+}
+
+fn call(dev: &Device, s: &AttnSpec, x: &mut Inputs) -> Result<()> {
+    let opts = AttentionOptions {
+        causal: s.causal,
+        ..Default::default()
+    };
+    if s.backward {
+        ops::attention_backward(
+            dev, &x.q, &x.k, &x.v, &x.o, &x.lse, &x.d_o, &opts, &mut x.dq, &mut x.dk, &mut x.dv,
+        )
+    } else {
+        ops::attention(dev, &x.q, &x.k, &x.v, &opts, &mut x.o, &mut x.lse)
+    }
+}
+
+/// Times one case (one input set: each run reads far more than the L2 holds at these shapes
+/// only through its own re-reads, as FlashAttention's benchmarks do).
+pub fn run_case(
+    dev: &Device,
+    spec: &AttnSpec,
+    plan: &Plan,
+    pad: Option<&Pad>,
+    rng: &mut XorShift,
+) -> AttnCase {
+    let mut case = skipped_case(spec, Timed::not_available("not run"));
+    let mut x = match inputs(dev, spec, rng) {
+        Ok(x) => x,
+        Err(e) => {
+            case.calico = Timed::from_error(&e);
+            return case;
+        }
+    };
+    if spec.backward {
+        // The backward reads the forward's O and LSE.
+        let forward = AttnSpec {
+            backward: false,
+            ..*spec
+        };
+        if let Err(e) = call(dev, &forward, &mut x) {
+            case.calico = Timed::from_error(&e);
+            return case;
+        }
+    }
+    let start = Instant::now();
+    let first = call(dev, spec, &mut x).and_then(|_| dev.synchronize());
+    if let Err(e) = first {
+        case.calico = Timed::from_error(&e);
+        return case;
+    }
+    case.first_call_ms = Some(start.elapsed().as_secs_f64() * 1e3);
+    case.calico = match time_runs(dev, plan, pad, &mut |_| call(dev, spec, &mut x)) {
+        Ok(s) => Timed::ok(s),
+        Err(e) => Timed::from_error(&e),
+    };
+    case
+}
+
+/// A case that was not timed, with `why` as Calico's entry.
+pub fn skipped_case(spec: &AttnSpec, why: Timed) -> AttnCase {
+    AttnCase {
+        name: spec.name(),
+        backward: spec.backward,
+        shape: spec.shape(),
+        flops: spec.flops(),
+        calico: why,
+        calico_tflops: None,
+        pct_of_peak: None,
+        first_call_ms: None,
+        cudnn_ms: None,
+        cudnn_tflops: None,
+        ratio_cudnn: None,
+        flash_ms: None,
+        flash_tflops: None,
+        ratio_flash: None,
+        target_ratio: (spec.seq >= 2048).then_some(if spec.backward { 1.10 } else { 1.05 }),
+    }
+}
+
+/// Rates and ratios from the times.
+pub fn derive(cases: &mut [AttnCase], peak: Option<f64>) {
+    for c in cases {
+        c.calico_tflops = c.calico.median_ms().map(|ms| tflops(c.flops, ms));
+        c.pct_of_peak = c.calico_tflops.zip(peak).map(|(t, p)| 100.0 * t / p);
+        c.cudnn_tflops = c.cudnn_ms.map(|ms| tflops(c.flops, ms));
+        c.flash_tflops = c.flash_ms.map(|ms| tflops(c.flops, ms));
+        let ratio = |peer: Option<f64>| c.calico_tflops.zip(peer).map(|(a, b)| a / b);
+        c.ratio_cudnn = ratio(c.cudnn_tflops);
+        c.ratio_flash = ratio(c.flash_tflops);
+    }
+}
+
+/// The targets: >= 1.05x cuDNN forward, >= 1.10x backward, at N >= 2048.
+pub fn targets(cases: &[AttnCase]) -> Vec<TargetCheck> {
+    cases
+        .iter()
+        .filter_map(|c| {
+            let want = c.target_ratio?;
+            Some(TargetCheck {
+                what: c.name.clone(),
+                target: format!(">= {want:.2}x cuDNN (torch SDPA)"),
+                measured: c
+                    .ratio_cudnn
+                    .map_or_else(|| "not measured".into(), |r| format!("{r:.2}x")),
+                met: c.ratio_cudnn.map(|r| r >= want),
+            })
+        })
+        .collect()
+}
+
+/// The Markdown table.
+pub fn markdown(cases: &[AttnCase]) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    if cases.is_empty() {
+        return s;
+    }
+    let f = |v: Option<f64>, p: usize| v.map_or_else(|| "-".to_string(), |v| format!("{v:.p$}"));
+    let _ = writeln!(s, "\n## Attention (bf16, 16384 tokens, hidden 2048)\n");
+    let _ = writeln!(
+        s,
+        "| case | [B, H, N, D, causal] | calico TFLOP/s | % of peak | first call ms | cuDNN TFLOP/s | x cuDNN | flash TFLOP/s | x flash |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|");
+    for c in cases {
+        let calico = match c.calico_tflops {
+            Some(t) => format!("{t:.0}"),
+            None => c
+                .calico
+                .message
+                .clone()
+                .unwrap_or_else(|| "-".into())
+                .lines()
+                .next()
+                .unwrap_or("-")
+                .to_string(),
+        };
+        let _ = writeln!(
+            s,
+            "| {} | {:?} | {calico} | {} | {} | {} | {} | {} | {} |",
+            c.name,
+            c.shape,
+            f(c.pct_of_peak, 1),
+            f(c.first_call_ms, 0),
+            f(c.cudnn_tflops, 0),
+            f(c.ratio_cudnn, 2),
+            f(c.flash_tflops, 0),
+            f(c.ratio_flash, 2),
+        );
+    }
+    s
+}
+
+/// Puts a peers.py figure (`attention fwd cudnn` etc.) next to its case; true when matched.
+pub fn merge_peer(cases: &mut [AttnCase], op: &str, shape: &[usize], ms: f64) -> bool {
+    let mut parts = op.split(' ');
+    let (Some("attention"), Some(dir), Some(backend)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let backward = dir == "bwd";
+    let Some(c) = cases
+        .iter_mut()
+        .find(|c| c.backward == backward && c.shape == shape)
+    else {
+        return false;
+    };
+    match backend {
+        "cudnn" => c.cudnn_ms = Some(ms),
+        "flash" => c.flash_ms = Some(ms),
+        _ => return false,
+    }
+    true
+}
