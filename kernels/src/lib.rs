@@ -19,10 +19,11 @@ pub mod catalog;
 pub mod gemm;
 mod gpu;
 pub mod ops;
+pub mod tile_kernel;
 
 pub use calico_core::{
     Arch, AsyncCopy, Backend, BackendKind, DType, DeviceId, Element, Error, Fp8Flavour, GpuBackend,
-    KernelSource, Layout, MmaAtom, MmaKind, Result, Tensor, Vendor,
+    KernelArg, KernelSource, LaunchConfig, Layout, MmaAtom, MmaKind, Result, Tensor, Vendor,
 };
 pub use device::{AsBackend, Device, Discovery};
 pub use gemm::Epilogue;

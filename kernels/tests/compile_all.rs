@@ -208,3 +208,29 @@ fn cdna_gemm_uses_mfma_and_buffer_loads_without_scratch() {
         }
     }
 }
+
+/// The user-kernel example (kernels/examples/tile_softmax.cu, docs/tile-kernels.md) compiles
+/// for all four targets through the public `TileKernel` API.
+#[test]
+fn tile_kernel_example_compiles_for_all_four_targets() {
+    let kernel = calico::tile_kernel::TileKernel::new(
+        "tile_softmax",
+        include_str!("../examples/tile_softmax.cu"),
+    )
+    .define("COLS", 64);
+    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
+    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
+    for (target, available) in [
+        ("sm_80", nvidia),
+        ("sm_90a", nvidia),
+        ("gfx90a", amd),
+        ("gfx942", amd),
+    ] {
+        if available {
+            let binary = kernel
+                .compile_for(target)
+                .unwrap_or_else(|e| panic!("{target}: {e}"));
+            assert!(!binary.is_empty(), "{target}");
+        }
+    }
+}
