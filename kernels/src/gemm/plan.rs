@@ -103,6 +103,8 @@ mod tests {
                 ((64, 4096, 4096), true, GemmKernel::Sm80),
                 ((8, 4096, 4096), true, GemmKernel::Gemv),
                 ((300, 200, 136), false, GemmKernel::Sm80),
+                // K = 77: rows 154 bytes apart, which the 16-byte copies cannot take.
+                ((257, 129, 77), true, GemmKernel::Portable),
             ] {
                 let plan = plan_dense(target, shape, DType::BF16, DType::BF16, b_k_major).unwrap();
                 assert_eq!(
