@@ -188,6 +188,40 @@ fn offsets_args(varlen: Option<[&Tensor; 2]>) -> [KernelArg; 2] {
     }
 }
 
+/// A kernel's arguments in a fixed buffer: launches allocate nothing.
+#[derive(Clone, Copy)]
+struct ArgList {
+    buf: [KernelArg; 48],
+    len: usize,
+}
+
+impl ArgList {
+    fn new() -> Self {
+        ArgList {
+            buf: [KernelArg::I64(0); 48],
+            len: 0,
+        }
+    }
+
+    /// Appends `args` (the lists here are at most 43 long; more is a bug, not user input).
+    fn extend(&mut self, args: impl IntoIterator<Item = KernelArg>) {
+        for a in args {
+            if let Some(slot) = self.buf.get_mut(self.len) {
+                *slot = a;
+                self.len += 1;
+            }
+        }
+    }
+
+    fn push(&mut self, a: KernelArg) {
+        self.extend([a]);
+    }
+
+    fn as_slice(&self) -> &[KernelArg] {
+        &self.buf[..self.len]
+    }
+}
+
 fn launcher(dev: &Device) -> Result<&dyn GpuBackend> {
     dev.as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))
@@ -258,7 +292,7 @@ pub(crate) fn forward(
             variant.smem_bytes(),
         )?,
     };
-    let mut args = Vec::with_capacity(32);
+    let mut args = ArgList::new();
     for t in [q, k, v, o] {
         args.extend(operand(t));
     }
@@ -266,7 +300,7 @@ pub(crate) fn forward(
     args.extend(lse_strides(p, varlen.is_some()));
     args.extend(offsets_args(varlen));
     args.extend(params_args(p, params));
-    gpu.launch_variant(&variant, &config, &args)
+    gpu.launch_variant(&variant, &config, args.as_slice())
 }
 
 /// Launches the backward kernels on `[q, k, v, o, lse, d_o, dq, dk, dv]`: dQ, then dK and
@@ -291,16 +325,15 @@ pub(crate) fn backward(
     } else {
         (Kernel::PortableDq, Kernel::PortableDkDv)
     };
-    let mut common = Vec::with_capacity(48);
+    let mut common = ArgList::new();
     for t in [q, k, v, o, d_o] {
         common.extend(operand(t));
     }
     common.push(KernelArg::Ptr(ptr(lse)));
     common.extend(lse_strides(p, varlen.is_some()));
-    let tail: Vec<KernelArg> = offsets_args(varlen)
-        .into_iter()
-        .chain(params_args(p, params))
-        .collect();
+    let mut tail = ArgList::new();
+    tail.extend(offsets_args(varlen));
+    tail.extend(params_args(p, params));
     let config = |kernel: Kernel, len: usize, heads: usize| {
         let variant = AttentionVariant {
             kernel,
@@ -328,19 +361,19 @@ pub(crate) fn backward(
     let run = |delta: Option<u64>| -> Result<()> {
         let delta_arg = delta.map(KernelArg::Ptr);
         if q.numel() > 0 {
-            let mut args = common.clone();
+            let mut args = common;
             args.extend(delta_arg);
             args.extend(operand(dq));
-            args.extend(tail.iter().copied());
-            gpu.launch_variant(&dq_launch.0, &dq_launch.1, &args)?;
+            args.extend(tail.as_slice().iter().copied());
+            gpu.launch_variant(&dq_launch.0, &dq_launch.1, args.as_slice())?;
         }
         if k.numel() > 0 {
-            let mut args = common.clone();
+            let mut args = common;
             args.extend(delta_arg);
             args.extend(operand(dk));
             args.extend(operand(dv));
-            args.extend(tail.iter().copied());
-            gpu.launch_variant(&dkdv_launch.0, &dkdv_launch.1, &args)?;
+            args.extend(tail.as_slice().iter().copied());
+            gpu.launch_variant(&dkdv_launch.0, &dkdv_launch.1, args.as_slice())?;
         }
         Ok(())
     };
