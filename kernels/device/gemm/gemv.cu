@@ -32,6 +32,7 @@
 //   CALICO_GEMV_UNROLL   32-wide K chunks per warp step: 1, 2, 4 or 8
 //   CALICO_GEMV_VEC      1: A and W rows are 16-byte aligned (vector loads), 0: scalar loads
 //   CALICO_GEMV_M16      1 when M > 8 (A rows 8..15 are read)
+//   CALICO_GEMV_PREFETCH 1: weight loads ask L2 for the whole 256-byte block (longer DRAM bursts)
 //   and the epilogue defines of gemm/epilogue.cuh.
 #include "calico/calico.h"
 #include "gemm/epilogue.cuh"
@@ -57,6 +58,9 @@
 #endif
 #ifndef CALICO_GEMV_M16
 #define CALICO_GEMV_M16 1
+#endif
+#ifndef CALICO_GEMV_PREFETCH
+#define CALICO_GEMV_PREFETCH 0
 #endif
 
 namespace calico {
@@ -89,9 +93,15 @@ CALICO_DEVICE u32x4 zero4() { return u32x4{0u, 0u, 0u, 0u}; }
 // 16 bytes of the weight, read once: no L1 allocation.
 CALICO_DEVICE u32x4 load_stream(const In* p) {
     u32x4 r;
+#if CALICO_GEMV_PREFETCH
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+#else
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
+#endif
     return r;
 }
 

@@ -6,7 +6,7 @@
 // src_bs) go to dst (row stride dst_rs, a multiple of 8; batch stride dst_bs). Each thread
 // writes 8 destination elements of one row with a 16-byte store; the source is read element
 // by element (coalesced across the warp when src_cs = 1). Columns cols .. round_up(cols, 8)
-// are written as zeros. Grid-stride over (batch, row, 8-column chunk).
+// are written as zeros (the rest of the padded row is never read). A block per row.
 #include "calico/calico.h"
 
 using namespace calico;
@@ -21,29 +21,31 @@ struct PadMatrix {
 
 CALICO_DEVICE void pad_one(const PadMatrix& p) {
     const i64 chunks_per_row = (p.cols + 7) / 8;
-    const i64 total = p.batch * p.rows * chunks_per_row;
-    const i64 stride = i64(grid_dim_x()) * block_dim_x();
-    for (i64 i = i64(block_x()) * block_dim_x() + thread_x(); i < total; i += stride) {
-        const i64 chunk = i % chunks_per_row;
-        const i64 rest = i / chunks_per_row;
-        const i64 row = rest % p.rows;
-        const i64 b = rest / p.rows;
-        const i64 c0 = chunk * 8;
-        const unsigned short* s = p.src + b * p.src_bs + row * p.src_rs + c0 * p.src_cs;
-        unsigned h[8];
-        if (c0 + 8 <= p.cols) {
+    const i64 total_rows = p.batch * p.rows;
+    // A block per row (grid-stride), its threads across the row: one division per row.
+    for (i64 r = block_x(); r < total_rows; r += grid_dim_x()) {
+        const i64 b = r / p.rows;
+        const i64 row = r - b * p.rows;
+        const unsigned short* src_row = p.src + b * p.src_bs + row * p.src_rs;
+        unsigned short* dst_row = p.dst + b * p.dst_bs + row * p.dst_rs;
+        for (i64 chunk = thread_x(); chunk < chunks_per_row; chunk += block_dim_x()) {
+            const i64 c0 = chunk * 8;
+            const unsigned short* s = src_row + c0 * p.src_cs;
+            unsigned h[8];
+            if (c0 + 8 <= p.cols) {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) h[j] = s[j * p.src_cs];
-        } else {
+                for (int j = 0; j < 8; ++j) h[j] = s[j * p.src_cs];
+            } else {
 #pragma unroll
-            for (int j = 0; j < 8; ++j) h[j] = c0 + j < p.cols ? unsigned(s[j * p.src_cs]) : 0u;
+                for (int j = 0; j < 8; ++j) h[j] = c0 + j < p.cols ? unsigned(s[j * p.src_cs]) : 0u;
+            }
+            uint4 v;
+            v.x = h[0] | (h[1] << 16);
+            v.y = h[2] | (h[3] << 16);
+            v.z = h[4] | (h[5] << 16);
+            v.w = h[6] | (h[7] << 16);
+            *reinterpret_cast<uint4*>(dst_row + c0) = v;
         }
-        uint4 v;
-        v.x = h[0] | (h[1] << 16);
-        v.y = h[2] | (h[3] << 16);
-        v.z = h[4] | (h[5] << 16);
-        v.w = h[6] | (h[7] << 16);
-        *reinterpret_cast<uint4*>(p.dst + b * p.dst_bs + row * p.dst_rs + c0) = v;
     }
 }
 

@@ -25,6 +25,7 @@ pub(crate) const MAX_M: usize = 16;
 /// Warps per SM the K split aims for (loads in flight: ~64 KiB per SM at NB * UNROLL = 16).
 const WARPS_PER_SM: usize = 16;
 const DEFAULT_UNROLL: usize = 4;
+const DEFAULT_PREFETCH: bool = false;
 const MAX_GRID_X: usize = i32::MAX as usize;
 
 /// One compiled form of the kernel.
@@ -42,6 +43,8 @@ pub(crate) struct Variant {
     pub vec: bool,
     /// M > 8: A rows 8..15 are read.
     pub m16: bool,
+    /// Weight loads with the L2 256-byte prefetch hint.
+    pub prefetch: bool,
     pub epilogue: Epilogue,
     pub has_c: bool,
     pub has_bias: bool,
@@ -57,6 +60,7 @@ impl Variant {
             ("CALICO_GEMV_UNROLL", self.unroll.to_string()),
             ("CALICO_GEMV_VEC", u8::from(self.vec).to_string()),
             ("CALICO_GEMV_M16", u8::from(self.m16).to_string()),
+            ("CALICO_GEMV_PREFETCH", u8::from(self.prefetch).to_string()),
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
@@ -65,7 +69,7 @@ impl Variant {
 
     fn label(self) -> String {
         format!(
-            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} {:?} c={} bias={}",
+            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} prefetch={} {:?} c={} bias={}",
             self.in_dtype,
             self.out_dtype,
             self.nb,
@@ -73,6 +77,7 @@ impl Variant {
             self.unroll,
             self.vec,
             self.m16,
+            self.prefetch,
             self.epilogue,
             self.has_c,
             self.has_bias
@@ -93,6 +98,7 @@ struct Tune {
     nb: Option<usize>,
     warps: Option<usize>,
     unroll: Option<usize>,
+    prefetch: Option<bool>,
 }
 
 impl Tune {
@@ -107,6 +113,7 @@ impl Tune {
                 "nb" => t.nb = num.filter(|v| [1, 2, 4].contains(v)),
                 "warps" => t.warps = num.filter(|v| (1..=16).contains(v)),
                 "unroll" => t.unroll = num.filter(|v| [1, 2, 4, 8].contains(v)),
+                "prefetch" => t.prefetch = num.filter(|v| *v <= 1).map(|v| v == 1),
                 _ => {}
             }
         }
@@ -189,6 +196,7 @@ fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
         unroll,
         vec: vector_loads_ok(p),
         m16: p.m > 8,
+        prefetch: tune.prefetch.unwrap_or(DEFAULT_PREFETCH),
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
         has_bias: p.bias.is_some(),
@@ -260,6 +268,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
         unroll: 4,
         vec: true,
         m16: false,
+        prefetch: false,
         epilogue: Epilogue::None,
         has_c: false,
         has_bias: false,
@@ -270,6 +279,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
             nb: 4,
             warps: 16,
             m16: true,
+            prefetch: true,
             ..base
         },
         Variant {
@@ -355,7 +365,8 @@ mod tests {
 
     #[test]
     fn tune_parses_and_ignores_junk() {
-        let t = Tune::parse("nb=2, warps=8;unroll=8,bogus=1,nb=3");
+        let t = Tune::parse("nb=2, warps=8;unroll=8,bogus=1,nb=3,prefetch=1");
+        assert_eq!(t.prefetch, Some(true));
         assert_eq!(t.warps, Some(8));
         assert_eq!(t.unroll, Some(8));
         assert_eq!(t.nb, None);

@@ -22,6 +22,9 @@ const ENTRY: &str = "calico_gemm_pad";
 const THREADS: u32 = 256;
 /// Pad blocks per SM (grid-stride beyond that).
 const BLOCKS_PER_SM: usize = 8;
+/// Padded rows are whole 128-byte lines (64 elements): a TMA box row of a 16-byte aligned but
+/// line-straddling stride touches one more line per row.
+const ROW_ELEMS: usize = 64;
 /// Alignment of each padded operand in the workspace (bytes).
 const ALIGN: usize = 256;
 
@@ -46,7 +49,7 @@ struct Copy {
     src_rs: usize,
     src_cs: usize,
     src_bs: usize,
-    /// Destination row stride: `cols` rounded up to 8 elements.
+    /// Destination row stride: `cols` rounded up to 64 elements.
     dst_rs: usize,
     /// Destination batch stride: 0 for a broadcast operand (copied once).
     dst_bs: usize,
@@ -63,7 +66,7 @@ impl Copy {
         };
         let broadcast = batch > 1 && x.batch_stride == 0;
         let copies = if broadcast { 1 } else { batch.max(1) };
-        let dst_rs = cols.div_ceil(8) * 8;
+        let dst_rs = cols.div_ceil(ROW_ELEMS) * ROW_ELEMS;
         Copy {
             src: x.ptr,
             batch: copies,
@@ -230,10 +233,10 @@ fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
     };
     let (x, y) = (copy_args(first, base)?, copy_args(second, base)?);
     let args: [KernelArg; 20] = std::array::from_fn(|i| if i < 10 { x[i] } else { y[i - 10] });
-    let chunks = |c: &Copy| c.batch * c.rows * c.cols.div_ceil(8);
-    let blocks = chunks(first)
-        .max(chunks(second))
-        .div_ceil(THREADS as usize)
+    // One block per row (grid-stride over rows).
+    let rows = |c: &Copy| c.batch * c.rows;
+    let blocks = rows(first)
+        .max(rows(second))
         .clamp(1, BLOCKS_PER_SM * arch.compute_units.max(1) as usize);
     let config = LaunchConfig {
         grid: (blocks as u32, matrices, 1),
@@ -283,17 +286,17 @@ mod tests {
         let (a, b) = (plan.a.unwrap(), plan.b.unwrap());
         assert_eq!(
             (a.rows, a.cols, a.dst_rs, a.src_rs, a.src_cs),
-            (4097, 4097, 4104, 4097, 1)
+            (4097, 4097, 4160, 4097, 1)
         );
         assert_eq!(
             (b.rows, b.cols, b.dst_rs, b.src_rs, b.src_cs),
-            (4097, 4097, 4104, 4097, 1)
+            (4097, 4097, 4160, 4097, 1)
         );
         assert!(plan.b_kmajor);
         assert_eq!(b.offset, a.bytes());
         assert_eq!(plan.workspace_bytes, a.bytes() + b.bytes());
-        assert_eq!(plan.padded.a.row_stride, 4104);
-        assert_eq!(plan.padded.b.col_stride, 4104);
+        assert_eq!(plan.padded.a.row_stride, 4160);
+        assert_eq!(plan.padded.b.col_stride, 4160);
     }
 
     #[test]
@@ -304,8 +307,8 @@ mod tests {
         assert!(plan.a.is_none());
         let b = plan.b.unwrap();
         assert!(!plan.b_kmajor);
-        assert_eq!((b.rows, b.cols, b.dst_rs, b.offset), (1000, 999, 1000, 0));
-        assert_eq!(plan.padded.b.row_stride, 1000);
+        assert_eq!((b.rows, b.cols, b.dst_rs, b.offset), (1000, 999, 1024, 0));
+        assert_eq!(plan.padded.b.row_stride, 1024);
         // The weight layout with N odd needs nothing: its rows are K long.
         assert!(super::plan(&h100(), &problem(1000, 999, 1000, true)).is_none());
     }
