@@ -62,3 +62,26 @@ CALICO_KERNEL void calico_gemm_pad(CALICO_PAD_PARAMS(0), CALICO_PAD_PARAMS(1)) {
         pad_one(CALICO_PAD_MATRIX(1));
     }
 }
+
+// The reverse for an output: `batch` x `rows` x `cols` elements of a row-major buffer with
+// 16-byte aligned rows (src_rs a multiple of 8) go to dst with any strides: 16-byte loads,
+// element stores. A block per row (grid-stride).
+CALICO_KERNEL void calico_gemm_unpad(const unsigned short* src, i64 src_rs, i64 src_bs, unsigned short* dst, i64 dst_rs,
+                                     i64 dst_cs, i64 dst_bs, i64 batch, i64 rows, i64 cols) {
+    const i64 chunks_per_row = (cols + 7) / 8;
+    for (i64 r = block_x(); r < batch * rows; r += grid_dim_x()) {
+        const i64 b = r / rows;
+        const i64 row = r - b * rows;
+        const unsigned short* s = src + b * src_bs + row * src_rs;
+        unsigned short* d = dst + b * dst_bs + row * dst_rs;
+        for (i64 chunk = thread_x(); chunk < chunks_per_row; chunk += block_dim_x()) {
+            const i64 c0 = chunk * 8;
+            const uint4 v = *reinterpret_cast<const uint4*>(s + c0);
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                if (c0 + j < cols) d[(c0 + j) * dst_cs] = (unsigned short)(w[j / 2] >> (16 * (j % 2)));
+            }
+        }
+    }
+}

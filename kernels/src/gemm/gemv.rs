@@ -22,9 +22,9 @@ const HELPERS: HeaderSet = &[(
 )];
 /// The largest M the kernel takes (one m16 tile of A rows).
 pub(crate) const MAX_M: usize = 16;
-/// Warps per SM the K split aims for (loads in flight: ~64 KiB per SM at NB * UNROLL = 16).
+/// Warps per SM the K split aims for.
 const WARPS_PER_SM: usize = 16;
-const DEFAULT_UNROLL: usize = 4;
+const DEFAULT_UNROLL: usize = 8;
 const DEFAULT_PREFETCH: bool = false;
 const MAX_GRID_X: usize = i32::MAX as usize;
 

@@ -217,6 +217,11 @@ fn output_fits(x: &MatrixArg, n: usize) -> bool {
 /// aligned bases and strides, D and C with contiguous rows, sizes within 32-bit coordinates,
 /// and a tile that fits the device's shared memory.
 fn config(arch: &Arch, p: &GemmProblem) -> Option<TileConfig> {
+    config_for(arch, p, d_tma_ok(p))
+}
+
+/// [`config`] with the TMA-store decision made by the caller (`d_tma`).
+fn config_for(arch: &Arch, p: &GemmProblem, d_tma: bool) -> Option<TileConfig> {
     let arch_ok = arch.target.ends_with("90a")
         && arch.has_mma(MmaKind::Wgmma, p.in_dtype)
         && arch.has_async_copy(AsyncCopy::Tma);
@@ -228,7 +233,7 @@ fn config(arch: &Arch, p: &GemmProblem) -> Option<TileConfig> {
     let outputs_ok = output_fits(&p.d, p.n) && p.c.as_ref().is_none_or(|c| output_fits(c, p.n));
     let b_kmajor = b_k_major(p)?;
     (arch_ok && dtypes_ok && sizes_ok && aligned && outputs_ok && a_fits(p))
-        .then(|| pick(arch, p, b_kmajor, d_tma_ok(p), Tune::get()))
+        .then(|| pick(arch, p, b_kmajor, d_tma, Tune::get()))
         .flatten()
 }
 
@@ -241,13 +246,17 @@ pub(crate) fn tiles(arch: &Arch, p: &GemmProblem) -> Option<usize> {
 
 /// True when D can take the TMA-store epilogue: 16-bit output, contiguous rows, 16-byte
 /// aligned base and row/batch strides, one matrix per batch.
-fn d_tma_ok(p: &GemmProblem) -> bool {
-    let elem = p.out_dtype.size_bytes();
-    let d = &p.d;
+pub(super) fn d_tma_ok(p: &GemmProblem) -> bool {
     // TMA stores may write a row's last 16-byte chunk whole: with N * elem not a multiple of
     // 16, a view's neighbouring columns could be overwritten, so those take the register path.
+    (p.n * p.out_dtype.size_bytes()) % 16 == 0 && d_rows_aligned(p)
+}
+
+/// [`d_tma_ok`] for a D whose rows may be written past N (a padded buffer).
+fn d_rows_aligned(p: &GemmProblem) -> bool {
+    let elem = p.out_dtype.size_bytes();
+    let d = &p.d;
     matches!(p.out_dtype, DType::BF16 | DType::F16)
-        && (p.n * elem) % 16 == 0
         && d.ptr % 16 == 0
         && (d.col_stride == 1 || p.n <= 1)
         && (p.m <= 1 || (d.row_stride > 0 && (d.row_stride * elem) % 16 == 0))
@@ -668,8 +677,18 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
 
 /// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
+    launch_for(gpu, p, d_tma_ok(p))
+}
+
+/// Launches the Hopper GEMM for `p` whose D is a padded buffer with aligned rows that may be
+/// written past column N (the padded path's odd-width D): TMA stores whatever N is.
+pub(super) fn launch_into_padded_d(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
+    launch_for(gpu, p, d_rows_aligned(p))
+}
+
+fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> {
     let arch = gpu.arch();
-    let Some(mut cfg) = config(arch, p) else {
+    let Some(mut cfg) = config_for(arch, p, d_tma) else {
         return Err(Error::unsupported(
             "the Hopper GEMM does not support this problem (layout, alignment or device)",
         ));

@@ -13,8 +13,8 @@
 use super::{hopper, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
 use calico_core::{
-    Arch, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant, LaunchConfig,
-    Result,
+    Arch, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    LaunchConfig, Result,
 };
 
 const SOURCE: &str = include_str!("../../device/gemm/pad.cu");
@@ -27,6 +27,34 @@ const BLOCKS_PER_SM: usize = 8;
 const ROW_ELEMS: usize = 64;
 /// Alignment of each padded operand in the workspace (bytes).
 const ALIGN: usize = 256;
+
+/// Whether odd-width 16-bit D goes through an aligned buffer and the TMA-store epilogue
+/// (default) or is stored from registers (`CALICO_PAD_D=off`, for A/B runs).
+fn pad_d() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        let v = std::env::var("CALICO_PAD_D").unwrap_or_default();
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "off" | "0" | "false" | "no"
+        )
+    })
+}
+
+/// The copy back from the aligned D buffer (`calico_gemm_unpad` in pad.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct UnpadVariant;
+
+impl KernelVariant for UnpadVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        KernelSource::assemble(
+            "calico_gemm_unpad",
+            SOURCE,
+            &[vendor, calico_core::device_headers()],
+            &[],
+        )
+    }
+}
 
 /// The pad kernel has no compile-time options: one source for every call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,6 +122,12 @@ struct Plan {
     b: Option<Copy>,
     /// B padded K-major (an N x K weight) rather than N-major.
     b_kmajor: bool,
+    /// D written to an aligned buffer (row stride, byte offset in the workspace) by the
+    /// TMA-store epilogue and copied to the real D after: when D's rows are not 16-byte
+    /// aligned, the register-store epilogue would write it element by element.
+    d: Option<(usize, usize)>,
+    /// The caller's D (the copy's destination when `d` is set).
+    original_d: MatrixArg,
     padded: GemmProblem,
     workspace_bytes: usize,
 }
@@ -161,8 +195,28 @@ fn plan(arch: &Arch, p: &GemmProblem) -> Option<Plan> {
             }
         };
     }
+    // D through an aligned buffer when only the register epilogue could write it as it is.
+    let out_16 = matches!(p.out_dtype, DType::BF16 | DType::F16);
+    let d_contiguous = p.d.col_stride == 1 || p.n <= 1;
+    let d = (pad_d() && out_16 && d_contiguous && !hopper::d_tma_ok(p)).then(|| {
+        let stride = p.n.div_ceil(ROW_ELEMS) * ROW_ELEMS;
+        let at = offset;
+        offset += (p.batch.max(1) * p.m * stride * 2).div_ceil(ALIGN) * ALIGN;
+        padded.d = MatrixArg {
+            ptr: 0,
+            rows: p.m,
+            cols: p.n,
+            row_stride: stride,
+            col_stride: 1,
+            batch_stride: if p.batch > 1 { p.m * stride } else { 0 },
+        };
+        (stride, at)
+    });
     // Check with a stand-in aligned address: only alignment matters to the router.
     let mut probe = padded;
+    if d.is_some() {
+        probe.d.ptr = 3 << 20;
+    }
     if a.is_some() {
         probe.a.ptr = 1 << 20;
     }
@@ -174,6 +228,8 @@ fn plan(arch: &Arch, p: &GemmProblem) -> Option<Plan> {
         a,
         b,
         b_kmajor,
+        d,
+        original_d: p.d,
         padded,
         workspace_bytes: offset,
     })
@@ -252,16 +308,53 @@ fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
     if let Some(c) = &plan.b {
         q.b.ptr = base + c.offset as u64;
     }
-    hopper::launch(gpu, &q)
+    let Some((stride, at)) = plan.d else {
+        return hopper::launch(gpu, &q);
+    };
+    q.d.ptr = base + at as u64;
+    hopper::launch_into_padded_d(gpu, &q)?;
+    // The aligned D back into the caller's D, a block per row.
+    let d = &plan.original_d;
+    let batch = plan.padded.batch.max(1);
+    let rows = batch * plan.padded.m;
+    let args = [
+        KernelArg::Ptr(q.d.ptr),
+        KernelArg::I64(i64_of(stride)?),
+        KernelArg::I64(i64_of(q.d.batch_stride)?),
+        KernelArg::Ptr(d.ptr),
+        KernelArg::I64(i64_of(d.row_stride)?),
+        KernelArg::I64(i64_of(d.col_stride)?),
+        KernelArg::I64(i64_of(if batch > 1 { d.batch_stride } else { 0 })?),
+        KernelArg::I64(i64_of(batch)?),
+        KernelArg::I64(i64_of(plan.padded.m)?),
+        KernelArg::I64(i64_of(plan.padded.n)?),
+    ];
+    let config = LaunchConfig {
+        grid: (
+            rows.clamp(1, BLOCKS_PER_SM * arch.compute_units.max(1) as usize) as u32,
+            1,
+            1,
+        ),
+        block: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    gpu.launch_variant(&UnpadVariant, &config, &args)
 }
 
 /// The pad kernel, for `calico compile` and the offline compile checks (Hopper targets).
 pub(crate) fn catalog(vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
-    Ok(vec![CatalogEntry {
-        op: "gemm",
-        label: "pad (odd shapes for the Hopper GEMM)".into(),
-        source: PadVariant.source(vendor)?,
-    }])
+    Ok(vec![
+        CatalogEntry {
+            op: "gemm",
+            label: "pad (odd shapes for the Hopper GEMM)".into(),
+            source: PadVariant.source(vendor)?,
+        },
+        CatalogEntry {
+            op: "gemm",
+            label: "unpad (odd-width D from the Hopper GEMM)".into(),
+            source: UnpadVariant.source(vendor)?,
+        },
+    ])
 }
 
 #[cfg(test)]
@@ -294,8 +387,11 @@ mod tests {
         );
         assert!(plan.b_kmajor);
         assert_eq!(b.offset, a.bytes());
-        assert_eq!(plan.workspace_bytes, a.bytes() + b.bytes());
         assert_eq!(plan.padded.a.row_stride, 4160);
+        // D (4097 columns) goes through an aligned buffer after both operands.
+        assert_eq!(plan.d, Some((4160, a.bytes() + b.bytes())));
+        assert_eq!(plan.padded.d.row_stride, 4160);
+        assert!(plan.workspace_bytes >= a.bytes() + b.bytes() + 4097 * 4160 * 2);
         assert_eq!(plan.padded.b.col_stride, 4160);
     }
 
