@@ -41,7 +41,7 @@ impl MemOp {
         MemOp::ALL.into_iter().find(|op| op.name() == name)
     }
 
-    /// The share of the copy bandwidth TARGETS.md asks for.
+    /// The share of the copy bandwidth docs/targets.md asks for.
     pub fn target_fraction_of_copy(self) -> f64 {
         match self {
             MemOp::Softmax | MemOp::Rope => 0.85,

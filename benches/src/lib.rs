@@ -135,7 +135,7 @@ pub fn device_slug(name: &str, vendor: Vendor) -> String {
     }
 }
 
-/// Dense bf16 peak for "% of peak", where known (TARGETS.md uses 989 for the H100 SXM).
+/// Dense bf16 peak for "% of peak", where known (docs/targets.md uses 989 for the H100 SXM).
 pub fn peak_bf16_tflops(name: &str) -> Option<f64> {
     let n = name.to_ascii_uppercase();
     if n.contains("H100") && n.contains("PCIE") {

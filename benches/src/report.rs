@@ -128,7 +128,7 @@ pub struct GemmCase {
     pub cublaslt_tflops: Option<f64>,
     /// Calico TFLOP/s over cuBLASLt TFLOP/s.
     pub ratio_cublaslt: Option<f64>,
-    /// The ratio to cuBLASLt TARGETS.md asks for.
+    /// The ratio to cuBLASLt docs/targets.md asks for.
     pub target_ratio: f64,
     pub torch_ms: Option<f64>,
     pub torch_tflops: Option<f64>,
@@ -279,7 +279,7 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// Target ratio to cuBLASLt for a GEMM shape (TARGETS.md).
+/// Target ratio to cuBLASLt for a GEMM shape (docs/targets.md).
 pub fn gemm_target_ratio(group: &str, m: usize, n: usize, k: usize) -> f64 {
     if (m, n, k) == (4096, 4096, 4096) {
         1.05
@@ -661,7 +661,7 @@ impl Report {
         }
 
         s.push_str(&crate::attention::markdown(&self.attention));
-        let _ = writeln!(s, "\n## Targets (TARGETS.md)\n");
+        let _ = writeln!(s, "\n## Targets (docs/targets.md)\n");
         let met_count = self.targets.iter().filter(|t| t.met == Some(true)).count();
         let measured = self.targets.iter().filter(|t| t.met.is_some()).count();
         let _ = writeln!(s, "{met_count} of {measured} measured targets met.");

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 pub const QUERY_HEADS: usize = 32;
 pub const KV_HEADS: usize = 8;
 pub const HEAD_DIM: usize = 128;
-/// Share of the copy bandwidth asked for at context >= 8k (TARGETS.md).
+/// Share of the copy bandwidth asked for at context >= 8k (docs/targets.md).
 pub const TARGET_PCT: f64 = 80.0;
 /// Shortest context the target applies to.
 pub const TARGET_MIN_CONTEXT: usize = 8192;

@@ -127,7 +127,7 @@ pub fn skipped_case(spec: &GemmSpec, why: Timed) -> GemmCase {
     }
 }
 
-/// Decode GEMV: weight bytes per second as a share of the copy bandwidth (TARGETS.md).
+/// Decode GEMV: weight bytes per second as a share of the copy bandwidth (docs/targets.md).
 pub const GEMV_TARGET_PCT_OF_COPY: f64 = 80.0;
 /// Odd shapes (issue 8): at 4097^3 and 8191^3 >= 1.5x torch.matmul; every odd shape >= 0.85x
 /// Calico's own speed at the nearest aligned shape.

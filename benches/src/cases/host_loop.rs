@@ -10,7 +10,7 @@ use calico::ops::{self, RopeMode};
 use calico::{DType, Device, Result};
 use std::time::Instant;
 
-/// Host-time targets per call (TARGETS.md): row ops and matmul.
+/// Host-time targets per call (docs/targets.md): row ops and matmul.
 const ROW_OP_TARGET_US: f64 = 5.0;
 const MATMUL_TARGET_US: f64 = 8.0;
 

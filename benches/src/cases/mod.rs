@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Profile {
-    /// Every shape of TARGETS.md (on a GPU), with at least 20 timed runs each.
+    /// Every shape of docs/targets.md (on a GPU), with at least 20 timed runs each.
     Full,
     /// One or two shapes per op, fewer runs.
     Quick,
@@ -78,7 +78,7 @@ impl GemmSpec {
     }
 }
 
-/// Decode GEMV: M = 1, 4, 16 against the Llama-style weights (TARGETS.md: >= 80% of copy).
+/// Decode GEMV: M = 1, 4, 16 against the Llama-style weights (docs/targets.md: >= 80% of copy).
 fn gemv_specs(ms: &[usize]) -> Vec<GemmSpec> {
     let mut out = Vec::new();
     for &(n, k) in &[(4096, 4096), (14336, 4096), (4096, 14336)] {
