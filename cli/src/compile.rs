@@ -6,7 +6,7 @@ use calico::{catalog, Error, Result};
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct CompileArgs {
-    /// Op name: rms_norm, layer_norm, softmax, rope, gemm.
+    /// Op name (`calico::catalog::OPS`): rms_norm, layer_norm, softmax, rope, gemm, attention_decode, ...
     #[arg(long)]
     pub op: String,
     /// Compile target: sm_80, sm_90a, gfx90a, gfx942, ...
