@@ -2,9 +2,9 @@
 """Times torch peers of Calico's benchmark cases and writes JSON for `calico-bench --peers`.
 
 Usage (on the GPU machine):  python3 benches/peers/peers.py --out peers.json [--quick]
-Each case: bf16 inputs, median time from triton.testing.do_bench (CUDA events, L2 flushed
-between runs), or from torch.cuda.Event timing when triton is missing. A case that errors is
-recorded with its error and skipped.
+Each case: bf16 inputs, median of CUDA-event times, each run after the same untimed,
+L2-evicting read-only pad that calico-bench uses (see `_pad`). A case that errors is recorded
+with its error and skipped.
 """
 import argparse
 import json
@@ -66,24 +66,43 @@ def attention_cases(seqs):
                     yield f"attention bwd {name}", shape, make_bwd, bwd
 
 
-def bench(fn):
-    try:
-        import triton.testing
+_PAD = None
 
-        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
-    except ImportError:
-        pass
+
+def _pad():
+    """Untimed work before each timed run, as calico-bench's `timing::Pad`: a read-only
+    matrix-vector product over 512 MiB, which evicts the L2 and leaves it clean (a copy or a
+    memset, as triton's do_bench flush, leaves dirty lines that the timed run writes back) and
+    keeps the stream busy while the host queues the timed work."""
+    global _PAD
+    if _PAD is None:
+        k = 16384
+        _PAD = (torch.zeros(1, k, device="cuda", dtype=torch.bfloat16),
+                torch.zeros(k, k, device="cuda", dtype=torch.bfloat16))
+    x, w = _PAD
+    torch.nn.functional.linear(x, w)
+
+
+def bench(fn, min_runs=20, max_runs=200, soft_cap_ms=300.0):
+    """Median device-event time (ms) of `fn`, each run after the pad, after a warm-up."""
+    import time
+
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(50):
+    started = time.perf_counter()
+    while len(times) < max_runs:
+        _pad()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
+        spent = (time.perf_counter() - started) * 1e3
+        if len(times) >= min_runs and spent > soft_cap_ms:
+            break
     times.sort()
     return times[len(times) // 2]
 
