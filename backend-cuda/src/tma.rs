@@ -190,6 +190,28 @@ impl TiledMap<3> {
     }
 }
 
+/// Maps of rank 4 encoded before (attention's (batch, head, seq, dim) views).
+static ENCODED_4D: std::sync::Mutex<
+    Option<std::collections::HashMap<TiledMap<4>, OpaqueParam128>>,
+> = std::sync::Mutex::new(None);
+
+impl TiledMap<4> {
+    /// [`TiledMap::encode`] through a process-wide cache, as [`TiledMap::<3>::encode_cached`].
+    pub fn encode_cached(&self) -> Result<OpaqueParam128> {
+        let mut guard = ENCODED_4D.lock().unwrap_or_else(|e| e.into_inner());
+        let cache = guard.get_or_insert_with(std::collections::HashMap::new);
+        if let Some(map) = cache.get(self) {
+            return Ok(*map);
+        }
+        let map = self.encode()?;
+        if cache.len() >= MAX_CACHED_MAPS {
+            cache.clear();
+        }
+        cache.insert(*self, map);
+        Ok(map)
+    }
+}
+
 /// A 2-D map over a row-major matrix of `rows x cols` elements, rows `row_stride_bytes` apart.
 pub fn encode_tiled_2d(
     address: u64,

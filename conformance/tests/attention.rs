@@ -828,3 +828,48 @@ fn attention_varlen_rejects_bad_offsets_on_the_cpu() {
         ops::attention_varlen(&dev, &q, &k, &k, &f32_cu, &good, &opts, &mut o, &mut lse).is_err()
     );
 }
+
+/// Shapes the Hopper (sm_90a) forward takes (head dim 64/128/256, 16-byte aligned Q/K/V),
+/// around its 128-row and 128-key tiles: N = 1, odd N, Nq != Nkv both ways, GQA, causal,
+/// windows, soft-cap, large logits, rows that see no key, several key blocks per row.
+#[test]
+fn attention_hopper_shapes_forward() {
+    report_skipped("attention_hopper_shapes_forward");
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let plain = AttentionOptions::default();
+    let window = |l, r| AttentionOptions {
+        window: Some((l, r)),
+        ..Default::default()
+    };
+    let cases = vec![
+        fixed(DType::BF16, (1, 2, 2), (300, 300, 128), causal, 1.0),
+        fixed(DType::F16, (2, 1, 4), (1, 1, 64), plain, 1.0),
+        fixed(DType::BF16, (1, 2, 1), (129, 257, 64), window(40, 7), 1.0),
+        fixed(
+            DType::F16,
+            (1, 1, 8),
+            (257, 129, 128),
+            AttentionOptions {
+                causal: true,
+                softcap: Some(30.0),
+                ..Default::default()
+            },
+            4.0,
+        ),
+        fixed(DType::BF16, (1, 1, 1), (191, 65, 128), causal, 1.0),
+        fixed(DType::BF16, (1, 1, 2), (130, 200, 256), plain, 4.0),
+        fixed(DType::BF16, (1, 1, 1), (9, 40, 64), window(0, 0), 1.0),
+        fixed(DType::F16, (1, 2, 1), (1000, 1003, 128), causal, 1.0),
+        fixed(DType::BF16, (2, 2, 2), (517, 517, 64), plain, 4.0),
+    ];
+    for dev in calico_conformance::backends().0 {
+        for c in &cases {
+            if let Err(e) = forward_case(&dev, c) {
+                panic!("backend {}: {c:?}: {e}", dev.kind());
+            }
+        }
+    }
+}

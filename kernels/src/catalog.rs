@@ -16,6 +16,7 @@ pub const OPS: &[&str] = &[
     "gemm",
     "attention_decode",
     "attention",
+    "attention_hopper",
 ];
 
 /// One variant of one op's kernel.
@@ -188,6 +189,9 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                 source,
             });
         }
+    }
+    if wanted("attention_hopper") {
+        out.extend(crate::ops::attention::hopper::catalog(&arch, vendor)?);
     }
     Ok(out)
 }

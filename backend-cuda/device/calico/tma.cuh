@@ -54,6 +54,14 @@ CALICO_DEVICE void load_3d(void* dst, const tensor_map& m, int c0, int c1, int c
         : "memory");
 }
 
+CALICO_DEVICE void load_4d(void* dst, const tensor_map& m, int c0, int c1, int c2, int c3, mbarrier& bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(
+            smem_addr(dst)),
+        "l"(map_addr(m)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(&bar))
+        : "memory");
+}
+
 // L2 eviction policies for cache-hinted loads: evict_last keeps lines that later CTAs will
 // read again, evict_first lets a stream leave the L2 first.
 CALICO_DEVICE uint64_t policy_evict_last() {

@@ -261,6 +261,9 @@ pub(crate) fn forward(
     [q, k, v, o, lse]: [&Tensor; 5],
     varlen: Option<[&Tensor; 2]>,
 ) -> Result<()> {
+    if let Some(done) = super::hopper::try_forward(dev, p, params, [q, k, v, o, lse], varlen) {
+        return done;
+    }
     let gpu = launcher(dev)?;
     let kernel = if tile_kernels(dev.arch(), p.dtype, p.head_dim, false) {
         Kernel::Forward {

@@ -11,6 +11,7 @@
 pub(crate) mod check;
 pub(crate) mod decode;
 pub(crate) mod gpu;
+pub(crate) mod hopper;
 mod varlen;
 
 use super::check as common;

@@ -1,0 +1,385 @@
+// Hopper (sm_90a) attention forward: O = softmax(scale * Q K^T, masked) V and the row
+// log-sum-exp, bf16/f16 in, f32 softmax and accumulation.
+//
+// DESIGN
+//  * Warp-specialised and persistent (calico/pipeline.cuh): 384 threads = 3 warpgroups.
+//    Warpgroup 0 is the producer (setmaxnreg.dec): one thread loads, per work unit, the
+//    128-row Q tile once (q_full / q_empty) and then the unit's K and V tiles of BN keys into
+//    two rings of STAGES slots (K and V have their own barriers, so S = Q K^T starts before V
+//    lands). Consumer warpgroups 1 and 2 (setmaxnreg.inc) own query rows 0-63 and 64-127.
+//  * Work units are (batch, head, 128-row block). The order walks a chunk of heads whose K/V
+//    fit in L2 (heads_per_chunk, from the host) from the last row block to the first: under a
+//    causal mask the last blocks see the most keys, so the longest units start first.
+//  * Per key block: S[64 x BN] = Q K^T with wgmma m64nBNk16, both operands from shared memory
+//    (K-major, 128B swizzle). Softmax in base 2: x = s * scale * log2(e) (or with a soft-cap,
+//    cap * log2(e) * tanh(s * scale / cap)), masked keys -inf, running row max m and sum l,
+//    the O accumulator rescaled by exp2(m_old - m_new). P is rounded to 16 bits in registers
+//    and O += P V with wgmma taking A from registers (the accumulator layout of S is the A
+//    fragment layout of the next product) and V from shared memory (MN-major, transposed).
+//    Key blocks run from the last to the first, so the blocks that need masking (the diagonal
+//    and the end of the keys) come first and set a finite row max early.
+//  * Two consumer warpgroups keep the tensor cores busy while one of them runs its softmax.
+//  * Epilogue from registers: O / l stored as 2-element vectors (scalars when O's strides or
+//    base are odd), rows >= Nq skipped; LSE = (m + log2 l) * ln 2 by one lane per row.
+// EDGES
+//  * Nq, Nkv not multiples of the tiles: TMA zero-fills rows past the end (the copies still
+//    complete full boxes), keys >= Nkv are masked, rows >= Nq are not stored.
+//  * A row that sees no key ends with l = 0: O = 0 and LSE = -inf. A unit whose rows see no
+//    key at all loads nothing and only writes those.
+//  * Mask (bottom-right aligned): row i sees key j iff lo(i) <= j < hi(i), with
+//    c = i + Nkv - Nq, lo = c - left (or 0), hi = c + right + 1 (or Nkv), clamped to [0, Nkv].
+//
+// DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
+// 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1.
+#include "calico/calico.h"
+#include "calico/mbarrier.cuh"
+#include "calico/pipeline.cuh"
+#include "calico/tma.cuh"
+#include "calico/warpgroup.cuh"
+#include "calico/wgmma.cuh"
+
+namespace attn_hopper {
+
+using calico::uint32_t;
+using calico::uint64_t;
+using in_t = CALICO_ATTN_T;
+
+constexpr int D = CALICO_ATTN_D;
+constexpr int BM = 128;
+constexpr int BN = CALICO_ATTN_BN;
+constexpr int STAGES = CALICO_ATTN_STAGES;
+constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
+constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
+constexpr int CHUNKS = D / CHUNK;
+constexpr int Q_BYTES = BM * D * 2;
+constexpr int KV_BYTES = BN * D * 2;
+constexpr int S_REGS = BN / 2;
+constexpr int O_REGS = D / 2;
+constexpr int P_STEPS = BN / 16;
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
+constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
+constexpr int PRODUCER_REGS = 40;
+constexpr int CONSUMER_REGS = 232;
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+static_assert(sizeof(in_t) == 2, "16-bit inputs");
+static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
+static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
+static_assert(STAGES >= 2, "at least two stages");
+
+// Byte offsets in dynamic shared memory after rounding its base up to 1024.
+constexpr int Q_OFFSET = 0;
+constexpr int K_OFFSET = Q_OFFSET + Q_BYTES;
+constexpr int V_OFFSET = K_OFFSET + STAGES * KV_BYTES;
+constexpr int BAR_OFFSET = V_OFFSET + STAGES * KV_BYTES;
+// Barriers: the K ring, the V ring, q_full, q_empty. The host allocates
+// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2) * 8.
+
+struct barriers {
+    calico::pipeline::ring<STAGES> k;
+    calico::pipeline::ring<STAGES> v;
+    calico::mbarrier q_full;
+    calico::mbarrier q_empty;
+};
+
+struct params {
+    int batch, q_heads, group, q_len, k_len, m_blocks, heads_per_chunk;
+    int has_left, has_right;
+    long long left, right;
+};
+
+struct unit {
+    int b, h, m0;
+    int n_lo, n_hi;  // key blocks [n_lo, n_hi); empty when n_hi <= n_lo
+};
+
+#define ATTN_NEG_INF __int_as_float(0xff800000u)
+
+CALICO_DEVICE long long clamp_ll(long long v, long long lo, long long hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+// Keys row i sees: [lo, hi), clamped to [0, k_len] (hi <= lo: none).
+CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi) {
+    const long long c = i + p.k_len - p.q_len;
+    lo = (int)(p.has_left ? clamp_ll(c - p.left, 0, p.k_len) : 0);
+    hi = (int)(p.has_right ? clamp_ll(c + p.right + 1, 0, p.k_len) : p.k_len);
+}
+
+CALICO_DEVICE unit unit_at(const params& p, int w) {
+    const int heads = p.batch * p.q_heads;
+    const int per_chunk = p.heads_per_chunk * p.m_blocks;
+    const int chunk = w / per_chunk;
+    const int r = w - chunk * per_chunk;
+    const int here = min(p.heads_per_chunk, heads - chunk * p.heads_per_chunk);
+    const int m_block = p.m_blocks - 1 - r / here;
+    const int bh = chunk * p.heads_per_chunk + r % here;
+    unit u;
+    u.b = bh / p.q_heads;
+    u.h = bh - u.b * p.q_heads;
+    u.m0 = m_block * BM;
+    // Keys of the first row's lower bound and the last stored row's upper bound: both bounds
+    // grow with the row.
+    int lo, hi, lo_last, hi_last;
+    row_keys(p, u.m0, lo, hi);
+    row_keys(p, min(u.m0 + BM, p.q_len) - 1, lo_last, hi_last);
+    u.n_lo = lo / BN;
+    u.n_hi = hi_last > lo ? (hi_last + BN - 1) / BN : u.n_lo;
+    return u;
+}
+
+template <class T>
+CALICO_DEVICE uint32_t pack2(float lo, float hi);
+template <>
+CALICO_DEVICE uint32_t pack2<bf16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+}  // namespace attn_hopper
+
+// Parameters (kernels/src/ops/attention/hopper.rs builds them):
+//  map_q: 4-D map over Q {D, Nq, Hq, B} (real strides), box {64, 128, 1, 1}, 128B swizzle.
+//  map_k, map_v: {D, Nkv, Hkv, B}, box {64, BN, 1, 1}, 128B swizzle.
+//  o: O's first element, element strides o_sb, o_sh, o_sn (head dim contiguous); o_pairs: base
+//  and strides even (2-element stores). lse: f32 [B, Hq, Nq] contiguous.
+//  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
+//  left/right: the window sides (flags say whether each is bounded; causal is right = 0).
+CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
+    calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
+                                const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
+                                int q_heads, int group, int q_len, int k_len, int heads_per_chunk, long long o_sb, long long o_sh,
+                                long long o_sn, int o_pairs, float score_scale, float cap_log2, int has_left, long long left,
+                                int has_right, long long right) {
+    using namespace attn_hopper;
+    namespace pl = calico::pipeline;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (calico::smem_addr(smem_raw) & 1023)) & 1023);
+    barriers& bars = *reinterpret_cast<barriers*>(smem + BAR_OFFSET);
+
+    params p;
+    p.batch = batch;
+    p.q_heads = q_heads;
+    p.group = group;
+    p.q_len = q_len;
+    p.k_len = k_len;
+    p.m_blocks = (q_len + BM - 1) / BM;
+    p.heads_per_chunk = heads_per_chunk;
+    p.has_left = has_left;
+    p.has_right = has_right;
+    p.left = left;
+    p.right = right;
+    const int work = batch * q_heads * p.m_blocks;
+
+    if (threadIdx.x == 0) {
+        bars.k.init(RELEASES);
+        bars.v.init(RELEASES);
+        calico::init(bars.q_full, 1);
+        calico::init(bars.q_empty, RELEASES);
+        calico::fence_barrier_init();
+    }
+    __syncthreads();
+
+    // Each thread keeps only its role's copies of these.
+    pl::cursor<STAGES> kc, vc;
+    uint32_t q_loads = 0;
+
+    auto produce = [&](int w) {
+        const unit u = unit_at(p, w);
+        if (u.n_hi <= u.n_lo) return;
+        if (q_loads == 0) {
+            calico::tma::prefetch(map_q);
+            calico::tma::prefetch(map_k);
+            calico::tma::prefetch(map_v);
+        }
+        const int hk = u.h / p.group;
+        calico::wait(bars.q_empty, (q_loads & 1u) ^ 1u);
+        calico::arrive_expect_tx(bars.q_full, Q_BYTES);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            calico::tma::load_4d(smem + Q_OFFSET + c * BM * 128, map_q, c * CHUNK, u.m0, u.h, u.b, bars.q_full);
+        }
+        ++q_loads;
+        for (int n = u.n_hi - 1; n >= u.n_lo; --n) {
+            calico::mbarrier& kb = bars.k.acquire(kc, KV_BYTES);
+            unsigned char* kd = smem + K_OFFSET + kc.slot() * KV_BYTES;
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(kd + c * BN * 128, map_k, c * CHUNK, n * BN, hk, u.b, kb);
+            kc.advance();
+            calico::mbarrier& vb = bars.v.acquire(vc, KV_BYTES);
+            unsigned char* vd = smem + V_OFFSET + vc.slot() * KV_BYTES;
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(vd + c * BN * 128, map_v, c * CHUNK, n * BN, hk, u.b, vb);
+            vc.advance();
+        }
+    };
+
+    auto consume = [&](int consumer, int w) {
+        const unit u = unit_at(p, w);
+        const int warp = calico::warpgroup_warp();
+        const int lane = threadIdx.x % 32;
+        const int g = lane / 4;
+        const int t = lane % 4;
+        const int wg_row0 = u.m0 + consumer * 64;
+        // This thread's two rows and the keys each sees.
+        long long rows[2];
+        rows[0] = wg_row0 + 16 * warp + g;
+        rows[1] = rows[0] + 8;
+        int lo[2], hi[2];
+        row_keys(p, rows[0], lo[0], hi[0]);
+        row_keys(p, rows[1], lo[1], hi[1]);
+        // A key block needs no mask when every row of the warpgroup sees all of it.
+        int wg_lo_max, wg_hi_min, unused;
+        row_keys(p, wg_row0 + 63, wg_lo_max, unused);
+        row_keys(p, wg_row0, unused, wg_hi_min);
+
+        float acc[O_REGS];
+#pragma unroll
+        for (int i = 0; i < O_REGS; ++i) acc[i] = 0.0f;
+        float m_run[2] = {ATTN_NEG_INF, ATTN_NEG_INF};
+        float l_run[2] = {0.0f, 0.0f};
+
+        if (u.n_hi > u.n_lo) {
+            calico::wait(bars.q_full, q_loads & 1u);
+            ++q_loads;
+            const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET) + consumer * 64 * 128;
+            const uint32_t k_base = calico::smem_addr(smem + K_OFFSET);
+            const uint32_t v_base = calico::smem_addr(smem + V_OFFSET);
+            for (int n = u.n_hi - 1; n >= u.n_lo; --n) {
+                const int n0 = n * BN;
+                float s[S_REGS];
+                bars.k.wait_full(kc);
+                const uint32_t k_slot = k_base + kc.slot() * KV_BYTES;
+                calico::wgmma::fence();
+#pragma unroll
+                for (int kk = 0; kk < D / 16; ++kk) {
+                    const uint64_t dq = calico::wgmma::desc_kmajor_128b(q_base + (kk / 4) * BM * 128 + (kk % 4) * 32);
+                    const uint64_t dk = calico::wgmma::desc_kmajor_128b(k_slot + (kk / 4) * BN * 128 + (kk % 4) * 32);
+                    calico::wgmma::mma<in_t, BN>::template ss<0>(s, dq, dk, kk > 0 ? 1 : 0);
+                }
+                calico::wgmma::commit_group();
+                calico::wgmma::wait_group<0>();
+                calico::wgmma::fence_operands(s);
+                if (lane == 0) {
+                    bars.k.release(kc);
+                    if (n == u.n_lo) calico::arrive(bars.q_empty);  // last use of this Q tile
+                }
+                kc.advance();
+
+                // Scores in base-2 units, masked.
+#pragma unroll
+                for (int i = 0; i < S_REGS; ++i) {
+                    if constexpr (SOFTCAP) {
+                        s[i] = cap_log2 * tanhf(s[i] * score_scale);
+                    } else {
+                        s[i] *= score_scale;
+                    }
+                }
+                const bool need_mask = n0 + BN > p.k_len || n0 < wg_lo_max || n0 + BN > wg_hi_min;
+                if (need_mask) {
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int col = n0 + 8 * j + 2 * t + e;
+                                if (col < lo[h] || col >= hi[h]) s[4 * j + 2 * h + e] = ATTN_NEG_INF;
+                            }
+                        }
+                    }
+                }
+                // Online softmax, rows h = 0 (g) and 1 (g + 8).
+                float scale_o[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float mx = ATTN_NEG_INF;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+                    mx = fmaxf(mx, calico::shfl_xor(mx, 1));
+                    mx = fmaxf(mx, calico::shfl_xor(mx, 2));
+                    const float m_new = fmaxf(m_run[h], mx);
+                    // A row with no key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+                    const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;
+                    scale_o[h] = calico::exp2_approx(m_run[h] - m_use);
+                    m_run[h] = m_new;
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float pv = calico::exp2_approx(s[4 * j + 2 * h + e] - m_use);
+                            s[4 * j + 2 * h + e] = pv;
+                            sum += pv;
+                        }
+                    }
+                    l_run[h] = l_run[h] * scale_o[h] + sum;
+                }
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        acc[4 * j + 2 * h] *= scale_o[h];
+                        acc[4 * j + 2 * h + 1] *= scale_o[h];
+                    }
+                }
+                // P as the A fragments of O += P V: k-step kk covers keys 16kk..16kk+15.
+                uint32_t pa[P_STEPS][4];
+#pragma unroll
+                for (int kk = 0; kk < P_STEPS; ++kk) {
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+                }
+                bars.v.wait_full(vc);
+                const uint32_t v_slot = v_base + vc.slot() * KV_BYTES;
+                calico::wgmma::fence_operands(acc);
+                calico::wgmma::fence();
+#pragma unroll
+                for (int kk = 0; kk < P_STEPS; ++kk) {
+                    const uint64_t dv = calico::wgmma::desc_mnmajor_128b(v_slot + kk * 16 * 128, BN);
+                    calico::wgmma::mma<in_t, D>::template rs<1>(acc, pa[kk], dv, 1);
+                }
+                calico::wgmma::commit_group();
+                calico::wgmma::wait_group<0>();
+                calico::wgmma::fence_operands(acc);
+                if (lane == 0) bars.v.release(vc);
+                vc.advance();
+            }
+        }
+
+        // Epilogue: O = acc / l, LSE = m ln2 + ln l; rows that saw nothing get 0 and -inf.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_run[h];
+            l += calico::shfl_xor(l, 1);
+            l += calico::shfl_xor(l, 2);
+            const long long row = rows[h];
+            if (row >= p.q_len) continue;
+            const bool seen = l > 0.0f;
+            const float inv = seen ? 1.0f / l : 0.0f;
+            in_t* orow = o + u.b * o_sb + u.h * o_sh + row * o_sn;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                const int col = 8 * j + 2 * t;
+                const float v0 = acc[4 * j + 2 * h] * inv;
+                const float v1 = acc[4 * j + 2 * h + 1] * inv;
+                if (o_pairs) {
+                    *reinterpret_cast<uint32_t*>(orow + col) = pack2<in_t>(v0, v1);
+                } else {
+                    orow[col] = calico::from_float<in_t>(v0);
+                    orow[col + 1] = calico::from_float<in_t>(v1);
+                }
+            }
+            if (t == 0) {
+                lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + logf(l) : ATTN_NEG_INF;
+            }
+        }
+    };
+
+    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
+}

@@ -1,0 +1,306 @@
+//! The Hopper (sm_90a) attention forward: TMA + wgmma, warp-specialised and persistent
+//! (`kernels/device/attention/hopper_fwd.cu` explains the kernel). This module decides when it
+//! applies, encodes the tensor maps over Q, K and V's real strides and launches it; problems
+//! it declines go to the portable kernel.
+
+use super::check::Problem;
+use crate::Device;
+use calico_core::{
+    Arch, AsyncCopy, DType, GpuBackend, KernelArg, KernelSource, KernelVariant, LaunchConfig,
+    MmaKind, OpaqueParam128, Result, Tensor,
+};
+use calico_cpu::AttentionParams;
+use calico_cuda::tma::{Swizzle, TiledMap};
+
+const SOURCE: &str = include_str!("../../../device/attention/hopper_fwd.cu");
+const ENTRY: &str = "calico_attention_hopper_fwd";
+/// One producer and two consumer warpgroups.
+const THREADS: u32 = 384;
+/// Query rows per work unit (64 per consumer warpgroup).
+const BM: usize = 128;
+/// Elements per 128-byte swizzled TMA box row.
+const CHUNK: usize = 64;
+/// The deepest K/V ring.
+const MAX_STAGES: usize = 4;
+/// Sequence lengths beyond this are left to the portable kernel (32-bit coordinates and
+/// mask arithmetic with room to spare).
+const MAX_LEN: usize = 1 << 30;
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// One compiled form of the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct HopperFwdVariant {
+    dtype: DType,
+    head_dim: usize,
+    /// Keys per K/V tile.
+    block_n: usize,
+    stages: usize,
+    softcap: bool,
+}
+
+impl HopperFwdVariant {
+    /// The variant for `head_dim` on `arch`, with as many K/V stages as shared memory holds
+    /// (at most [`MAX_STAGES`]); `None` when not even two fit.
+    fn new(arch: &Arch, dtype: DType, head_dim: usize, softcap: bool) -> Option<Self> {
+        let block_n = if head_dim > 128 { 64 } else { 128 };
+        let one = HopperFwdVariant {
+            dtype,
+            head_dim,
+            block_n,
+            stages: 0,
+            softcap,
+        };
+        // 1024 bytes of slack beside the kernel's own alignment slack.
+        let budget = arch.shared_mem_per_block.saturating_sub(1024);
+        let stages = (2..=MAX_STAGES)
+            .rev()
+            .find(|&s| HopperFwdVariant { stages: s, ..one }.smem_bytes() <= budget)?;
+        Some(HopperFwdVariant { stages, ..one })
+    }
+
+    /// Must match hopper_fwd.cu: alignment slack, Q, the K and V rings, 4 * STAGES + 2
+    /// mbarriers.
+    fn smem_bytes(&self) -> usize {
+        let d = self.head_dim;
+        1024 + BM * d * 2 + 2 * self.stages * self.block_n * d * 2 + (4 * self.stages + 2) * 8
+    }
+
+    fn label(&self) -> String {
+        format!(
+            "hopper fwd {} d={} bn={} stages={} softcap={}",
+            self.dtype, self.head_dim, self.block_n, self.stages, self.softcap
+        )
+    }
+}
+
+impl KernelVariant for HopperFwdVariant {
+    fn source(&self, vendor: calico_core::HeaderSet) -> Result<KernelSource> {
+        let defines = [
+            ("CALICO_ATTN_T", self.dtype.device_type().to_string()),
+            ("CALICO_ATTN_D", self.head_dim.to_string()),
+            ("CALICO_ATTN_BN", self.block_n.to_string()),
+            ("CALICO_ATTN_STAGES", self.stages.to_string()),
+            ("CALICO_ATTN_SOFTCAP", u8::from(self.softcap).to_string()),
+        ];
+        KernelSource::assemble(
+            ENTRY,
+            SOURCE,
+            &[vendor, calico_core::device_headers()],
+            &defines,
+        )
+    }
+}
+
+/// Representative variants for the compile checks and `calico compile` (sm_90a only).
+pub(crate) fn catalog(
+    arch: &Arch,
+    vendor: calico_core::HeaderSet,
+) -> Result<Vec<crate::catalog::CatalogEntry>> {
+    let mut out = Vec::new();
+    if !arch_ok(arch) {
+        return Ok(out);
+    }
+    for (dtype, d, softcap) in [
+        (DType::BF16, 64, false),
+        (DType::BF16, 128, false),
+        (DType::F16, 128, true),
+        (DType::BF16, 256, false),
+    ] {
+        if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap) {
+            out.push(crate::catalog::CatalogEntry {
+                op: "attention_hopper",
+                label: v.label(),
+                source: v.source(vendor)?,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn arch_ok(arch: &Arch) -> bool {
+    arch.target.ends_with("90a")
+        && arch.has_mma(MmaKind::Wgmma, DType::BF16)
+        && arch.has_async_copy(AsyncCopy::Tma)
+}
+
+/// `CALICO_ATTN_HOPPER=0` turns the kernel off (A/B runs, forcing the portable path).
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER").map_or(true, |v| v != "0"))
+}
+
+/// A TMA dimension's byte stride: the real one, or any valid value where the extent is 1.
+fn tma_stride(stride: usize, extent: usize, fallback_bytes: u64) -> Option<u64> {
+    if extent <= 1 {
+        Some(fallback_bytes.div_ceil(16).max(1) * 16)
+    } else {
+        let bytes = (stride * 2) as u64;
+        (bytes % 16 == 0 && bytes > 0).then_some(bytes)
+    }
+}
+
+/// The 4-D map {D, N, H, B} over a `[B, H, N, D]` view, box {64, rows, 1, 1}, 128B swizzle;
+/// `None` when TMA cannot express the view (alignment, strides).
+fn view_map(t: &Tensor, rows: usize) -> Option<OpaqueParam128> {
+    let [b, h, n, d] = <[usize; 4]>::try_from(t.shape()).ok()?;
+    let st = t.strides();
+    let ptr = t.device_ptr()?;
+    if ptr % 16 != 0 || (d > 1 && st[3] != 1) {
+        return None;
+    }
+    let s_n = tma_stride(st[2], n, (d * 2) as u64)?;
+    let s_h = tma_stride(st[1], h, s_n * n as u64)?;
+    let s_b = tma_stride(st[0], b, s_h * h as u64)?;
+    TiledMap::<4> {
+        address: ptr,
+        dtype: t.dtype(),
+        dims: [d as u64, n as u64, h as u64, b as u64],
+        strides_bytes: [s_n, s_h, s_b, 0],
+        box_dims: [CHUNK as u32, rows as u32, 1, 1],
+        swizzle: Swizzle::B128,
+    }
+    .encode_cached()
+    .ok()
+}
+
+/// Heads (of the work order) whose K and V together take about half the L2.
+fn heads_per_chunk(arch: &Arch, p: &Problem) -> usize {
+    let kv_bytes = (2 * p.k_len * p.head_dim * 2).max(1);
+    let budget = if arch.l2_bytes == 0 {
+        25 << 20
+    } else {
+        arch.l2_bytes / 2
+    };
+    let group = p.q_heads / p.kv_heads;
+    ((budget / kv_bytes).max(1) * group).clamp(1, p.batch * p.q_heads)
+}
+
+/// Runs the forward on the Hopper kernel when it supports the problem on this device:
+/// `None` when it does not (the caller takes the portable path), else the launch's result.
+pub(crate) fn try_forward(
+    dev: &Device,
+    p: &Problem,
+    params: &AttentionParams,
+    t: [&Tensor; 5],
+    varlen: Option<[&Tensor; 2]>,
+) -> Option<Result<()>> {
+    let [q, k, v, o, lse] = t;
+    let arch = dev.arch();
+    let fits = varlen.is_none()
+        && enabled()
+        && arch_ok(arch)
+        && matches!(p.dtype, DType::BF16 | DType::F16)
+        && matches!(p.head_dim, 64 | 128 | 256)
+        && p.q_len <= MAX_LEN
+        && p.k_len <= MAX_LEN
+        && p.batch * p.q_heads * p.q_len.div_ceil(BM) <= i32::MAX as usize;
+    if !fits {
+        return None;
+    }
+    let gpu = dev.as_gpu()?;
+    let variant = HopperFwdVariant::new(arch, p.dtype, p.head_dim, params.softcap.is_some())?;
+    let map_q = view_map(q, BM)?;
+    let map_k = view_map(k, variant.block_n)?;
+    let map_v = view_map(v, variant.block_n)?;
+    Some(launch(
+        gpu,
+        arch,
+        p,
+        params,
+        variant,
+        [map_q, map_k, map_v],
+        o,
+        lse,
+    ))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &dyn GpuBackend,
+    arch: &Arch,
+    p: &Problem,
+    params: &AttentionParams,
+    variant: HopperFwdVariant,
+    maps: [OpaqueParam128; 3],
+    o: &Tensor,
+    lse: &Tensor,
+) -> Result<()> {
+    let os = o.strides();
+    let o_ptr = o.device_ptr().unwrap_or(0);
+    let lse_ptr = lse.device_ptr().unwrap_or(0);
+    // 2-element stores need every used stride and the base even (in elements).
+    let used = |i: usize| o.shape()[i] > 1;
+    let o_pairs = o_ptr % 4 == 0 && (0..3).all(|i| !used(i) || os[i] % 2 == 0);
+    let (score_scale, cap_log2) = match params.softcap {
+        Some(cap) => (params.scale / cap, cap * LOG2E),
+        None => (params.scale * LOG2E, 0.0),
+    };
+    let side = |s: Option<usize>| (i32::from(s.is_some()), s.unwrap_or(0) as i64);
+    let (has_left, left) = side(params.left);
+    let (has_right, right) = side(params.right);
+    let work = p.batch * p.q_heads * p.q_len.div_ceil(BM);
+    let grid = work.min(arch.compute_units.max(1) as usize).max(1) as u32;
+    let [map_q, map_k, map_v] = maps;
+    let args = [
+        KernelArg::Opaque128(map_q),
+        KernelArg::Opaque128(map_k),
+        KernelArg::Opaque128(map_v),
+        KernelArg::Ptr(o_ptr),
+        KernelArg::Ptr(lse_ptr),
+        KernelArg::I32(p.batch as i32),
+        KernelArg::I32(p.q_heads as i32),
+        KernelArg::I32((p.q_heads / p.kv_heads) as i32),
+        KernelArg::I32(p.q_len as i32),
+        KernelArg::I32(p.k_len as i32),
+        KernelArg::I32(heads_per_chunk(arch, p) as i32),
+        KernelArg::I64(os[0] as i64),
+        KernelArg::I64(os[1] as i64),
+        KernelArg::I64(os[2] as i64),
+        KernelArg::I32(i32::from(o_pairs)),
+        KernelArg::F32(score_scale),
+        KernelArg::F32(cap_log2),
+        KernelArg::I32(has_left),
+        KernelArg::I64(left),
+        KernelArg::I32(has_right),
+        KernelArg::I64(right),
+    ];
+    let config = LaunchConfig::linear(grid, THREADS, variant.smem_bytes() as u32);
+    gpu.launch_variant(&variant, &config, &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100() -> Arch {
+        Arch::for_target("sm_90a").unwrap()
+    }
+
+    #[test]
+    fn variants_fit_shared_memory_with_two_stages_or_more() {
+        let arch = h100();
+        for d in [64, 128, 256] {
+            let v = HopperFwdVariant::new(&arch, DType::BF16, d, false).unwrap();
+            assert!(v.stages >= 2, "{v:?}");
+            assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+        }
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false).unwrap();
+        assert_eq!((v.block_n, v.stages), (128, 3));
+        assert_eq!(v.smem_bytes(), 1024 + 32768 + 3 * 65536 + 14 * 8);
+    }
+
+    #[test]
+    fn other_targets_are_declined() {
+        assert!(arch_ok(&h100()));
+        assert!(!arch_ok(&Arch::for_target("sm_80").unwrap()));
+        assert!(!arch_ok(&Arch::for_target("sm_90").unwrap()));
+    }
+
+    #[test]
+    fn unaligned_strides_are_not_expressible() {
+        assert_eq!(tma_stride(64, 10, 0), Some(128));
+        assert_eq!(tma_stride(67, 10, 0), None);
+        // Extent 1: any stride, replaced by a valid one.
+        assert_eq!(tma_stride(3, 1, 200), Some(208));
+    }
+}
