@@ -711,9 +711,9 @@ impl Report {
         let _ = writeln!(s, "\n## Method\n");
         let _ = writeln!(s, "- Each case: warm-up runs (the first compiles), then device-event times (`Backend::time_ms`) of repeated runs: at least 20 on a GPU, stopping once 1.5 s have passed (10 s at most); median, min and p90 reported.");
         let _ = writeln!(s, "- Inputs are random (xorshift), never zeros, and rotated among enough copies that the rotated set exceeds twice the L2.");
-        let _ = writeln!(s, "- On a GPU each timed run follows an untimed 512 MiB device copy on the same stream, so the host's launch cost is hidden and the L2 is cold, as with triton's do_bench.");
+        let _ = writeln!(s, "- On a GPU each timed run follows an untimed read-only pad on the same stream (a matrix-vector product over a 512 MiB matrix), so the host's launch cost is hidden and the L2 is cold but clean (no write-back of dirty lines inside the timed run).");
         let _ = writeln!(s, "- cuBLASLt runs in the same process on the same stream and buffers, with the heuristic's first algorithm and a 32 MiB workspace; descriptors are built once, outside the timing.");
-        let _ = writeln!(s, "- torch figures (if any) come from `benches/peers/peers.py` (triton.testing.do_bench, median) run on the same machine, converted with the same byte and FLOP counts.");
+        let _ = writeln!(s, "- torch figures (if any) come from `benches/peers/peers.py` (median of CUDA-event times, each run after the same read-only pad) run on the same machine, converted with the same byte and FLOP counts.");
         for n in &self.notes {
             let _ = writeln!(s, "- {n}");
         }

@@ -832,7 +832,7 @@ fn attention_varlen_rejects_bad_offsets_on_the_cpu() {
 /// Shapes the Hopper (sm_90a) forward takes (head dim 64/128/256, 16-byte aligned Q/K/V),
 /// around its 128-row and 128-key tiles: N = 1, odd N, Nq != Nkv both ways, GQA, causal,
 /// windows, soft-cap, large logits, rows that see no key, several key blocks per row. The
-/// Hopper kernel takes them with CALICO_ATTN_HOPPER=1; otherwise the tile kernels do.
+/// Hopper kernel takes them on sm_90a (CALICO_ATTN_HOPPER=0 sends them to the tile kernels).
 #[test]
 fn attention_hopper_shapes_forward() {
     report_skipped("attention_hopper_shapes_forward");
