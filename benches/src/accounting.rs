@@ -41,14 +41,26 @@ impl MemOp {
         MemOp::ALL.into_iter().find(|op| op.name() == name)
     }
 
-    /// The share of the copy bandwidth docs/targets.md asks for.
+    /// The share of the copy bandwidth docs/targets.md asks for on a GPU.
     pub fn target_fraction_of_copy(self) -> f64 {
         match self {
             MemOp::Softmax | MemOp::Rope => 0.85,
             _ => 0.90,
         }
     }
+
+    /// The share asked for on `gpu` or, for the CPU backend, 70% for every row op.
+    pub fn target_fraction_of_copy_on(self, gpu: bool) -> f64 {
+        if gpu {
+            self.target_fraction_of_copy()
+        } else {
+            CPU_TARGET_FRACTION_OF_COPY
+        }
+    }
 }
+
+/// The CPU backend's row ops against the copy bandwidth of the same run (docs/targets.md).
+pub const CPU_TARGET_FRACTION_OF_COPY: f64 = 0.70;
 
 /// Bytes one call must move. Norms and softmax take `[rows, cols]`; rope takes `[B, S, H, D]`
 /// with f32 cos/sin tables of `[S, D/2]` each. `elem` is the size of x's dtype.

@@ -49,7 +49,7 @@ pub fn run_case(
         calico,
         gbps: None,
         pct_of_copy: None,
-        target_pct: 100.0 * spec.op.target_fraction_of_copy(),
+        target_pct: 100.0 * spec.op.target_fraction_of_copy_on(dev.as_gpu().is_some()),
         target_vs_torch: spec.odd.then_some(ODD_TARGET_VS_TORCH),
         torch_ms: None,
         torch_gbps: None,
