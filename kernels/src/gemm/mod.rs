@@ -19,7 +19,7 @@ mod sm80;
 use crate::ops_check as check;
 use crate::Device;
 pub use calico_core::Epilogue;
-use calico_core::{DType, Error, Result, Tensor};
+use calico_core::{DType, Error, KernelArg, Result, Tensor};
 pub use plan::{plan_dense, GemmPlan};
 
 /// One operand as the kernels see it: a device pointer and strides in elements.
@@ -201,6 +201,41 @@ fn route_on(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
         Some(as_target) => route(&as_target, p),
         None => route(arch, p),
     }
+}
+
+/// `v` as a 64-bit kernel argument; `what` names it in the (never expected) overflow error.
+pub(crate) fn as_i64(v: usize, what: &str) -> Result<i64> {
+    i64::try_from(v).map_err(|_| {
+        Error::unsupported(format!("GEMM {what} = {v} exceeds the 64-bit signed range"))
+    })
+}
+
+/// The arguments of the small-M kernels that stream a K-major weight (skinny and GEMV), in
+/// their parameter order: a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k, alpha,
+/// beta (strides in elements).
+pub(crate) fn weight_args(p: &GemmProblem, has_c: bool) -> Result<[KernelArg; 16]> {
+    let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {
+        Some(c) => (c.ptr, c.row_stride, c.col_stride),
+        None => (0, 0, 0),
+    };
+    Ok([
+        KernelArg::Ptr(p.a.ptr),
+        KernelArg::I64(as_i64(p.a.row_stride, "A row stride")?),
+        KernelArg::Ptr(p.b.ptr),
+        KernelArg::I64(as_i64(p.b.col_stride, "B column stride")?),
+        KernelArg::Ptr(c_ptr),
+        KernelArg::I64(as_i64(c_rs, "C row stride")?),
+        KernelArg::I64(as_i64(c_cs, "C column stride")?),
+        KernelArg::Ptr(p.d.ptr),
+        KernelArg::I64(as_i64(p.d.row_stride, "D row stride")?),
+        KernelArg::I64(as_i64(p.d.col_stride, "D column stride")?),
+        KernelArg::Ptr(p.bias.unwrap_or(0)),
+        KernelArg::I64(as_i64(p.m, "M")?),
+        KernelArg::I64(as_i64(p.n, "N")?),
+        KernelArg::I64(as_i64(p.k, "K")?),
+        KernelArg::F32(p.alpha),
+        KernelArg::F32(p.beta),
+    ])
 }
 
 /// (batch, rows, cols, batch stride) of a rank-2 or rank-3 operand.

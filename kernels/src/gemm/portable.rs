@@ -2,7 +2,7 @@
 //! contract alone, so it runs on CUDA and HIP, with any sizes and any element strides. It is the
 //! fallback for layouts the tuned kernels decline, and the HIP GEMM until a CDNA kernel lands.
 
-use super::{Epilogue, GemmProblem, MatrixArg};
+use super::{as_i64, Epilogue, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
 use calico_core::{
     Arch, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
@@ -126,12 +126,6 @@ fn grid(p: &GemmProblem, v: Variant) -> Result<LaunchConfig> {
         grid: (x as u32, y as u32, z as u32),
         block: (threads, 1, 1),
         shared_mem_bytes: 0,
-    })
-}
-
-fn as_i64(v: usize, what: &str) -> Result<i64> {
-    i64::try_from(v).map_err(|_| {
-        Error::unsupported(format!("GEMM {what} = {v} exceeds the 64-bit signed range"))
     })
 }
 

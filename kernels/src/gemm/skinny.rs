@@ -10,7 +10,7 @@ use super::portable::GEMM_HEADERS;
 use super::{Epilogue, GemmProblem};
 use crate::catalog::CatalogEntry;
 use calico_core::{
-    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelSource, KernelVariant,
     LaunchConfig, MmaKind, Result, Vendor,
 };
 
@@ -195,39 +195,6 @@ fn variant(arch: &Arch, p: &GemmProblem) -> Variant {
     }
 }
 
-fn as_i64(v: usize, what: &str) -> Result<i64> {
-    i64::try_from(v).map_err(|_| {
-        Error::unsupported(format!("GEMM {what} = {v} exceeds the 64-bit signed range"))
-    })
-}
-
-/// The kernel's arguments: a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k,
-/// alpha, beta (strides in elements).
-fn args(p: &GemmProblem, has_c: bool) -> Result<Vec<KernelArg>> {
-    let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {
-        Some(c) => (c.ptr, c.row_stride, c.col_stride),
-        None => (0, 0, 0),
-    };
-    Ok(vec![
-        KernelArg::Ptr(p.a.ptr),
-        KernelArg::I64(as_i64(p.a.row_stride, "A row stride")?),
-        KernelArg::Ptr(p.b.ptr),
-        KernelArg::I64(as_i64(p.b.col_stride, "B column stride")?),
-        KernelArg::Ptr(c_ptr),
-        KernelArg::I64(as_i64(c_rs, "C row stride")?),
-        KernelArg::I64(as_i64(c_cs, "C column stride")?),
-        KernelArg::Ptr(p.d.ptr),
-        KernelArg::I64(as_i64(p.d.row_stride, "D row stride")?),
-        KernelArg::I64(as_i64(p.d.col_stride, "D column stride")?),
-        KernelArg::Ptr(p.bias.unwrap_or(0)),
-        KernelArg::I64(as_i64(p.m, "M")?),
-        KernelArg::I64(as_i64(p.n, "N")?),
-        KernelArg::I64(as_i64(p.k, "K")?),
-        KernelArg::F32(p.alpha),
-        KernelArg::F32(p.beta),
-    ])
-}
-
 /// Launches the skinny GEMM for `p`.
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let arch = gpu.arch();
@@ -243,7 +210,7 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         block: (THREADS, 1, 1),
         shared_mem_bytes: v.smem_bytes(),
     };
-    let args = args(p, v.has_c)?;
+    let args = super::weight_args(p, v.has_c)?;
     gpu.launch_variant(&v, &config, &args)
 }
 
@@ -287,6 +254,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
 mod tests {
     use super::*;
     use crate::gemm::portable::tests::problem;
+    use calico_core::KernelArg;
 
     fn h100() -> Arch {
         Arch::for_target("sm_90a").unwrap()
@@ -348,14 +316,17 @@ mod tests {
         let mut p = problem(10, 20, 32, true);
         p.c = Some(p.d);
         p.beta = 0.5;
-        let a = args(&p, true).unwrap();
+        let a = crate::gemm::weight_args(&p, true).unwrap();
         assert_eq!(a.len(), 16);
         assert_eq!(a[1], KernelArg::I64(32));
         assert_eq!(a[3], KernelArg::I64(32));
         assert_eq!(a[4], KernelArg::Ptr(3 << 20));
         assert_eq!(a[11], KernelArg::I64(10));
         assert_eq!(a[15], KernelArg::F32(0.5));
-        assert_eq!(args(&p, false).unwrap()[4], KernelArg::Ptr(0));
+        assert_eq!(
+            crate::gemm::weight_args(&p, false).unwrap()[4],
+            KernelArg::Ptr(0)
+        );
     }
 
     #[test]
