@@ -22,7 +22,7 @@ pub struct DecodeStep {
     wv: Tensor,
     cos: Tensor,
     sin: Tensor,
-    /// Outputs, in the order [`DecodeStep::outputs`] reads them.
+    /// Outputs (see [`DecodeStep::outputs`]).
     normed: Tensor,
     sum: Tensor,
     q: Tensor,
@@ -122,8 +122,8 @@ impl DecodeStep {
         ops::softmax(dev, &scores, &mut s.probs)
     }
 
-    /// Every output of the step, as f32 (synchronises).
-    pub fn outputs(&self) -> Result<Vec<Vec<f32>>> {
+    /// The step's outputs, in the order [`DecodeStep::outputs`] returns them.
+    fn output_tensors(&self) -> [&Tensor; 8] {
         [
             &self.normed,
             &self.sum,
@@ -134,26 +134,22 @@ impl DecodeStep {
             &self.k_rot,
             &self.probs,
         ]
-        .iter()
-        .map(|t| {
-            t.to_f64_vec()
-                .map(|v| v.into_iter().map(|x| x as f32).collect())
-        })
-        .collect()
+    }
+
+    /// Every output of the step, as f32 (synchronises).
+    pub fn outputs(&self) -> Result<Vec<Vec<f32>>> {
+        self.output_tensors()
+            .iter()
+            .map(|t| {
+                t.to_f64_vec()
+                    .map(|v| v.into_iter().map(|x| x as f32).collect())
+            })
+            .collect()
     }
 
     /// Overwrites every output with NaN, so a run that skips an op is caught.
     pub fn poison_outputs(&self) -> Result<()> {
-        for t in [
-            &self.normed,
-            &self.sum,
-            &self.q,
-            &self.k,
-            &self.v,
-            &self.q_rot,
-            &self.k_rot,
-            &self.probs,
-        ] {
+        for t in self.output_tensors() {
             t.copy_from_slice(&vec![half::bf16::NAN; t.numel()])?;
         }
         Ok(())
