@@ -233,16 +233,15 @@ impl CudaDevice {
         &self.inner.queue.ctx
     }
 
-    /// How many kernels this GPU has loaded (all handles together).
+    /// How many kernels this GPU has loaded (all handles together). Every module is in the
+    /// by-digest map once; the variant cache only points at those entries.
     pub fn loaded_kernels(&self) -> usize {
-        let by_digest = self
-            .inner
+        self.inner
             .shared
             .by_digest
             .lock()
             .map(|m| m.len())
-            .unwrap_or(0);
-        by_digest + self.inner.shared.by_variant.len()
+            .unwrap_or(0)
     }
 
     /// The raw stream all of this device's work runs on.
