@@ -163,51 +163,62 @@ impl<const R: usize> TiledMap<R> {
     }
 }
 
+/// A map request of any rank (1..=5), padded to rank 5: the key of the encode cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct MapKey {
+    rank: usize,
+    address: u64,
+    dtype: DType,
+    dims: [u64; 5],
+    strides_bytes: [u64; 5],
+    box_dims: [u32; 5],
+    swizzle: Swizzle,
+}
+
 /// Maps encoded before, so that a call repeated with the same pointers and shapes (a model's
 /// forward pass) skips the driver. Bounded: emptied when full.
-static ENCODED_3D: std::sync::Mutex<
-    Option<std::collections::HashMap<TiledMap<3>, OpaqueParam128>>,
-> = std::sync::Mutex::new(None);
+static ENCODED: std::sync::Mutex<Option<std::collections::HashMap<MapKey, OpaqueParam128>>> =
+    std::sync::Mutex::new(None);
 /// Entries kept before the cache is emptied.
 const MAX_CACHED_MAPS: usize = 1024;
 
-impl TiledMap<3> {
+impl<const R: usize> TiledMap<R> {
+    fn key(&self) -> Option<MapKey> {
+        if R == 0 || R > 5 {
+            return None;
+        }
+        let mut key = MapKey {
+            rank: R,
+            address: self.address,
+            dtype: self.dtype,
+            dims: [0; 5],
+            strides_bytes: [0; 5],
+            box_dims: [0; 5],
+            swizzle: self.swizzle,
+        };
+        key.dims[..R].copy_from_slice(&self.dims);
+        key.strides_bytes[..R].copy_from_slice(&self.strides_bytes);
+        key.box_dims[..R].copy_from_slice(&self.box_dims);
+        Some(key)
+    }
+
     /// [`TiledMap::encode`], through a process-wide cache of recent maps. A map only records
     /// an address, so a stale entry for memory that was freed is harmless: it is used only for
     /// a request with the same address, dims, strides and box, which encodes to the same bytes.
     pub fn encode_cached(&self) -> Result<OpaqueParam128> {
-        let mut guard = ENCODED_3D.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(key) = self.key() else {
+            return self.encode();
+        };
+        let mut guard = ENCODED.lock().unwrap_or_else(|e| e.into_inner());
         let cache = guard.get_or_insert_with(std::collections::HashMap::new);
-        if let Some(map) = cache.get(self) {
+        if let Some(map) = cache.get(&key) {
             return Ok(*map);
         }
         let map = self.encode()?;
         if cache.len() >= MAX_CACHED_MAPS {
             cache.clear();
         }
-        cache.insert(*self, map);
-        Ok(map)
-    }
-}
-
-/// Maps of rank 4 encoded before (attention's (batch, head, seq, dim) views).
-static ENCODED_4D: std::sync::Mutex<
-    Option<std::collections::HashMap<TiledMap<4>, OpaqueParam128>>,
-> = std::sync::Mutex::new(None);
-
-impl TiledMap<4> {
-    /// [`TiledMap::encode`] through a process-wide cache, as [`TiledMap::<3>::encode_cached`].
-    pub fn encode_cached(&self) -> Result<OpaqueParam128> {
-        let mut guard = ENCODED_4D.lock().unwrap_or_else(|e| e.into_inner());
-        let cache = guard.get_or_insert_with(std::collections::HashMap::new);
-        if let Some(map) = cache.get(self) {
-            return Ok(*map);
-        }
-        let map = self.encode()?;
-        if cache.len() >= MAX_CACHED_MAPS {
-            cache.clear();
-        }
-        cache.insert(*self, map);
+        cache.insert(key, map);
         Ok(map)
     }
 }
@@ -294,6 +305,31 @@ pub fn check_coords(dtype: DType, coords: &[i64], store: bool) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cache_keys_tell_ranks_and_fields_apart() {
+        let m3 = map();
+        let m4 = TiledMap::<4> {
+            address: m3.address,
+            dtype: m3.dtype,
+            dims: [m3.dims[0], m3.dims[1], m3.dims[2], 1],
+            strides_bytes: [
+                m3.strides_bytes[0],
+                m3.strides_bytes[1],
+                m3.strides_bytes[2],
+                0,
+            ],
+            box_dims: [m3.box_dims[0], m3.box_dims[1], m3.box_dims[2], 1],
+            swizzle: m3.swizzle,
+        };
+        assert_ne!(m3.key(), m4.key());
+        assert_eq!(m3.key(), map().key());
+        let moved = TiledMap {
+            address: m3.address + 16,
+            ..m3
+        };
+        assert_ne!(m3.key(), moved.key());
+    }
 
     fn map() -> TiledMap<3> {
         TiledMap {
