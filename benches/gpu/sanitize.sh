@@ -15,6 +15,10 @@
 #   SANITIZE_TIMEOUT   seconds per (tool, executable) run before it counts as failed (default 600)
 #   SANITIZE_BUDGET    seconds for the whole script; runs that would start later are "not run"
 #                      (and fail the script) (default: no limit)
+#   SANITIZE_SPLIT     space-separated name parts of executables whose tests each run as their
+#                      own sanitizer process, SANITIZE_JOBS (default 4) at a time, with the
+#                      timeout per test (default "gemm": its large GPU shapes are slow under
+#                      racecheck; "" splits none)
 #   CALICO_CONFORMANCE_CASES   proptest cases per property (default here 4, so the four passes
 #                      take minutes, not hours)
 #   SANITIZE_LOGS      where the logs and summary.md go (default $OUT/sanitize, else
@@ -32,6 +36,8 @@ filter=${SANITIZE_FILTER:-}
 exclude=${SANITIZE_EXCLUDE:-}
 per_run=${SANITIZE_TIMEOUT:-600}
 budget=${SANITIZE_BUDGET:-0}
+split=${SANITIZE_SPLIT-gemm}
+jobs=${SANITIZE_JOBS:-4}
 export CALICO_CONFORMANCE_CASES=${CALICO_CONFORMANCE_CASES:-4}
 skip_tests=(tma_2d_store_before_the_tensor_faults_unchecked)
 logs=${SANITIZE_LOGS:-${OUT:-/tmp/calico-sanitize}/sanitize}
@@ -85,6 +91,79 @@ short() {
   if ((${seen[$b]} > 1)); then basename "$1" | sed -E 's/-([0-9a-f]{6})[0-9a-f]{10}$/-\1/'; else echo "$b"; fi
 }
 
+# Judges one sanitizer log: prints "clean", "clean (no GPU use)", "N errors", "timeout" or
+# "failed (rc N)".
+judge() {
+  local log=$1 rc=$2 errors
+  # One summary line per sanitized process (children included): "ERROR SUMMARY: N errors",
+  # or racecheck's "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
+  errors=$(grep -E "=+ (ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: .*\([0-9]+ error)" "$log" \
+    | grep -oE "(SUMMARY: |\()[0-9]+ error" | grep -oE "[0-9]+" | awk '{s += $1} END {print s + 0}')
+  if ((rc == 137)); then
+    echo "timeout"
+  elif ((errors > 0)); then
+    echo "$errors errors"
+  # An executable that never calls CUDA (host-only unit tests) makes the sanitizer itself
+  # fail ("terminated before first instrumented API call"): nothing to check, so clean if its
+  # tests passed.
+  elif grep -q "terminated before first instrumented API call" "$log" && grep -q "test result: ok" "$log" \
+    && ! grep -q "test result: FAILED" "$log"; then
+    echo "clean (no GPU use)"
+  elif ((rc != 0)); then
+    echo "failed (rc $rc)"
+  else
+    echo "clean"
+  fi
+}
+
+# Runs one executable (all its tests, or the one named by $4) under one tool; writes the log
+# and the exit status beside it.
+sanitize_one() {
+  local tool=$1 t=$2 log=$3 test=${4:-} args=("${skip_args[@]}")
+  [[ -n "$test" ]] && args=(--exact "$test")
+  timeout --signal=KILL "$per_run" "$sanitizer" --tool "$tool" --error-exitcode 97 \
+    --target-processes all --print-limit 50 "$t" "${args[@]}" >"$log" 2>&1
+  echo $? >"$log.rc"
+}
+
+is_split() {
+  local x
+  for x in $split; do [[ "$(basename "$1")" == *"$x"* ]] && return 0; done
+  return 1
+}
+
+# A split executable runs each of its tests as its own sanitizer process, $jobs at a time: the
+# wall time of its slowest test instead of the sum, a timeout per test, and a log per test that
+# says which one fails. Its cell is the worst of its tests' verdicts.
+sanitize_split() {
+  local tool=$1 t=$2 name=$3 test verdict worst=clean running=0 safe
+  local -a tests=()
+  while IFS= read -r test; do
+    local skip=0 s
+    for s in "${skip_tests[@]}"; do [[ "$test" == "$s" ]] && skip=1; done
+    ((skip)) || tests+=("$test")
+  done < <("$t" --list --format terse 2>/dev/null | sed -nE 's/^(.*): test$/\1/p')
+  for test in "${tests[@]}"; do
+    safe=${test//[^A-Za-z0-9_]/_}
+    sanitize_one "$tool" "$t" "$logs/$tool-$name--$safe.log" "$test" &
+    running=$((running + 1))
+    if ((running >= jobs)); then
+      wait -n
+      running=$((running - 1))
+    fi
+  done
+  wait
+  for test in "${tests[@]}"; do
+    safe=${test//[^A-Za-z0-9_]/_}
+    verdict=$(judge "$logs/$tool-$name--$safe.log" "$(cat "$logs/$tool-$name--$safe.log.rc")")
+    printf '    %-10s %-40s %s\n' "$tool" "$test" "$verdict" >&2
+    [[ "$verdict" == clean* ]] || worst=$verdict
+  done
+  # The per-test logs, concatenated, are the executable's log for the error listing below.
+  cat "$logs/$tool-$name--"*.log >"$logs/$tool-$name.log" 2>/dev/null
+  echo "$worst"
+}
+
 declare -A cell
 failed=0
 for tool in $tools; do
@@ -102,33 +181,14 @@ for tool in $tools; do
     fi
     log="$logs/$tool-$name.log"
     t0=$(date +%s)
-    timeout --signal=KILL "$per_run" "$sanitizer" --tool "$tool" --error-exitcode 97 \
-      --target-processes all --print-limit 50 "$t" "${skip_args[@]}" >"$log" 2>&1
-    rc=$?
-    # One summary line per sanitized process (children included): "ERROR SUMMARY: N errors",
-    # or racecheck's "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)".
-    errors=$(grep -E "=+ (ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: .*\([0-9]+ error)" "$log" \
-      | grep -oE "(SUMMARY: |\()[0-9]+ error" | grep -oE "[0-9]+" | awk '{s += $1} END {print s + 0}')
-    secs=$(($(date +%s) - t0))
-    # An executable that never calls CUDA (host-only unit tests) makes the sanitizer itself
-    # fail ("terminated before first instrumented API call"): nothing to check, so clean if
-    # its tests passed.
-    no_gpu=0
-    if grep -q "terminated before first instrumented API call" "$log" && grep -q "test result: ok" "$log" \
-      && ! grep -q "test result: FAILED" "$log"; then
-      no_gpu=1
-    fi
-    if ((rc == 137)); then
-      cell[$key]="timeout (${per_run} s)"
-    elif ((errors > 0)); then
-      cell[$key]="$errors errors"
-    elif ((no_gpu)); then
-      cell[$key]="clean (no GPU use)"
-    elif ((rc != 0)); then
-      cell[$key]="failed (rc $rc)"
+    if is_split "$t"; then
+      cell[$key]=$(sanitize_split "$tool" "$t" "$name")
     else
-      cell[$key]="clean"
+      sanitize_one "$tool" "$t" "$log"
+      cell[$key]=$(judge "$log" "$(cat "$log.rc")")
     fi
+    [[ "${cell[$key]}" == timeout ]] && cell[$key]="timeout (${per_run} s)"
+    secs=$(($(date +%s) - t0))
     [[ "${cell[$key]}" == clean* ]] || failed=1
     printf '%-10s %-22s %-18s %4d s\n' "$tool" "$name" "${cell[$key]}" "$secs"
   done
