@@ -119,11 +119,14 @@ judge() {
 # Runs one executable (all its tests, or the one named by $4) under one tool; writes the log
 # and the exit status beside it.
 sanitize_one() {
-  local tool=$1 t=$2 log=$3 test=${4:-} args=("${skip_args[@]}")
+  local tool=$1 t=$2 log=$3 test=${4:-} args=("${skip_args[@]}") t0 rc
   [[ -n "$test" ]] && args=(--exact "$test")
+  t0=$(date +%s)
   timeout --signal=KILL "$per_run" "$sanitizer" --tool "$tool" --error-exitcode 97 \
     --target-processes all --print-limit 50 "$t" "${args[@]}" >"$log" 2>&1
-  echo $? >"$log.rc"
+  rc=$?
+  # Exit status and seconds taken.
+  echo "$rc $(($(date +%s) - t0))" >"$log.rc"
 }
 
 is_split() {
@@ -136,7 +139,7 @@ is_split() {
 # wall time of its slowest test instead of the sum, a timeout per test, and a log per test that
 # says which one fails. Its cell is the worst of its tests' verdicts.
 sanitize_split() {
-  local tool=$1 t=$2 name=$3 test verdict worst=clean running=0 safe
+  local tool=$1 t=$2 name=$3 test verdict worst=clean running=0 safe rc secs
   local -a tests=()
   while IFS= read -r test; do
     local skip=0 s
@@ -155,8 +158,9 @@ sanitize_split() {
   wait
   for test in "${tests[@]}"; do
     safe=${test//[^A-Za-z0-9_]/_}
-    verdict=$(judge "$logs/$tool-$name--$safe.log" "$(cat "$logs/$tool-$name--$safe.log.rc")")
-    printf '    %-10s %-40s %s\n' "$tool" "$test" "$verdict" >&2
+    read -r rc secs <"$logs/$tool-$name--$safe.log.rc"
+    verdict=$(judge "$logs/$tool-$name--$safe.log" "$rc")
+    printf '    %-10s %-48s %-18s %4d s\n' "$tool" "$test" "$verdict" "$secs" >&2
     [[ "$verdict" == clean* ]] || worst=$verdict
   done
   # The per-test logs, concatenated, are the executable's log for the error listing below.
@@ -185,7 +189,8 @@ for tool in $tools; do
       cell[$key]=$(sanitize_split "$tool" "$t" "$name")
     else
       sanitize_one "$tool" "$t" "$log"
-      cell[$key]=$(judge "$log" "$(cat "$log.rc")")
+      read -r rc secs <"$log.rc"
+      cell[$key]=$(judge "$log" "$rc")
     fi
     [[ "${cell[$key]}" == timeout ]] && cell[$key]="timeout (${per_run} s)"
     secs=$(($(date +%s) - t0))
