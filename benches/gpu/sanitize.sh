@@ -17,8 +17,8 @@
 #                      (and fail the script) (default: no limit)
 #   SANITIZE_SPLIT     space-separated name parts of executables whose tests each run as their
 #                      own sanitizer process, SANITIZE_JOBS (default 4) at a time, with the
-#                      timeout per test (default "gemm": its large GPU shapes are slow under
-#                      racecheck; "" splits none)
+#                      timeout per test (default "gemm attention tiles": the executables with
+#                      the most GPU work; "" splits none)
 #   CALICO_CONFORMANCE_CASES   proptest cases per property (default here 4, so the four passes
 #                      take minutes, not hours)
 #   SANITIZE_LOGS      where the logs and summary.md go (default $OUT/sanitize, else
@@ -36,7 +36,7 @@ filter=${SANITIZE_FILTER:-}
 exclude=${SANITIZE_EXCLUDE:-}
 per_run=${SANITIZE_TIMEOUT:-600}
 budget=${SANITIZE_BUDGET:-0}
-split=${SANITIZE_SPLIT-gemm}
+split=${SANITIZE_SPLIT-gemm attention tiles}
 jobs=${SANITIZE_JOBS:-4}
 export CALICO_CONFORMANCE_CASES=${CALICO_CONFORMANCE_CASES:-4}
 skip_tests=(tma_2d_store_before_the_tensor_faults_unchecked)
