@@ -8,6 +8,7 @@
 pub mod arch;
 pub mod backend;
 pub mod cache;
+pub mod cdna_staging;
 pub mod dtype;
 pub mod epilogue;
 pub mod error;

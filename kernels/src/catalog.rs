@@ -2,8 +2,9 @@
 //! present: `calico compile`, and the CI test that compiles every source for sm_80, sm_90a,
 //! gfx90a and gfx942.
 
+use crate::gpu::cdna_rows::{self, CdnaRowPlan};
 use crate::gpu::rows::{self, RowPlan};
-use crate::ops::norm::NormVariant;
+use crate::ops::norm::{NormCdnaVariant, NormVariant};
 use crate::ops::RopeMode;
 use calico_core::{Arch, DType, Error, HeaderSet, KernelSource, KernelVariant, Result, Vendor};
 
@@ -67,9 +68,49 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
             (vec, rows::plan(1 << 20, vec, &arch)),
         ]
     };
+    // CDNA row kernels (buffer loads): a row per wavefront, a row per workgroup, and rows
+    // aligned to 4 bytes only (dword accesses).
+    let cdna_plans = |dtype: DType| -> Vec<CdnaRowPlan> {
+        let esz = dtype.size_bytes();
+        [(1024, 0x1000), (8192, 0x1000), (4096, 0x1004)]
+            .into_iter()
+            .filter_map(|(cols, addr)| cdna_rows::plan(&arch, esz, cols, &[addr], &[cols]))
+            .collect()
+    };
+    let cdna_label = |dtype: DType, p: &CdnaRowPlan| {
+        format!(
+            "cdna {dtype} {}B x{} {}",
+            p.bytes,
+            p.chunks_per_lane,
+            if p.group == 64 {
+                "row per wave"
+            } else {
+                "row per workgroup"
+            }
+        )
+    };
     for (name, layer) in [("rms_norm", false), ("layer_norm", true)] {
         if !wanted(name) {
             continue;
+        }
+        for dtype in dtypes {
+            for plan in cdna_plans(dtype) {
+                for residual in [false, true] {
+                    let v = NormCdnaVariant {
+                        dtype,
+                        plan,
+                        layer,
+                        residual,
+                        weight: true,
+                        bias: layer,
+                    };
+                    out.push(CatalogEntry {
+                        op: name,
+                        label: format!("{} residual={residual}", cdna_label(dtype, &plan)),
+                        source: v.source(vendor)?,
+                    });
+                }
+            }
         }
         for dtype in dtypes {
             for (vec, plan) in plans(dtype) {
@@ -122,6 +163,14 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
     }
     if wanted("softmax") {
         for dtype in dtypes {
+            for plan in cdna_plans(dtype) {
+                let v = crate::ops::softmax::SoftmaxCdnaVariant { dtype, plan };
+                out.push(CatalogEntry {
+                    op: "softmax",
+                    label: cdna_label(dtype, &plan),
+                    source: v.source(vendor)?,
+                });
+            }
             for (vec, plan) in plans(dtype) {
                 let label = format!(
                     "{dtype} vec{vec} nv{} streaming={}",
@@ -166,6 +215,19 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                         source: crate::ops::rope::source(vendor, dtype, pairs, x_width, mode)?,
                     });
                 }
+                // CDNA (buffer loads): whole 16-byte accesses, and dword accesses.
+                let dword = 4 / dtype.size_bytes();
+                for x_width in [aligned_width, dword] {
+                    if cdna_rows::is_cdna(&arch) {
+                        out.push(CatalogEntry {
+                            op: "rope",
+                            label: format!("cdna {dtype} {mode:?} pairs{pairs} x_width{x_width}"),
+                            source: crate::ops::rope::cdna_source(
+                                vendor, dtype, pairs, x_width, mode,
+                            )?,
+                        });
+                    }
+                }
             }
         }
     }
@@ -182,7 +244,11 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
         }
     }
     if wanted("attention") {
-        for (label, source) in crate::ops::attention::gpu::catalog(&arch, vendor)? {
+        let cdna = crate::ops::attention::cdna::catalog(&arch, vendor)?;
+        for (label, source) in crate::ops::attention::gpu::catalog(&arch, vendor)?
+            .into_iter()
+            .chain(cdna)
+        {
             out.push(CatalogEntry {
                 op: "attention",
                 label,

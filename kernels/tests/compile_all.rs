@@ -209,6 +209,89 @@ fn cdna_gemm_uses_mfma_and_buffer_loads_without_scratch() {
     }
 }
 
+/// The CDNA row kernels (norms, softmax, rope) move their rows only through buffer resources
+/// (loads past a row's end read zeros, stores past it are dropped), use no scratch, and keep
+/// at least four waves per SIMD, on gfx90a and gfx942.
+#[test]
+fn cdna_row_ops_use_buffer_loads_without_scratch() {
+    if !toolchain_or_skip("gfx90a/gfx942", clang_available()) {
+        return;
+    }
+    for target in ["gfx90a", "gfx942"] {
+        let mut count = 0;
+        for op in ["rms_norm", "layer_norm", "softmax", "rope"] {
+            let entries = catalog::entries(target, Some(op)).expect("catalog assembles");
+            for e in entries.iter().filter(|e| e.label.starts_with("cdna")) {
+                count += 1;
+                let code = catalog::compile(target, &e.source).expect("compiles");
+                let asm = catalog::disassemble(target, &code).expect("disassembles");
+                let what = format!("{target} {op} {}", e.label);
+                assert!(asm.contains("buffer_load_dword"), "{what}: no buffer load");
+                assert!(
+                    asm.contains("buffer_store_dword"),
+                    "{what}: no buffer store"
+                );
+                if e.label.contains(" 16B ") || e.label.contains("x_width8") {
+                    assert!(asm.contains("buffer_load_dwordx4"), "{what}");
+                    assert!(asm.contains("buffer_store_dwordx4"), "{what}");
+                }
+                for generic in ["global_load", "global_store", "flat_load", "flat_store"] {
+                    assert!(!asm.contains(generic), "{what}: {generic}");
+                }
+                let kernels = catalog::resources(target, &code)
+                    .expect("metadata")
+                    .expect("AMD");
+                let k = &kernels[0];
+                println!("{what}: {}", k.summary());
+                assert!(!k.uses_scratch(), "{what}: scratch: {}", k.summary());
+                assert!(k.occupancy() >= 4, "{what}: {}", k.summary());
+            }
+        }
+        assert!(count >= 20, "{target}: {count} CDNA row variants");
+    }
+}
+
+/// The CDNA attention forward is what it claims to be on gfx90a and gfx942: MFMA fed by buffer
+/// loads staged in LDS, no scratch (spills), at most 32 KiB of LDS and two waves per SIMD, as
+/// `calico compile --op attention --target gfx942 --disasm` shows a user.
+#[test]
+fn cdna_attention_uses_mfma_and_buffer_loads_without_scratch() {
+    if !toolchain_or_skip("gfx90a/gfx942", clang_available()) {
+        return;
+    }
+    for target in ["gfx90a", "gfx942"] {
+        let entries: Vec<_> = catalog::entries(target, Some("attention"))
+            .expect("catalog assembles")
+            .into_iter()
+            .filter(|e| e.label.starts_with("cdna"))
+            .collect();
+        assert_eq!(entries.len(), 6, "{target}: bf16/f16 x d64/128/256");
+        for e in &entries {
+            let code = catalog::compile(target, &e.source).expect("compiles");
+            let asm = catalog::disassemble(target, &code).expect("disassembles");
+            let what = format!("{target} {}", e.label);
+            let mfma = asm.matches("v_mfma_f32_16x16x16").count();
+            let buffer_loads = asm.matches("buffer_load_dwordx4").count();
+            let lds_reads = asm.matches("ds_read_b64").count();
+            assert!(
+                mfma > 0 && buffer_loads > 0 && lds_reads > 0,
+                "{what}: {mfma} MFMA, {buffer_loads} buffer loads, {lds_reads} ds_read_b64"
+            );
+            let kernels = catalog::resources(target, &code)
+                .expect("metadata")
+                .expect("AMD");
+            let k = &kernels[0];
+            println!(
+                "{what}: {mfma} MFMA, {buffer_loads} buffer loads, {lds_reads} ds_read_b64; {}",
+                k.summary()
+            );
+            assert!(!k.uses_scratch(), "{what}: scratch: {}", k.summary());
+            assert!(k.lds_bytes <= 32 * 1024, "{what}: {}", k.summary());
+            assert!(k.occupancy() >= 2, "{what}: {}", k.summary());
+        }
+    }
+}
+
 /// The user-kernel example (kernels/examples/tile_softmax.cu, docs/tile-kernels.md) compiles
 /// for all four targets through the public `TileKernel` API.
 #[test]

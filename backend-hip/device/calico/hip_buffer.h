@@ -35,6 +35,10 @@ __attribute__((device)) void calico_raw_buffer_load_lds(calico::hip::i32x4 rsrc,
                                                          int aux) __asm("llvm.amdgcn.raw.buffer.load.lds");
 __attribute__((device)) void calico_raw_buffer_store_v4i32(calico::hip::i32x4 data, calico::hip::i32x4 rsrc, int voffset,
                                                             int soffset, int aux) __asm("llvm.amdgcn.raw.buffer.store.v4i32");
+__attribute__((device)) void calico_raw_buffer_store_v2i32(calico::hip::i32x2 data, calico::hip::i32x4 rsrc, int voffset,
+                                                            int soffset, int aux) __asm("llvm.amdgcn.raw.buffer.store.v2i32");
+__attribute__((device)) void calico_raw_buffer_store_i32(int data, calico::hip::i32x4 rsrc, int voffset, int soffset,
+                                                          int aux) __asm("llvm.amdgcn.raw.buffer.store.i32");
 
 namespace calico {
 namespace hip {
@@ -71,6 +75,44 @@ CALICO_DEVICE int load_4b(const buffer& b, unsigned byte_offset) {
 CALICO_DEVICE void store_16b(const buffer& b, unsigned byte_offset, i32x4 v) {
     calico_raw_buffer_store_v4i32(v, b.rsrc, static_cast<int>(byte_offset), 0, 0);
 }
+CALICO_DEVICE void store_8b(const buffer& b, unsigned byte_offset, i32x2 v) {
+    calico_raw_buffer_store_v2i32(v, b.rsrc, static_cast<int>(byte_offset), 0, 0);
+}
+CALICO_DEVICE void store_4b(const buffer& b, unsigned byte_offset, int v) {
+    calico_raw_buffer_store_i32(v, b.rsrc, static_cast<int>(byte_offset), 0, 0);
+}
+
+// NBYTES (4, 8 or 16) bytes at `byte_offset` as one buffer access, and back. The range check
+// is per dword: a dword wholly past the buffer's end reads 0 / is not written, so a buffer
+// whose size is a whole number of dwords needs no tail branches.
+template <int NBYTES>
+struct dwords {
+    static_assert(NBYTES == 4 || NBYTES == 8 || NBYTES == 16, "buffer accesses of 4, 8 or 16 bytes");
+    int v[NBYTES / 4];
+};
+template <int NBYTES>
+CALICO_DEVICE dwords<NBYTES> load_bytes(const buffer& b, unsigned byte_offset) {
+    dwords<NBYTES> d;
+    if constexpr (NBYTES == 16) {
+        const i32x4 r = load_16b(b, byte_offset);
+        d.v[0] = r.x, d.v[1] = r.y, d.v[2] = r.z, d.v[3] = r.w;
+    } else if constexpr (NBYTES == 8) {
+        const i32x2 r = load_8b(b, byte_offset);
+        d.v[0] = r.x, d.v[1] = r.y;
+    } else {
+        d.v[0] = load_4b(b, byte_offset);
+    }
+    return d;
+}
+template <int NBYTES>
+CALICO_DEVICE void store_bytes(const buffer& b, unsigned byte_offset, const dwords<NBYTES>& d) {
+    if constexpr (NBYTES == 16)
+        store_16b(b, byte_offset, i32x4{d.v[0], d.v[1], d.v[2], d.v[3]});
+    else if constexpr (NBYTES == 8)
+        store_8b(b, byte_offset, i32x2{d.v[0], d.v[1]});
+    else
+        store_4b(b, byte_offset, d.v[0]);
+}
 
 // Straight into LDS, skipping registers (buffer_load_dword ... lds): lane l copies the 4 bytes
 // at its `byte_offset` to `lds_wave_base + 4 * l`, so one call fills 256 contiguous bytes of
@@ -105,6 +147,24 @@ CALICO_DEVICE void buffer_store_float(const buffer& b, unsigned index, const flo
 #pragma unroll
     for (int i = 0; i < N; ++i) packed.v[i] = from_float<T>(src[i]);
     store_16b(b, index * static_cast<unsigned>(sizeof(T)), __builtin_bit_cast(i32x4, packed));
+}
+
+// NBYTES / sizeof(T) elements of T starting at element `index`, widened to float (0 past the
+// end), and the reverse (dropped past the end).
+template <class T, int NBYTES>
+CALICO_DEVICE void buffer_load_floats(float (&dst)[NBYTES / sizeof(T)], const buffer& b, unsigned index) {
+    constexpr int N = NBYTES / sizeof(T);
+    const vec<T, N> packed = __builtin_bit_cast(vec<T, N>, load_bytes<NBYTES>(b, index * static_cast<unsigned>(sizeof(T))));
+#pragma unroll
+    for (int i = 0; i < N; ++i) dst[i] = to_float(packed.v[i]);
+}
+template <class T, int NBYTES>
+CALICO_DEVICE void buffer_store_floats(const buffer& b, unsigned index, const float (&src)[NBYTES / sizeof(T)]) {
+    constexpr int N = NBYTES / sizeof(T);
+    vec<T, N> packed;
+#pragma unroll
+    for (int i = 0; i < N; ++i) packed.v[i] = from_float<T>(src[i]);
+    store_bytes<NBYTES>(b, index * static_cast<unsigned>(sizeof(T)), __builtin_bit_cast(dwords<NBYTES>, packed));
 }
 
 }  // namespace hip

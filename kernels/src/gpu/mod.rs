@@ -1,5 +1,6 @@
 //! Helpers for launching Calico's portable kernels on any GPU backend.
 
+pub(crate) mod cdna_rows;
 pub(crate) mod rows;
 
 use calico_core::{HeaderSet, KernelSource, Result};

@@ -1,7 +1,7 @@
 //! RMSNorm and LayerNorm, with an optional fused residual add.
 
 use super::check;
-use crate::gpu::{self, rows};
+use crate::gpu::{self, cdna_rows, rows};
 use crate::Device;
 use calico_core::{
     DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
@@ -212,6 +212,26 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         yr.row_stride,
         stride(c.sum)?,
     ];
+    let args = norm_args(
+        c,
+        &ptr,
+        &stride,
+        xr.rows,
+        xr.cols,
+        xr.row_stride,
+        yr.row_stride,
+    )?;
+    if let Some(plan) = cdna_rows::plan(dev.arch(), esz, xr.cols, &addresses, &strides) {
+        let variant = NormCdnaVariant {
+            dtype: c.x.dtype(),
+            plan,
+            layer: c.layer,
+            residual: c.residual.is_some(),
+            weight: c.weight.is_some(),
+            bias: c.bias.is_some(),
+        };
+        return gpu.launch_variant(&variant, &cdna_rows::config(xr.rows, plan), &args);
+    }
     let vec = gpu::vector_width(esz, &addresses, &strides, xr.cols);
     // RMSNorm rows that are not 16-byte aligned (odd lengths or strides) but misaligned alike
     // in every row operand: vector loads over each row's aligned body, scalar head and tail.
@@ -249,15 +269,6 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         weight: c.weight.is_some(),
         bias: c.bias.is_some(),
     };
-    let args = norm_args(
-        c,
-        &ptr,
-        &stride,
-        xr.rows,
-        xr.cols,
-        xr.row_stride,
-        yr.row_stride,
-    )?;
     gpu.launch_variant(&variant, &rows::config(xr.rows, plan), &args)
 }
 
@@ -294,6 +305,37 @@ impl KernelVariant for NormVariant {
             vendor,
             "calico_norm",
             include_str!("../../device/norm/norm.cu"),
+            &defines,
+        )
+    }
+}
+
+/// One compiled form of the CDNA norm kernel (buffer loads; kernels/device/norm/cdna.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct NormCdnaVariant {
+    pub dtype: DType,
+    pub plan: cdna_rows::CdnaRowPlan,
+    pub layer: bool,
+    pub residual: bool,
+    pub weight: bool,
+    pub bias: bool,
+}
+
+impl KernelVariant for NormCdnaVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let flag = |b: bool| u8::from(b).to_string();
+        let mut defines = vec![
+            ("ELEM", self.dtype.device_type().to_string()),
+            ("LAYER", flag(self.layer)),
+            ("HAS_RESIDUAL", flag(self.residual)),
+            ("HAS_WEIGHT", flag(self.weight)),
+            ("HAS_BIAS", flag(self.bias)),
+        ];
+        defines.extend(self.plan.defines());
+        gpu::assemble(
+            vendor,
+            "calico_norm_cdna",
+            include_str!("../../device/norm/cdna.cu"),
             &defines,
         )
     }

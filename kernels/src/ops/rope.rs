@@ -1,7 +1,7 @@
 //! Rotary position embedding.
 
 use super::check;
-use crate::gpu;
+use crate::gpu::{self, cdna_rows};
 use crate::Device;
 use calico_core::{
     DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, LaunchConfig, Result, Tensor,
@@ -111,13 +111,26 @@ pub fn rope(
     } else {
         pairs.min(elems_per_vector)
     };
+    let [batch, seq, heads, dim] = dims;
+    // CDNA: buffer loads over the whole of x, y, cos and sin, when each spans under 2 GiB and
+    // x moves in accesses of at least a dword.
+    let span = |s: [usize; 3]| {
+        let body = (batch - 1) * s[0] + (seq - 1) * s[1] + (heads - 1) * s[2] + dim;
+        body * esz
+    };
+    let table_bytes = cos.numel() * 4;
+    let cdna = cdna_rows::is_cdna(dev.arch())
+        && x_width * esz >= 4
+        && [span(xs), span(ys), table_bytes]
+            .iter()
+            .all(|&b| b < MAX_BUFFER_BYTES);
     let variant = RopeVariant {
         dtype,
         pairs,
         x_width,
         mode,
+        cdna,
     };
-    let [batch, seq, heads, dim] = dims;
     let work = batch * seq * heads * (half / pairs);
     let threads = 256u32;
     let blocks = work.div_ceil(threads as usize).clamp(1, 1 << 20) as u32;
@@ -137,8 +150,13 @@ pub fn rope(
         KernelArg::I64(heads as i64),
         KernelArg::I64(dim as i64),
         KernelArg::I64(pos_offset as i64),
+        KernelArg::I64(span(xs) as i64),
+        KernelArg::I64(span(ys) as i64),
+        KernelArg::I64(table_bytes as i64),
     ];
-    gpu.launch_variant(&variant, &LaunchConfig::linear(blocks, threads, 0), &args)
+    // The portable kernel takes the first 15 arguments; the CDNA one also the buffer sizes.
+    let args = if cdna { &args[..] } else { &args[..15] };
+    gpu.launch_variant(&variant, &LaunchConfig::linear(blocks, threads, 0), args)
 }
 
 /// One compiled form of the rope kernel.
@@ -148,13 +166,23 @@ struct RopeVariant {
     pairs: usize,
     x_width: usize,
     mode: RopeMode,
+    /// The CDNA kernel (kernels/device/rope/cdna.cu, buffer loads) instead of rope.cu.
+    cdna: bool,
 }
 
 impl KernelVariant for RopeVariant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        source(vendor, self.dtype, self.pairs, self.x_width, self.mode)
+        if self.cdna {
+            cdna_source(vendor, self.dtype, self.pairs, self.x_width, self.mode)
+        } else {
+            source(vendor, self.dtype, self.pairs, self.x_width, self.mode)
+        }
     }
 }
+
+/// Bytes one buffer resource of the CDNA kernel may span (offsets stay below 2^31, and the
+/// kernel's out-of-range marker is 2^31).
+const MAX_BUFFER_BYTES: usize = 1 << 31;
 
 fn aligned(addresses: &[u64], bytes: u64, row_bytes: usize) -> bool {
     addresses.iter().all(|a| a % bytes == 0) && row_bytes as u64 % bytes == 0
@@ -181,6 +209,37 @@ fn bshd_strides(t: &Tensor) -> [usize; 3] {
     }
 }
 
+fn defines(
+    dtype: DType,
+    pairs: usize,
+    x_width: usize,
+    mode: RopeMode,
+) -> [(&'static str, String); 4] {
+    let half_split = u8::from(mode == RopeMode::HalfSplit);
+    [
+        ("ELEM", dtype.device_type().to_string()),
+        ("P", pairs.to_string()),
+        ("XW", x_width.to_string()),
+        ("HALF_SPLIT", half_split.to_string()),
+    ]
+}
+
+/// The CDNA rope kernel (buffer loads); x moves `x_width` elements (4, 8 or 16 bytes) at a time.
+pub(crate) fn cdna_source(
+    vendor: HeaderSet,
+    dtype: DType,
+    pairs: usize,
+    x_width: usize,
+    mode: RopeMode,
+) -> Result<KernelSource> {
+    gpu::assemble(
+        vendor,
+        "calico_rope_cdna",
+        include_str!("../../device/rope/cdna.cu"),
+        &defines(dtype, pairs, x_width, mode),
+    )
+}
+
 /// The rope kernel for one dtype, pairs per thread and mode.
 pub(crate) fn source(
     vendor: HeaderSet,
@@ -189,21 +248,10 @@ pub(crate) fn source(
     x_width: usize,
     mode: RopeMode,
 ) -> Result<KernelSource> {
-    let half_split = if mode == RopeMode::HalfSplit {
-        "1"
-    } else {
-        "0"
-    };
-    let defines = [
-        ("ELEM", dtype.device_type().to_string()),
-        ("P", pairs.to_string()),
-        ("XW", x_width.to_string()),
-        ("HALF_SPLIT", half_split.to_string()),
-    ];
     gpu::assemble(
         vendor,
         "calico_rope",
         include_str!("../../device/rope/rope.cu"),
-        &defines,
+        &defines(dtype, pairs, x_width, mode),
     )
 }

@@ -1,7 +1,7 @@
 //! Softmax over the last dimension.
 
 use super::check;
-use crate::gpu::{self, rows};
+use crate::gpu::{self, cdna_rows, rows};
 use crate::Device;
 use calico_core::{
     DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
@@ -29,6 +29,21 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
             .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
     };
     let (xp, yp) = (x.device_ptr().unwrap_or(1), y.device_ptr().unwrap_or(1));
+    let args = [
+        KernelArg::Ptr(xp),
+        KernelArg::I64(xr.row_stride as i64),
+        KernelArg::Ptr(yp),
+        KernelArg::I64(yr.row_stride as i64),
+        KernelArg::I64(xr.rows as i64),
+        KernelArg::I64(xr.cols as i64),
+    ];
+    let strides = [xr.row_stride, yr.row_stride];
+    if let Some(plan) =
+        cdna_rows::plan(dev.arch(), dtype.size_bytes(), xr.cols, &[xp, yp], &strides)
+    {
+        let variant = SoftmaxCdnaVariant { dtype, plan };
+        return gpu.launch_variant(&variant, &cdna_rows::config(xr.rows, plan), &args);
+    }
     let vec = gpu::vector_width(
         dtype.size_bytes(),
         &[xp, yp],
@@ -58,14 +73,6 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         plan,
         align_body,
     };
-    let args = [
-        KernelArg::Ptr(xp),
-        KernelArg::I64(xr.row_stride as i64),
-        KernelArg::Ptr(yp),
-        KernelArg::I64(yr.row_stride as i64),
-        KernelArg::I64(xr.rows as i64),
-        KernelArg::I64(xr.cols as i64),
-    ];
     gpu.launch_variant(&variant, &rows::config(xr.rows, plan), &args)
 }
 
@@ -110,4 +117,24 @@ pub(crate) fn source(
         include_str!("../../device/softmax/softmax.cu"),
         &defines,
     )
+}
+
+/// One compiled form of the CDNA softmax kernel (buffer loads; kernels/device/softmax/cdna.cu).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct SoftmaxCdnaVariant {
+    pub dtype: DType,
+    pub plan: cdna_rows::CdnaRowPlan,
+}
+
+impl KernelVariant for SoftmaxCdnaVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let mut defines = vec![("ELEM", self.dtype.device_type().to_string())];
+        defines.extend(self.plan.defines());
+        gpu::assemble(
+            vendor,
+            "calico_softmax_cdna",
+            include_str!("../../device/softmax/cdna.cu"),
+            &defines,
+        )
+    }
 }

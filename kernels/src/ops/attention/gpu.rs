@@ -1,8 +1,8 @@
 //! GPU launches of the attention kernels (kernels/device/attention/).
 //!
 //! NVIDIA GPUs with mma.sync and cp.async (sm_80 and later) run the tile kernels at head dims
-//! 64, 128 and 256; every other case (HIP until the CDNA register tiles carry the tile
-//! kernels, other head dims) runs the portable kernels, one warp per row.
+//! 64, 128 and 256; CDNA GPUs run the CDNA forward (cdna.rs) where it applies; every other
+//! case (the backward on AMD, other head dims) runs the portable kernels, one warp per row.
 
 use super::check::Problem;
 use crate::Device;
@@ -15,7 +15,7 @@ use calico_cpu::AttentionParams;
 const FORWARD: &str = include_str!("../../../device/attention/forward.cu");
 const BACKWARD: &str = include_str!("../../../device/attention/backward.cu");
 const PORTABLE: &str = include_str!("../../../device/attention/portable.cu");
-const HEADERS: HeaderSet = &[(
+pub(super) const HEADERS: HeaderSet = &[(
     "attention/common.cuh",
     include_str!("../../../device/attention/common.cuh"),
 )];
@@ -126,7 +126,7 @@ fn tile_kernels(arch: &Arch, dtype: DType, head_dim: usize, backward: bool) -> b
 }
 
 /// Element strides (batch, head, position) of an operand: `[B, H, N, D]` or packed `[T, H, D]`.
-fn strides(t: &Tensor) -> [usize; 3] {
+pub(super) fn strides(t: &Tensor) -> [usize; 3] {
     let s = t.strides();
     if s.len() == 4 {
         [s[0], s[1], s[2]]
@@ -135,11 +135,11 @@ fn strides(t: &Tensor) -> [usize; 3] {
     }
 }
 
-fn ptr(t: &Tensor) -> u64 {
+pub(super) fn ptr(t: &Tensor) -> u64 {
     t.device_ptr().unwrap_or(0)
 }
 
-fn operand(t: &Tensor) -> [KernelArg; 4] {
+pub(super) fn operand(t: &Tensor) -> [KernelArg; 4] {
     let [sb, sh, sn] = strides(t);
     [
         KernelArg::Ptr(ptr(t)),
@@ -150,11 +150,11 @@ fn operand(t: &Tensor) -> [KernelArg; 4] {
 }
 
 /// Rows of `t` start on 16-byte boundaries (cp.async moves 16 bytes).
-fn rows_aligned(t: &Tensor) -> bool {
+pub(super) fn rows_aligned(t: &Tensor) -> bool {
     ptr(t) % 16 == 0 && strides(t).iter().all(|s| s % 8 == 0)
 }
 
-fn params_args(p: &Problem, params: &AttentionParams) -> [KernelArg; 9] {
+pub(super) fn params_args(p: &Problem, params: &AttentionParams) -> [KernelArg; 9] {
     let side = |s: Option<usize>| s.map_or(-1, |v| v as i64);
     [
         KernelArg::I64(p.batch as i64),
@@ -170,7 +170,7 @@ fn params_args(p: &Problem, params: &AttentionParams) -> [KernelArg; 9] {
 }
 
 /// LSE strides (batch, head): `[B, Hq, Nq]`, or `[Hq, total_q]` when packed.
-fn lse_strides(p: &Problem, packed: bool) -> [KernelArg; 2] {
+pub(super) fn lse_strides(p: &Problem, packed: bool) -> [KernelArg; 2] {
     if packed {
         [KernelArg::I64(0), KernelArg::I64(p.q_len as i64)]
     } else {
@@ -181,7 +181,7 @@ fn lse_strides(p: &Problem, packed: bool) -> [KernelArg; 2] {
     }
 }
 
-fn offsets_args(varlen: Option<[&Tensor; 2]>) -> [KernelArg; 2] {
+pub(super) fn offsets_args(varlen: Option<[&Tensor; 2]>) -> [KernelArg; 2] {
     match varlen {
         Some([cq, ck]) => [KernelArg::Ptr(ptr(cq)), KernelArg::Ptr(ptr(ck))],
         None => [KernelArg::Ptr(0), KernelArg::Ptr(0)],
@@ -190,13 +190,13 @@ fn offsets_args(varlen: Option<[&Tensor; 2]>) -> [KernelArg; 2] {
 
 /// A kernel's arguments in a fixed buffer: launches allocate nothing.
 #[derive(Clone, Copy)]
-struct ArgList {
+pub(super) struct ArgList {
     buf: [KernelArg; 48],
     len: usize,
 }
 
 impl ArgList {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         ArgList {
             buf: [KernelArg::I64(0); 48],
             len: 0,
@@ -204,7 +204,7 @@ impl ArgList {
     }
 
     /// Appends `args` (the lists here are at most 43 long; more is a bug, not user input).
-    fn extend(&mut self, args: impl IntoIterator<Item = KernelArg>) {
+    pub(super) fn extend(&mut self, args: impl IntoIterator<Item = KernelArg>) {
         for a in args {
             if let Some(slot) = self.buf.get_mut(self.len) {
                 *slot = a;
@@ -213,22 +213,22 @@ impl ArgList {
         }
     }
 
-    fn push(&mut self, a: KernelArg) {
+    pub(super) fn push(&mut self, a: KernelArg) {
         self.extend([a]);
     }
 
-    fn as_slice(&self) -> &[KernelArg] {
+    pub(super) fn as_slice(&self) -> &[KernelArg] {
         &self.buf[..self.len]
     }
 }
 
-fn launcher(dev: &Device) -> Result<&dyn GpuBackend> {
+pub(super) fn launcher(dev: &Device) -> Result<&dyn GpuBackend> {
     dev.as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))
 }
 
 /// A grid of `rows`-row blocks over the longest sequence, `heads`, and the batch.
-fn grid(
+pub(super) fn grid(
     len: usize,
     rows: usize,
     heads: usize,
@@ -262,6 +262,9 @@ pub(crate) fn forward(
     varlen: Option<[&Tensor; 2]>,
 ) -> Result<()> {
     if let Some(done) = super::hopper::try_forward(dev, p, params, [q, k, v, o, lse], varlen) {
+        return done;
+    }
+    if let Some(done) = super::cdna::try_forward(dev, p, params, [q, k, v, o, lse], varlen) {
         return done;
     }
     let gpu = launcher(dev)?;

@@ -8,6 +8,7 @@
 //! `i + Nkv - Nq - left <= j <= i + Nkv - Nq + right` (window). A row that sees no key gets
 //! `O = 0` and `LSE = -inf`. See docs/ops-spec.md.
 
+pub(crate) mod cdna;
 pub(crate) mod check;
 pub(crate) mod decode;
 pub(crate) mod gpu;
