@@ -11,14 +11,21 @@
 //    fit in L2 (heads_per_chunk, from the host) from the last row block to the first: under a
 //    causal mask the last blocks see the most keys, so the longest units start first.
 //  * Per key block: S[64 x BN] = Q K^T with wgmma m64nBNk16, both operands from shared memory
-//    (K-major, 128B swizzle). Softmax in base 2: x = s * scale * log2(e) (or with a soft-cap,
-//    cap * log2(e) * tanh(s * scale / cap)), masked keys -inf, running row max m and sum l,
-//    the O accumulator rescaled by exp2(m_old - m_new). P is rounded to 16 bits in registers
-//    and O += P V with wgmma taking A from registers (the accumulator layout of S is the A
-//    fragment layout of the next product) and V from shared memory (MN-major, transposed).
-//    Key blocks run from the last to the first, so the blocks that need masking (the diagonal
-//    and the end of the keys) come first and set a finite row max early.
-//  * Two consumer warpgroups keep the tensor cores busy while one of them runs its softmax.
+//    (K-major, 128B swizzle). Softmax in base 2: x = v * sc with v = s (sc = scale * log2(e))
+//    or, with a soft-cap, v = tanh(s * scale / cap) (sc = cap * log2(e)); sc > 0, so the row
+//    max is taken on v and the scale folds into exp2's argument, one FMA per score. Masked
+//    keys -inf, running row max m and sum l, the O accumulator rescaled by exp2(m_old - m_new).
+//    P is rounded to 16 bits in registers and O += P V with wgmma taking A from registers (the
+//    accumulator layout of S is the A fragment layout of the next product) and V from shared
+//    memory (MN-major, transposed). Key blocks run from the last to the first, so the blocks
+//    that need masking (the diagonal and the end of the keys) come first and set a finite row
+//    max early; only those blocks pay for the mask.
+//  * Schedule (CALICO_ATTN_SCHED). 0: serial, each block's S, softmax, P V in turn. 1:
+//    overlapped inside a warpgroup: S of block n is issued (async, its own commit group)
+//    before P V of block n + 1, then wait_group<1> waits for S only, so the softmax of block
+//    n runs while P V of block n + 1 is on the tensor cores. 2: 1 plus ping-pong: the two
+//    consumers take turns issuing their GEMMs (named barriers 1 and 2), so one consumer's
+//    softmax runs under the other's MMAs instead of both competing at once.
 //  * Epilogue from registers: O / l stored as 2-element vectors (scalars when O's strides or
 //    base are odd), rows >= Nq skipped; LSE = (m + log2 l) * ln 2 by one lane per row.
 // EDGES
@@ -30,7 +37,8 @@
 //    c = i + Nkv - Nq, lo = c - left (or 0), hi = c + right + 1 (or Nkv), clamped to [0, Nkv].
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
-// 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1.
+// 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
+// CALICO_ATTN_SCHED 0|1|2.
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -49,6 +57,9 @@ constexpr int BM = 128;
 constexpr int BN = CALICO_ATTN_BN;
 constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
+constexpr int SCHED = CALICO_ATTN_SCHED;  // 0 serial, 1 overlapped, 2 overlapped + ping-pong
+constexpr bool PINGPONG = SCHED == 2;
+constexpr int TURN_BARRIER = 1;  // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
 constexpr int CHUNKS = D / CHUNK;
 constexpr int Q_BYTES = BM * D * 2;
@@ -68,6 +79,7 @@ static_assert(sizeof(in_t) == 2, "16-bit inputs");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
 static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
 static_assert(STAGES >= 2, "at least two stages");
+static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int Q_OFFSET = 0;
@@ -128,6 +140,27 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     return u;
 }
 
+// 2^x, flushing subnormal results to 0 (one MUFU.EX2; exp2f adds range handling). -inf gives 0.
+CALICO_DEVICE float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Keeps registers that an asynchronous wgmma reads (its A operand) live and unchanged up to
+// this point.
+template <int N>
+CALICO_DEVICE void fence_words(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[i][r])::"memory");
+    }
+}
+
+// Makes values computed before this point count as used here (no instructions).
+CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "+f"(v[1])::"memory"); }
+
 template <class T>
 CALICO_DEVICE uint32_t pack2(float lo, float hi);
 template <>
@@ -175,6 +208,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.left = left;
     p.right = right;
     const int work = batch * q_heads * p.m_blocks;
+    const float sc = SOFTCAP ? cap_log2 : score_scale;  // > 0: base-2 units per score unit
 
     if (threadIdx.x == 0) {
         bars.k.init(RELEASES);
@@ -219,6 +253,17 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         }
     };
 
+    // Ping-pong (SCHED 2): the consumers take turns issuing their GEMMs, each turn ends
+    // with an arrival on the other's named barrier, so one's softmax runs under the other's
+    // MMAs. Consumer 1 opens with an arrival that lets consumer 0 take the first turn;
+    // consumer 0 ends with one wait that takes consumer 1's last arrival.
+    auto take_turn = [&](int consumer) {
+        if constexpr (PINGPONG) calico::named_barrier_sync(TURN_BARRIER + consumer, 2 * calico::WARPGROUP_THREADS);
+    };
+    auto pass_turn = [&](int consumer) {
+        if constexpr (PINGPONG) calico::named_barrier_arrive(TURN_BARRIER + 1 - consumer, 2 * calico::WARPGROUP_THREADS);
+    };
+
     auto consume = [&](int consumer, int w) {
         const unit u = unit_at(p, w);
         const int warp = calico::warpgroup_warp();
@@ -244,111 +289,178 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         float m_run[2] = {ATTN_NEG_INF, ATTN_NEG_INF};
         float l_run[2] = {0.0f, 0.0f};
 
+        const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET) + consumer * 64 * 128;
+        const uint32_t k_base = calico::smem_addr(smem + K_OFFSET);
+        const uint32_t v_base = calico::smem_addr(smem + V_OFFSET);
+
+        // S = Q K^T on the next K slot, issued and committed, not waited for.
+        auto issue_s = [&](float (&s)[S_REGS]) {
+            bars.k.wait_full(kc);
+            const uint32_t k_slot = k_base + kc.slot() * KV_BYTES;
+            calico::wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const uint64_t dq = calico::wgmma::desc_kmajor_128b(q_base + (kk / 4) * BM * 128 + (kk % 4) * 32);
+                const uint64_t dk = calico::wgmma::desc_kmajor_128b(k_slot + (kk / 4) * BN * 128 + (kk % 4) * 32);
+                calico::wgmma::mma<in_t, BN>::template ss<0>(s, dq, dk, kk > 0 ? 1 : 0);
+            }
+            calico::wgmma::commit_group();
+        };
+        // After S of block n is complete: hand its K slot (and after the unit's last block,
+        // Q) back.
+        auto release_k = [&](int n) {
+            if (lane == 0) {
+                bars.k.release(kc);
+                if (n == u.n_lo) calico::arrive(bars.q_empty);
+            }
+            kc.advance();
+        };
+        // O += P V on the next V slot, issued and committed, not waited for.
+        auto issue_pv = [&](const uint32_t (&pa)[P_STEPS][4]) {
+            bars.v.wait_full(vc);
+            const uint32_t v_slot = v_base + vc.slot() * KV_BYTES;
+            calico::wgmma::fence_operands(acc);
+            calico::wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < P_STEPS; ++kk) {
+                const uint64_t dv = calico::wgmma::desc_mnmajor_128b(v_slot + kk * 16 * 128, BN);
+                calico::wgmma::mma<in_t, D>::template rs<1>(acc, pa[kk], dv, 1);
+            }
+            calico::wgmma::commit_group();
+        };
+        auto release_v = [&]() {
+            if (lane == 0) bars.v.release(vc);
+            vc.advance();
+        };
+        // Scores of key block n (in s) to probabilities, in base 2: x = v * sc with v = s (or
+        // tanh(s * score_scale) under a soft-cap) and sc > 0 (the host guarantees it), so the
+        // row max is taken on v and the scale folds into the exponent's FMA. Updates the
+        // running max and sum; scale_o is the factor the O accumulator needs.
+        auto softmax = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
+            const int n0 = n * BN;
+            if constexpr (SOFTCAP) {
+#pragma unroll
+                for (int i = 0; i < S_REGS; ++i) s[i] = tanhf(s[i] * score_scale);
+            }
+            const bool need_mask = n0 + BN > p.k_len || n0 < wg_lo_max || n0 + BN > wg_hi_min;
+            if (need_mask) {
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int col = n0 + 8 * j + 2 * t + e;
+                            if (col < lo[h] || col >= hi[h]) s[4 * j + 2 * h + e] = ATTN_NEG_INF;
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = ATTN_NEG_INF;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
+                mx = fmaxf(mx, calico::shfl_xor(mx, 1));
+                mx = fmaxf(mx, calico::shfl_xor(mx, 2));
+                const float m_new = fmaxf(m_run[h], mx * sc);
+                // A row with no key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+                const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;
+                scale_o[h] = ex2(m_run[h] - m_use);
+                m_run[h] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -m_use));
+                        s[4 * j + 2 * h + e] = pv;
+                        sum += pv;
+                    }
+                }
+                l_run[h] = l_run[h] * scale_o[h] + sum;
+            }
+        };
+        auto rescale_o = [&](const float (&scale_o)[2]) {
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    acc[4 * j + 2 * h] *= scale_o[h];
+                    acc[4 * j + 2 * h + 1] *= scale_o[h];
+                }
+            }
+        };
+        // P as the A fragments of O += P V: k-step kk covers keys 16kk..16kk+15.
+        auto pack_p = [&](const float (&s)[S_REGS], uint32_t (&pa)[P_STEPS][4]) {
+#pragma unroll
+            for (int kk = 0; kk < P_STEPS; ++kk) {
+#pragma unroll
+                for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+            }
+        };
+
         if (u.n_hi > u.n_lo) {
             calico::wait(bars.q_full, q_loads & 1u);
             ++q_loads;
-            const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET) + consumer * 64 * 128;
-            const uint32_t k_base = calico::smem_addr(smem + K_OFFSET);
-            const uint32_t v_base = calico::smem_addr(smem + V_OFFSET);
-            for (int n = u.n_hi - 1; n >= u.n_lo; --n) {
-                const int n0 = n * BN;
-                float s[S_REGS];
-                bars.k.wait_full(kc);
-                const uint32_t k_slot = k_base + kc.slot() * KV_BYTES;
-                calico::wgmma::fence();
-#pragma unroll
-                for (int kk = 0; kk < D / 16; ++kk) {
-                    const uint64_t dq = calico::wgmma::desc_kmajor_128b(q_base + (kk / 4) * BM * 128 + (kk % 4) * 32);
-                    const uint64_t dk = calico::wgmma::desc_kmajor_128b(k_slot + (kk / 4) * BN * 128 + (kk % 4) * 32);
-                    calico::wgmma::mma<in_t, BN>::template ss<0>(s, dq, dk, kk > 0 ? 1 : 0);
+            float s[S_REGS];
+            float scale_o[2];
+            uint32_t pa[P_STEPS][4];
+            if constexpr (SCHED == 0) {
+                // Serial: each block's S, softmax and P V in turn (the tensor pipe idles
+                // during this warpgroup's softmax unless the other warpgroup fills it).
+                for (int n = u.n_hi - 1; n >= u.n_lo; --n) {
+                    issue_s(s);
+                    calico::wgmma::wait_group<0>();
+                    calico::wgmma::fence_operands(s);
+                    release_k(n);
+                    softmax(s, n, scale_o);
+                    rescale_o(scale_o);
+                    pack_p(s, pa);
+                    issue_pv(pa);
+                    calico::wgmma::wait_group<0>();
+                    calico::wgmma::fence_operands(acc);
+                    release_v();
                 }
-                calico::wgmma::commit_group();
+            } else {
+                // Overlapped: S of block n is issued before P V of block n + 1, and the
+                // softmax of block n runs while that P V is on the tensor cores.
+                int n = u.n_hi - 1;
+                take_turn(consumer);
+                issue_s(s);
+                pass_turn(consumer);
                 calico::wgmma::wait_group<0>();
                 calico::wgmma::fence_operands(s);
-                if (lane == 0) {
-                    bars.k.release(kc);
-                    if (n == u.n_lo) calico::arrive(bars.q_empty);  // last use of this Q tile
+                release_k(n);
+                softmax(s, n, scale_o);
+                pack_p(s, pa);
+                for (--n; n >= u.n_lo; --n) {
+                    take_turn(consumer);
+                    issue_s(s);
+                    rescale_o(scale_o);
+                    issue_pv(pa);
+                    pass_turn(consumer);
+                    calico::wgmma::wait_group<1>();
+                    calico::wgmma::fence_operands(s);
+                    softmax(s, n, scale_o);
+                    // Pins the softmax before the wait: the compiler would otherwise sink it
+                    // next to its first use, after the P V it is meant to hide under.
+                    calico::wgmma::fence_operands(s);
+                    fence_values(l_run);
+                    fence_values(scale_o);
+                    release_k(n);
+                    calico::wgmma::wait_group<0>();
+                    calico::wgmma::fence_operands(acc);
+                    fence_words(pa);  // the P V just finished read pa until here
+                    release_v();
+                    pack_p(s, pa);
                 }
-                kc.advance();
-
-                // Scores in base-2 units, masked.
-#pragma unroll
-                for (int i = 0; i < S_REGS; ++i) {
-                    if constexpr (SOFTCAP) {
-                        s[i] = cap_log2 * tanhf(s[i] * score_scale);
-                    } else {
-                        s[i] *= score_scale;
-                    }
-                }
-                const bool need_mask = n0 + BN > p.k_len || n0 < wg_lo_max || n0 + BN > wg_hi_min;
-                if (need_mask) {
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int col = n0 + 8 * j + 2 * t + e;
-                                if (col < lo[h] || col >= hi[h]) s[4 * j + 2 * h + e] = ATTN_NEG_INF;
-                            }
-                        }
-                    }
-                }
-                // Online softmax, rows h = 0 (g) and 1 (g + 8).
-                float scale_o[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float mx = ATTN_NEG_INF;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
-                    mx = fmaxf(mx, calico::shfl_xor(mx, 1));
-                    mx = fmaxf(mx, calico::shfl_xor(mx, 2));
-                    const float m_new = fmaxf(m_run[h], mx);
-                    // A row with no key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-                    const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;
-                    scale_o[h] = calico::exp2_approx(m_run[h] - m_use);
-                    m_run[h] = m_new;
-                    float sum = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const float pv = calico::exp2_approx(s[4 * j + 2 * h + e] - m_use);
-                            s[4 * j + 2 * h + e] = pv;
-                            sum += pv;
-                        }
-                    }
-                    l_run[h] = l_run[h] * scale_o[h] + sum;
-                }
-#pragma unroll
-                for (int j = 0; j < D / 8; ++j) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        acc[4 * j + 2 * h] *= scale_o[h];
-                        acc[4 * j + 2 * h + 1] *= scale_o[h];
-                    }
-                }
-                // P as the A fragments of O += P V: k-step kk covers keys 16kk..16kk+15.
-                uint32_t pa[P_STEPS][4];
-#pragma unroll
-                for (int kk = 0; kk < P_STEPS; ++kk) {
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-                }
-                bars.v.wait_full(vc);
-                const uint32_t v_slot = v_base + vc.slot() * KV_BYTES;
-                calico::wgmma::fence_operands(acc);
-                calico::wgmma::fence();
-#pragma unroll
-                for (int kk = 0; kk < P_STEPS; ++kk) {
-                    const uint64_t dv = calico::wgmma::desc_mnmajor_128b(v_slot + kk * 16 * 128, BN);
-                    calico::wgmma::mma<in_t, D>::template rs<1>(acc, pa[kk], dv, 1);
-                }
-                calico::wgmma::commit_group();
+                rescale_o(scale_o);
+                issue_pv(pa);
                 calico::wgmma::wait_group<0>();
                 calico::wgmma::fence_operands(acc);
-                if (lane == 0) bars.v.release(vc);
-                vc.advance();
+                fence_words(pa);
+                release_v();
             }
         }
 
@@ -381,5 +493,11 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         }
     };
 
-    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
+    auto consume_all = [&](int consumer, int w) {
+        if (PINGPONG && consumer == 1 && w == (int)blockIdx.x) pass_turn(consumer);
+        consume(consumer, w);
+        if (PINGPONG && consumer == 0 && w + (int)gridDim.x >= work) take_turn(consumer);
+    };
+
+    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume_all);
 }

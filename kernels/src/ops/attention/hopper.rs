@@ -1,7 +1,7 @@
 //! The Hopper (sm_90a) attention forward: TMA + wgmma, warp-specialised and persistent
 //! (`kernels/device/attention/hopper_fwd.cu` explains the kernel). This module decides when it
 //! applies, encodes the tensor maps over Q, K and V's real strides and launches it; problems
-//! it declines go to the other GPU kernels. Not yet run on a GPU: opt-in (see [`enabled`]).
+//! it declines go to the other GPU kernels (see [`enabled`] and [`Schedule`]).
 
 use super::check::Problem;
 use crate::Device;
@@ -36,12 +36,45 @@ pub(crate) struct HopperFwdVariant {
     block_n: usize,
     stages: usize,
     softcap: bool,
+    schedule: Schedule,
+}
+
+/// How a consumer warpgroup orders its GEMMs and softmax (hopper_fwd.cu, "Schedule").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Schedule {
+    /// Each key block's S, softmax and P V in turn.
+    Serial = 0,
+    /// S of the next block issued before P V of this one, softmax under the P V.
+    Overlapped = 1,
+    /// Overlapped, and the two consumers take turns issuing their GEMMs.
+    PingPong = 2,
+}
+
+impl Schedule {
+    /// `CALICO_ATTN_HOPPER_SCHED` = serial | overlapped | pingpong (A/B runs); else the
+    /// default.
+    fn chosen() -> Schedule {
+        static CHOSEN: std::sync::OnceLock<Schedule> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(
+            || match std::env::var("CALICO_ATTN_HOPPER_SCHED").as_deref() {
+                Ok("serial") => Schedule::Serial,
+                Ok("overlapped") => Schedule::Overlapped,
+                _ => Schedule::PingPong,
+            },
+        )
+    }
 }
 
 impl HopperFwdVariant {
     /// The variant for `head_dim` on `arch`, with as many K/V stages as shared memory holds
     /// (at most [`MAX_STAGES`]); `None` when not even two fit.
-    fn new(arch: &Arch, dtype: DType, head_dim: usize, softcap: bool) -> Option<Self> {
+    fn new(
+        arch: &Arch,
+        dtype: DType,
+        head_dim: usize,
+        softcap: bool,
+        schedule: Schedule,
+    ) -> Option<Self> {
         let block_n = if head_dim > 128 { 64 } else { 128 };
         let one = HopperFwdVariant {
             dtype,
@@ -49,6 +82,7 @@ impl HopperFwdVariant {
             block_n,
             stages: 0,
             softcap,
+            schedule,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -67,8 +101,8 @@ impl HopperFwdVariant {
 
     fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bn={} stages={} softcap={}",
-            self.dtype, self.head_dim, self.block_n, self.stages, self.softcap
+            "hopper fwd {} d={} bn={} stages={} softcap={} {:?}",
+            self.dtype, self.head_dim, self.block_n, self.stages, self.softcap, self.schedule
         )
     }
 }
@@ -81,6 +115,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_BN", self.block_n.to_string()),
             ("CALICO_ATTN_STAGES", self.stages.to_string()),
             ("CALICO_ATTN_SOFTCAP", u8::from(self.softcap).to_string()),
+            ("CALICO_ATTN_SCHED", (self.schedule as u8).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -100,13 +135,15 @@ pub(crate) fn catalog(
     if !arch_ok(arch) {
         return Ok(out);
     }
-    for (dtype, d, softcap) in [
-        (DType::BF16, 64, false),
-        (DType::BF16, 128, false),
-        (DType::F16, 128, true),
-        (DType::BF16, 256, false),
+    for (dtype, d, softcap, schedule) in [
+        (DType::BF16, 64, false, Schedule::PingPong),
+        (DType::BF16, 128, false, Schedule::PingPong),
+        (DType::BF16, 128, false, Schedule::Overlapped),
+        (DType::BF16, 128, false, Schedule::Serial),
+        (DType::F16, 128, true, Schedule::PingPong),
+        (DType::BF16, 256, false, Schedule::PingPong),
     ] {
-        if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap) {
+        if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, schedule) {
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
                 label: v.label(),
@@ -188,8 +225,12 @@ pub(crate) fn try_forward(
 ) -> Option<Result<()>> {
     let [q, k, v, o, lse] = t;
     let arch = dev.arch();
+    // The kernel takes the row max before scaling (hopper_fwd.cu): the factor from scores to
+    // base-2 units must be positive. A cap makes it cap * log2(e); else it is the scale.
+    let scale_positive = params.softcap.is_some() || params.scale > 0.0;
     let fits = varlen.is_none()
         && enabled()
+        && scale_positive
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
         && matches!(p.head_dim, 64 | 128 | 256)
@@ -200,7 +241,13 @@ pub(crate) fn try_forward(
         return None;
     }
     let gpu = dev.as_gpu()?;
-    let variant = HopperFwdVariant::new(arch, p.dtype, p.head_dim, params.softcap.is_some())?;
+    let variant = HopperFwdVariant::new(
+        arch,
+        p.dtype,
+        p.head_dim,
+        params.softcap.is_some(),
+        Schedule::chosen(),
+    )?;
     let map_q = view_map(q, BM)?;
     let map_k = view_map(k, variant.block_n)?;
     let map_v = view_map(v, variant.block_n)?;
@@ -282,11 +329,12 @@ mod tests {
     fn variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = h100();
         for d in [64, 128, 256] {
-            let v = HopperFwdVariant::new(&arch, DType::BF16, d, false).unwrap();
+            let v =
+                HopperFwdVariant::new(&arch, DType::BF16, d, false, Schedule::PingPong).unwrap();
             assert!(v.stages >= 2, "{v:?}");
             assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
         }
-        let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false).unwrap();
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false, Schedule::PingPong).unwrap();
         assert_eq!((v.block_n, v.stages), (128, 3));
         assert_eq!(v.smem_bytes(), 1024 + 32768 + 3 * 65536 + 14 * 8);
     }
