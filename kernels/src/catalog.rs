@@ -235,7 +235,7 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
         out.extend(crate::gemm::catalog(&arch, vendor)?);
     }
     if wanted("attention_decode") {
-        for (label, kernel) in crate::ops::attention::decode::catalog_variants() {
+        for (label, kernel) in crate::ops::attention::decode::catalog_variants(&arch) {
             out.push(CatalogEntry {
                 op: "attention_decode",
                 label,

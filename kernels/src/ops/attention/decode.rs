@@ -1,7 +1,10 @@
 //! Decode attention: 1 to 16 new query tokens per sequence against a KV cache, paged (vLLM /
 //! FlashInfer layout) or contiguous, split along the KV length and merged through the LSE
-//! (`kernels/device/attention/decode*.cu`).
+//! (`kernels/device/attention/decode*.cu`). NVIDIA sm_80+ runs the tensor-core kernel
+//! (`decode_mma.cu`); HIP, older GPUs and pages that are not a multiple of 16 tokens run the
+//! lane kernel (`decode.cu`), which `CALICO_DECODE_TUNE=kernel=1` also selects for A/B runs.
 
+use super::decode_mma::{self, DecodeMmaVariant};
 use super::AttentionOptions;
 use crate::ops::check;
 use crate::Device;
@@ -303,7 +306,7 @@ pub(crate) struct CombineVariant {
 
 const DECODE_SOURCE: &str = include_str!("../../../device/attention/decode.cu");
 const COMBINE_SOURCE: &str = include_str!("../../../device/attention/decode_combine.cu");
-const DECODE_HEADERS: HeaderSet = &[(
+pub(super) const DECODE_HEADERS: HeaderSet = &[(
     "attention/decode_common.h",
     include_str!("../../../device/attention/decode_common.h"),
 )];
@@ -314,10 +317,17 @@ const MAX_ROWS: usize = 8;
 const MAX_SPLITS: usize = 1024;
 
 /// Tuning knobs, defaults from the H100 measurements in docs/perf-log.md;
-/// `CALICO_DECODE_TUNE="pipe=0,unroll=8,minblocks=2,blocks_per_sm=4,min_split=128"` overrides
-/// them for A/B runs (unroll applies to blocks of at most 4 rows; larger blocks use half).
+/// `CALICO_DECODE_TUNE="kernel=1,pipe=0,unroll=8,minblocks=2,blocks_per_sm=4,min_split=128"`
+/// overrides them for A/B runs. kernel: 2 = tensor cores where they run (stages, warps), 1 =
+/// the lane kernel (pipe, unroll: applies to blocks of at most 4 rows, larger blocks use half;
+/// minblocks, blocks_per_sm); min_split applies to both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
+    kernel: usize,
+    /// Tiles in each warp's cp.async ring (kernel 2).
+    stages: usize,
+    /// Warps per block (kernel 2).
+    warps: usize,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -328,6 +338,9 @@ struct Tune {
 }
 
 const DEFAULT_TUNE: Tune = Tune {
+    kernel: 2,
+    stages: 3,
+    warps: 4,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -351,6 +364,9 @@ fn parse_tune(text: &str) -> Tune {
             continue;
         };
         match key.trim() {
+            "kernel" if matches!(n, 1 | 2) => t.kernel = n,
+            "stages" if (2..=8).contains(&n) => t.stages = n,
+            "warps" if matches!(n, 1 | 2 | 4 | 8) => t.warps = n,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -401,10 +417,19 @@ impl KernelVariant for CombineVariant {
     }
 }
 
+/// The kernel that reads the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MainKernel {
+    /// decode.cu: lanes per row, any vendor.
+    Lanes(DecodeVariant),
+    /// decode_mma.cu: tensor cores, NVIDIA sm_80+.
+    Mma(DecodeMmaVariant),
+}
+
 /// How one call is cut into blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Plan {
-    pub variant: DecodeVariant,
+    pub kernel: MainKernel,
     /// Blocks per KV head covering its query rows.
     pub row_groups: usize,
     pub splits: usize,
@@ -412,13 +437,41 @@ pub(crate) struct Plan {
     pub split_tokens: usize,
 }
 
-/// Rows per block as even as possible under [`MAX_ROWS`]; splits so that about
-/// `blocks_per_sm` blocks per SM stream the cache, each with at least `min_split` tokens.
 fn plan(arch: &Arch, p: &Problem, paged: bool) -> Plan {
     plan_with(arch, p, paged, tune())
 }
 
+/// The tensor-core kernel where it runs (unless tuned off), else the lane kernel.
 fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
+    let pages = paged.then_some(p.page_size);
+    if tune.kernel == 2 && decode_mma::runs_here(arch, p.dtype, pages) {
+        let fitting =
+            DecodeMmaVariant::fitting(arch, p.dtype, p.dim, paged, tune.warps, tune.stages);
+        if let Some(v) = fitting {
+            return plan_mma(arch, p, v, tune);
+        }
+    }
+    plan_lanes(arch, p, paged, tune)
+}
+
+/// Row groups of up to 16 rows (one MMA tile); splits from the waves of blocks the GPU runs.
+fn plan_mma(arch: &Arch, p: &Problem, variant: DecodeMmaVariant, tune: Tune) -> Plan {
+    let row_groups = p.rows_per_kv_head().div_ceil(decode_mma::BLOCK_ROWS);
+    let blocks = p.batch * p.hkv * row_groups;
+    let slots = arch.compute_units.max(1) as usize * variant.blocks_per_sm(arch);
+    let (splits, split_tokens) =
+        decode_mma::choose_splits(blocks, slots, p.capacity, tune.min_split, MAX_SPLITS);
+    Plan {
+        kernel: MainKernel::Mma(variant),
+        row_groups,
+        splits,
+        split_tokens,
+    }
+}
+
+/// Rows per block as even as possible under [`MAX_ROWS`]; splits so that about
+/// `blocks_per_sm` blocks per SM stream the cache, each with at least `min_split` tokens.
+fn plan_lanes(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let rows_total = p.rows_per_kv_head();
     let row_groups = rows_total.div_ceil(MAX_ROWS);
     let rows = rows_total.div_ceil(row_groups);
@@ -443,7 +496,7 @@ fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let split_tokens = p.capacity.div_ceil(want).div_ceil(tile).max(1) * tile;
     let splits = p.capacity.div_ceil(split_tokens).max(1);
     Plan {
-        variant,
+        kernel: MainKernel::Lanes(variant),
         row_groups,
         splits,
         split_tokens,
@@ -584,12 +637,25 @@ fn launch(
             KernelArg::I64(win_right),
         ];
         let lanes = gpu.arch().lanes.max(1);
-        let config = LaunchConfig {
-            grid: (plan.splits as u32, grid_y as u32, p.batch as u32),
-            block: (WARPS as u32 * lanes, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        gpu.launch_variant(&plan.variant, &config, &args)?;
+        let grid = (plan.splits as u32, grid_y as u32, p.batch as u32);
+        match &plan.kernel {
+            MainKernel::Lanes(variant) => {
+                let config = LaunchConfig {
+                    grid,
+                    block: (WARPS as u32 * lanes, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                gpu.launch_variant(variant, &config, &args)?;
+            }
+            MainKernel::Mma(variant) => {
+                let config = LaunchConfig {
+                    grid,
+                    block: (variant.threads() as u32, 1, 1),
+                    shared_mem_bytes: variant.smem_bytes() as u32,
+                };
+                gpu.launch_variant(variant, &config, &args)?;
+            }
+        }
         if plan.splits > 1 {
             let combine = CombineVariant {
                 dtype: p.dtype,
@@ -628,7 +694,7 @@ fn launch(
 }
 
 /// Representative variants for `calico compile` and the offline compile checks.
-pub(crate) fn catalog_variants() -> Vec<(String, DecodeKernel)> {
+pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
     let mut out: Vec<(String, DecodeKernel)> = Vec::new();
     for (dtype, head_dim, rows, unroll, paged, pipe, min_blocks) in [
         (DType::BF16, 128, 4, 4, true, true, 0),
@@ -651,6 +717,26 @@ pub(crate) fn catalog_variants() -> Vec<(String, DecodeKernel)> {
             DecodeKernel::Decode(v),
         ));
     }
+    for (dtype, head_dim, paged, warps, stages) in [
+        (DType::BF16, 128, true, 4, 3),
+        (DType::BF16, 128, false, 4, 4),
+        (DType::F16, 64, true, 4, 3),
+        (DType::BF16, 256, false, 4, 3),
+        (DType::F16, 256, true, 2, 2),
+    ] {
+        if !decode_mma::runs_here(arch, dtype, None) {
+            break;
+        }
+        if let Some(v) = DecodeMmaVariant::fitting(arch, dtype, head_dim, paged, warps, stages) {
+            out.push((
+                format!(
+                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={}",
+                    v.stages
+                ),
+                DecodeKernel::Mma(v),
+            ));
+        }
+    }
     for (dtype, head_dim) in [(DType::BF16, 128), (DType::F16, 64), (DType::BF16, 256)] {
         out.push((
             format!("combine {dtype} d{head_dim}"),
@@ -664,6 +750,7 @@ pub(crate) fn catalog_variants() -> Vec<(String, DecodeKernel)> {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum DecodeKernel {
     Decode(DecodeVariant),
+    Mma(DecodeMmaVariant),
     Combine(CombineVariant),
 }
 
@@ -671,6 +758,7 @@ impl DecodeKernel {
     pub(crate) fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
         match self {
             DecodeKernel::Decode(v) => v.source(vendor),
+            DecodeKernel::Mma(v) => v.source(vendor),
             DecodeKernel::Combine(v) => v.source(vendor),
         }
     }
@@ -700,26 +788,63 @@ mod tests {
         }
     }
 
+    fn lanes(plan: &Plan) -> DecodeVariant {
+        match plan.kernel {
+            MainKernel::Lanes(v) => v,
+            MainKernel::Mma(_) => panic!("expected the lane kernel, got {plan:?}"),
+        }
+    }
+
     #[test]
-    fn plan_splits_long_contexts_and_groups_rows() {
+    fn lane_plan_splits_long_contexts_and_groups_rows() {
+        let h100 = Arch::for_target("sm_90a").unwrap();
+        let tune = Tune {
+            kernel: 1,
+            ..DEFAULT_TUNE
+        };
+        let one = plan_with(&h100, &problem(1, 32, 8, 1, 8192), true, tune);
+        assert_eq!((one.row_groups, lanes(&one).rows), (1, 4));
+        assert_eq!(lanes(&one).unroll, DEFAULT_TUNE.unroll);
+        assert!(one.splits > 1 && one.splits * one.split_tokens >= 8192);
+        assert_eq!(one.split_tokens % lanes(&one).tile_tokens(32), 0);
+        let big = plan_with(&h100, &problem(64, 32, 8, 1, 8192), false, tune);
+        assert!(big.splits <= 2);
+        let wide = plan_with(&h100, &problem(2, 32, 8, 16, 100), true, tune);
+        assert_eq!((wide.row_groups, lanes(&wide).rows), (8, 8));
+        let odd = plan_with(&h100, &problem(1, 7, 1, 2, 1), true, tune);
+        assert_eq!((odd.row_groups, lanes(&odd).rows, odd.splits), (2, 7, 1));
+    }
+
+    #[test]
+    fn tensor_cores_where_they_run() {
         let h100 = Arch::for_target("sm_90a").unwrap();
         let one = plan_with(&h100, &problem(1, 32, 8, 1, 8192), true, DEFAULT_TUNE);
-        assert_eq!((one.row_groups, one.variant.rows), (1, 4));
-        assert_eq!(one.variant.unroll, DEFAULT_TUNE.unroll);
-        assert!(one.splits > 1 && one.splits * one.split_tokens >= 8192);
-        assert_eq!(one.split_tokens % one.variant.tile_tokens(32), 0);
-        let big = plan_with(&h100, &problem(64, 32, 8, 1, 8192), false, DEFAULT_TUNE);
-        assert!(big.splits <= 2);
-        let wide = plan_with(&h100, &problem(2, 32, 8, 16, 100), true, DEFAULT_TUNE);
-        assert_eq!((wide.row_groups, wide.variant.rows), (8, 8));
-        let odd = plan_with(&h100, &problem(1, 7, 1, 2, 1), true, DEFAULT_TUNE);
-        assert_eq!((odd.row_groups, odd.variant.rows, odd.splits), (2, 7, 1));
+        assert!(matches!(one.kernel, MainKernel::Mma(v) if v.paged && v.stages == 3));
+        assert_eq!(one.row_groups, 1);
+        assert!(one.splits * one.split_tokens >= 8192);
+        assert_eq!(one.split_tokens % decode_mma::TILE_TOKENS, 0);
+        // 16 query tokens x GQA 4: 64 rows in 4 groups of 16.
+        let wide = plan_with(&h100, &problem(2, 32, 8, 16, 100), false, DEFAULT_TUNE);
+        assert_eq!(wide.row_groups, 4);
+        // Pages of 8 tokens do not hold whole tiles; AMD has no mma.sync.
+        let mut small_pages = problem(1, 32, 8, 1, 8192);
+        small_pages.page_size = 8;
+        lanes(&plan_with(&h100, &small_pages, true, DEFAULT_TUNE));
+        let mi300 = Arch::for_target("gfx942").unwrap();
+        lanes(&plan_with(
+            &mi300,
+            &problem(1, 32, 8, 1, 8192),
+            true,
+            DEFAULT_TUNE,
+        ));
     }
 
     #[test]
     fn tune_overrides_known_keys_only() {
-        let t = parse_tune("pipe=0, unroll=8,minblocks=2,bogus=1,unroll=3,min_split=x");
-        assert_eq!((t.pipe, t.unroll, t.min_blocks), (false, 8, 2));
+        let t = parse_tune("pipe=0, unroll=8,minblocks=2,bogus=1,unroll=3,min_split=x,kernel=1");
+        assert_eq!((t.pipe, t.unroll, t.min_blocks, t.kernel), (false, 8, 2, 1));
+        let t = parse_tune("kernel=3,stages=4,warps=3");
+        assert_eq!((t.kernel, t.stages, t.warps), (2, 4, 4));
         assert_eq!(t.min_split, DEFAULT_TUNE.min_split);
         assert_eq!(parse_tune(""), DEFAULT_TUNE);
     }

@@ -11,6 +11,7 @@
 pub(crate) mod cdna;
 pub(crate) mod check;
 pub(crate) mod decode;
+pub(crate) mod decode_mma;
 pub(crate) mod gpu;
 pub(crate) mod hopper;
 mod varlen;

@@ -1,0 +1,369 @@
+// Decode attention on tensor cores (NVIDIA sm_80 and later): the same work and the same outputs
+// as decode.cu (one block per KV split, KV head, row group and sequence; partial O and base-2
+// LSE per split, merged by decode_combine.cu), with the scores and the P V product computed by
+// mma.sync instead of lane-by-lane dot products.
+//
+// A row group is up to 16 query rows of one KV head (GQA: the query heads sharing it times the
+// Nq new tokens), padded to the 16 rows of an m16n8k16 MMA. Each warp streams its own tiles of
+// BN = 16 tokens: K and V rows go global -> shared with 16-byte cp.async into a ring of STAGES
+// tiles private to the warp (zero-filled past the end), so the bytes in flight cost no
+// registers and the warp never waits at a block barrier. Per tile:
+//   S = Q K^T       mma_ABt on a 16 x 16 tile (K read with ldmatrix as the column operand),
+//   online softmax  in base 2 on the accumulator fragments (4 lanes share a row: two shuffles
+//                   for the row max; the row sums stay per lane until the end),
+//   O += P V        mma_AB with V read by ldmatrix.trans; O is rescaled only when a row's max
+//                   grew somewhere in the warp.
+// Warps take the tiles of the split in turn (tile w, w + WARPS, ...); at the end the warps'
+// states meet in shared memory (the ring is reused) and the block writes O and LSE (one split)
+// or its normalised partial (several splits), exactly as decode.cu does.
+//
+// Paged caches must have pages of a multiple of 16 tokens, so that a tile lies in one page
+// (its page is looked up a tile ahead); the op runs decode.cu otherwise. Page indices are
+// clamped into the pool.
+//
+// Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), PAGED (0 | 1), WARPS (warps per
+// block), STAGES (tiles in each warp's ring, >= 2).
+#include "calico/calico.h"
+#include "calico/tile_ops.cuh"
+#include "attention/decode_common.h"
+
+using namespace calico;
+
+typedef ELEM T;
+
+namespace decode_mma {
+
+constexpr int D = HEAD_DIM;
+constexpr int BN = 16;                // tokens per warp tile
+constexpr int ROWS = 16;              // query rows per block (one MMA row tile)
+constexpr int DC = 64;                // head-dimension chunk of the register tiles
+constexpr int CHUNKS = D / DC;
+constexpr int PIECES_PER_ROW = D / 8;                    // 16-byte pieces in a K or V row
+constexpr int ROW_STEP = 32 / PIECES_PER_ROW;            // rows between one lane's pieces
+constexpr int PIECES = BN * PIECES_PER_ROW / 32;         // pieces per lane per operand
+constexpr int ACC_STRIDE = D + 8;                        // floats per row of the merge buffer
+static_assert(D % DC == 0 && PIECES_PER_ROW <= 32, "head_dim must be 64, 128 or 256");
+static_assert(STAGES >= 2, "the ring needs two tiles");
+
+typedef st<T, BN, D> kv_tile;
+typedef st<T, ROWS, D> q_tile;
+static_assert(WARPS * ROWS * ACC_STRIDE * 4 <= WARPS * STAGES * 2 * (int)sizeof(kv_tile), "the merge buffer fits the ring");
+
+// 2^x in one MUFU.EX2, subnormal results flushed to 0 (softmax arguments are <= 0; exp2f
+// spends three more instructions per call on the subnormal range).
+CALICO_DEVICE float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Scores of a tile in base 2: scale, soft-cap, -inf outside each row's keys [lo, hi].
+CALICO_DEVICE void mask_tile(rt_fl<16, BN>& s, int lane, int tile, const int (&lo)[2], const int (&hi)[2], float qk_scale,
+                             float softcap, float inv_softcap) {
+    const float NEG_INF = decode_neg_inf();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int x = k & 1;  // row g (k even) or g + 8 (k odd)
+        const int j = tile + 2 * (lane % 4) + 8 * (k >> 1);
+        float2 v = s.data[0][0][k];
+        v.x *= qk_scale;
+        v.y *= qk_scale;
+        if (softcap > 0.0f) {
+            v.x = softcap * tanhf(v.x * inv_softcap) * DECODE_LOG2E;
+            v.y = softcap * tanhf(v.y * inv_softcap) * DECODE_LOG2E;
+        }
+        v.x = j >= lo[x] && j <= hi[x] ? v.x : NEG_INF;
+        v.y = j + 1 >= lo[x] && j + 1 <= hi[x] ? v.y : NEG_INF;
+        s.data[0][0][k] = v;
+    }
+}
+
+}  // namespace decode_mma
+
+CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
+    const T* q, long long q_sb, long long q_sh, long long q_sn,
+    const T* k, long long k_sp, long long k_st, long long k_sh,
+    const T* v, long long v_sp, long long v_st, long long v_sh,
+    const int* block_table, long long bt_sb, long long page_size_ll, int page_shift, long long num_pages_ll,
+    const int* seq_lens, long long capacity,
+    T* o, long long o_sb, long long o_sh, long long o_sn, float* lse,
+    float* part_o, float* part_lse,
+    int hq, int hkv, int nq, int row_groups, int splits, long long split_tokens_ll,
+    float qk_scale, float softcap, int causal, long long win_left, long long win_right) {
+    using namespace decode_mma;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
+    q_tile& qs = *reinterpret_cast<q_tile*>(smem);
+    kv_tile* ring = reinterpret_cast<kv_tile*>(smem + sizeof(q_tile));
+    __shared__ float sh_m[WARPS][ROWS], sh_l[WARPS][ROWS];
+
+    const int split = block_x();
+    const int h = block_y() / row_groups;
+    const int rg = block_y() % row_groups;
+    const int b = block_z();
+    const int warp = thread_x() / 32, lane = thread_x() % 32;
+    const int group = hq / hkv;
+    const int total_rows = group * nq;
+    const int group_rows = (total_rows + row_groups - 1) / row_groups;
+    const int page_size = (int)page_size_ll;
+    const int num_pages = (int)num_pages_ll;
+    const float NEG_INF = decode_neg_inf();
+    const float inv_softcap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+
+    int len = seq_lens[b];
+    len = len < 0 ? 0 : (len > capacity ? (int)capacity : len);
+
+    // Row r of the block is query row rg * group_rows + r of this KV head, if it exists.
+    auto row_of = [&](int r, int& head, int& qi) -> bool {
+        const int rr = rg * group_rows + r;
+        head = h * group + rr / nq;
+        qi = rr % nq;
+        return r < group_rows && rr < total_rows;
+    };
+    // The keys row r sees: lo <= j <= hi (empty for rows that do not exist).
+    auto bounds = [&](int r, int& lo, int& hi) {
+        int head, qi;
+        lo = 0;
+        hi = -1;
+        if (!row_of(r, head, qi)) return;
+        const long long diag = (long long)qi + len - nq;
+        long long top = causal ? diag : len - 1;
+        if (win_right >= 0 && diag + win_right < top) top = diag + win_right;
+        const long long bottom = win_left >= 0 ? diag - win_left : 0;
+        lo = bottom < 0 ? 0 : (int)(bottom > len ? len : bottom);
+        hi = top > len - 1 ? len - 1 : (int)(top < -1 ? -1 : top);
+    };
+
+    // Q rows (zeros for padding rows) into shared memory, 16 bytes per thread and step.
+    for (int idx = thread_x(); idx < ROWS * PIECES_PER_ROW; idx += WARPS * 32) {
+        const int r = idx / PIECES_PER_ROW, c = (idx % PIECES_PER_ROW) * 8;
+        int head, qi;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (row_of(r, head, qi)) val = *reinterpret_cast<const uint4*>(q + b * q_sb + head * q_sh + qi * q_sn + c);
+        *reinterpret_cast<uint4*>(qs.ptr(r, c)) = val;
+    }
+
+    // This lane's rows (g and g + 8), and the keys any / every row of the block sees.
+    int lo[2], hi[2];
+    bounds(lane / 4, lo[0], hi[0]);
+    bounds(lane / 4 + 8, lo[1], hi[1]);
+    int block_lo = len, block_hi = -1, common_lo = 0, common_hi = len - 1;
+    for (int r = 0; r < ROWS; ++r) {
+        int head, qi, a, z;
+        if (!row_of(r, head, qi)) continue;
+        bounds(r, a, z);
+        common_lo = a > common_lo ? a : common_lo;
+        common_hi = z < common_hi ? z : common_hi;
+        if (a <= z) {
+            block_lo = a < block_lo ? a : block_lo;
+            block_hi = z > block_hi ? z : block_hi;
+        }
+    }
+    const long long split_start = (long long)split * split_tokens_ll;
+    const long long split_end = split_start + split_tokens_ll;
+    const int start = split_start > block_lo ? (split_start > len ? len : (int)split_start) : block_lo;
+    const int end = split_end < block_hi + 1 ? (int)split_end : block_hi + 1;
+    // Tiles start at multiples of BN (split starts are), so a tile never crosses a split.
+    const int first = start & ~(BN - 1);
+    const int tiles = end > start ? (end - first + BN - 1) / BN : 0;
+    const int mine = tiles > warp ? (tiles - warp + WARPS - 1) / WARPS : 0;
+    auto tile_at = [&](int i) { return first + (warp + i * WARPS) * BN; };
+
+    // The page and first slot of the tile at token t (the sequence and t for contiguous caches).
+    const int* table = block_table + b * bt_sb;
+    auto page_of = [&](int t) -> int {
+#if PAGED
+        if (t >= end) return 0;
+        const int page = page_shift >= 0 ? table[t >> page_shift] : table[t / page_size];
+        return page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+#else
+        return b;
+#endif
+    };
+
+    kv_tile* ks = ring + warp * 2 * STAGES;  // this warp's K ring, then its V ring
+    kv_tile* vs = ks + STAGES;
+    const int col = (lane % PIECES_PER_ROW) * 8;
+    const int row0 = lane / PIECES_PER_ROW;
+    const T* kh = k + h * k_sh + col;
+    const T* vh = v + h * v_sh + col;
+    const long long k_step = ROW_STEP * k_st, v_step = ROW_STEP * v_st;
+    // Issues the copies of the tile at token t (in page `page`) into ring slot `stage`: row
+    // pointers advance by adds; only the last tile of a range tests rows against `end`.
+    auto issue = [&](int t, int page, int stage) {
+#if PAGED
+        const int slot = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
+#else
+        const int slot = t;
+#endif
+        const T* kt = kh + page * k_sp + slot * k_st;  // row 0 of the tile: always inside
+        const T* vt = vh + page * v_sp + slot * v_st;
+        const T* kp = kt + row0 * k_st;
+        const T* vp = vt + row0 * v_st;
+        if (t + BN <= end) {
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
+                const int r = row0 + i * ROW_STEP;
+                cp_async_16(ks[stage].ptr(r, col), kp, true);
+                cp_async_16(vs[stage].ptr(r, col), vp, true);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
+                const int r = row0 + i * ROW_STEP;
+                const bool valid = t + r < end;  // rows past the end read nothing, get zeros
+                cp_async_16(ks[stage].ptr(r, col), valid ? kp : kt, valid);
+                cp_async_16(vs[stage].ptr(r, col), valid ? vp : vt, valid);
+            }
+        }
+    };
+
+    rt_fl<16, DC> acc[CHUNKS];
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) zero(acc[c]);
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};  // l: this lane's share of the row sum
+
+    // Prologue: STAGES - 1 tiles in flight, the page of the next one looked up.
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < mine) issue(tile_at(i), page_of(tile_at(i)), i);
+        cp_async_commit();
+    }
+    int next_page = page_of(tile_at(STAGES - 1));
+
+    sync_threads();  // Q is in shared memory
+#if HEAD_DIM <= 128
+    rt<T, 16, DC> qr[CHUNKS];
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) load(qr[c], qs, 0, c * DC);
+#endif
+
+    for (int i = 0; i < mine; ++i) {
+        // Refill the slot consumed last iteration, then wait for tile i.
+        __syncwarp();
+        const int ahead = i + STAGES - 1;
+        if (ahead < mine) {
+            issue(tile_at(ahead), next_page, ahead % STAGES);
+            next_page = page_of(tile_at(ahead + 1));
+        }
+        cp_async_commit();
+        cp_async_wait<STAGES - 1>();
+        __syncwarp();
+        const int stage = i % STAGES;
+        const int t = tile_at(i);
+
+        // S = Q K^T, 64 head-dimension columns at a time.
+        rt_fl<16, BN> s;
+        zero(s);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            rt<T, BN, DC> kf;
+            load(kf, ks[stage], 0, c * DC);
+#if HEAD_DIM <= 128
+            mma_ABt(s, qr[c], kf, s);
+#else
+            rt<T, 16, DC> qf;
+            load(qf, qs, 0, c * DC);
+            mma_ABt(s, qf, kf, s);
+#endif
+        }
+        // Tiles every row sees in full need one multiply, no mask (block-uniform).
+        if (t >= common_lo && t + BN - 1 <= common_hi && softcap <= 0.0f)
+            mul(s, s, qk_scale);
+        else
+            mask_tile(s, lane, t, lo, hi, qk_scale, softcap, inv_softcap);
+
+        // Online softmax in base 2 on the fragments: rows g (x = 0) and g + 8 (x = 1).
+        rv<16, per_row> tile_max;
+        row_max(tile_max, s);
+        float alpha[2];
+        bool grew = false;  // a row that holds something has a larger max: O needs rescaling
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const float mn = fmaxf(m[x], tile_max.data[0][x]);
+            const float base = mn == NEG_INF ? 0.0f : mn;  // nothing seen yet: p = 0, not NaN
+            alpha[x] = fast_exp2(m[x] - base);
+            grew = grew || (m[x] != mn && m[x] != NEG_INF);
+            m[x] = mn;
+            tile_max.data[0][x] = base;
+        }
+        row_map(s, s, tile_max, [](float e, float mx) { return fast_exp2(e - mx); });
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            const float2 a = s.data[0][0][x], c = s.data[0][0][x + 2];
+            l[x] = l[x] * alpha[x] + ((a.x + a.y) + (c.x + c.y));
+        }
+        if (__any_sync(0xffffffffu, grew)) {  // rows with m = -inf hold zeros: no rescale
+            rv<16, per_row> scale;
+            scale.data[0][0] = alpha[0];
+            scale.data[0][1] = alpha[1];
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) mul_row(acc[c], acc[c], scale);
+        }
+
+        // O += P V.
+        rt<T, 16, BN> p;
+        copy(p, s);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            rt<T, BN, DC, col_l> vf;
+            load(vf, vs[stage], 0, c * DC);
+            mma_AB(acc[c], p, vf, acc[c]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // The four lanes of a row hold parts of its sum.
+#pragma unroll
+    for (int x = 0; x < 2; ++x) {
+        l[x] += shfl_xor(l[x], 1);
+        l[x] += shfl_xor(l[x], 2);
+    }
+    sync_threads();  // every warp is done with the ring: it becomes the merge buffer
+    float* mine_acc = reinterpret_cast<float*>(ring) + warp * ROWS * ACC_STRIDE;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c)
+#pragma unroll
+        for (int j = 0; j < DC / 16; ++j)
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                int r, cc;
+                base_coord<row_l>(lane, kk, r, cc);
+                *reinterpret_cast<float2*>(mine_acc + r * ACC_STRIDE + c * DC + 16 * j + cc) = acc[c].data[0][j][kk];
+            }
+    if (lane % 4 == 0) {
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+            sh_m[warp][lane / 4 + 8 * x] = m[x];
+            sh_l[warp][lane / 4 + 8 * x] = l[x];
+        }
+    }
+    sync_threads();
+
+    const float* all_acc = reinterpret_cast<const float*>(ring);
+    for (int idx = thread_x(); idx < ROWS * D; idx += WARPS * 32) {
+        const int r = idx / D, d = idx % D;
+        int head, qi;
+        if (!row_of(r, head, qi)) continue;
+        float mt = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) mt = fmaxf(mt, sh_m[w][r]);
+        float lt = 0.0f, ot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float c = decode_rescale(sh_m[w][r], mt);
+            lt += sh_l[w][r] * c;
+            ot += all_acc[(w * ROWS + r) * ACC_STRIDE + d] * c;
+        }
+        const float out = lt > 0.0f ? ot / lt : 0.0f;
+        const float lse2 = lt > 0.0f ? mt + decode_log2(lt) : NEG_INF;
+        const long long row = ((long long)b * hq + head) * nq + qi;
+        if (splits == 1) {
+            o[b * o_sb + head * o_sh + qi * o_sn + d] = from_float<T>(out);
+            if (d == 0) lse[row] = lse2 == NEG_INF ? NEG_INF : lse2 * DECODE_LN2;
+        } else {
+            part_o[(row * splits + split) * D + d] = out;
+            if (d == 0) part_lse[row * splits + split] = lse2;
+        }
+    }
+}
