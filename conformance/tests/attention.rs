@@ -874,3 +874,57 @@ fn attention_hopper_shapes_forward() {
         }
     }
 }
+
+/// Shapes the Hopper (sm_90a) backward takes (head dim 64/128, 16-byte aligned Q/K/V/dO, not
+/// deterministic, not varlen), around its 128-key blocks and 64/128-row query blocks: N = 1,
+/// odd N, Nq != Nkv both ways, GQA 1 to 8, causal, windows (key blocks no row sees), soft-cap,
+/// rows that see no key, several blocks each way, dQ/dK/dV stored with odd offsets (element
+/// stores) and aligned (pairs). On sm_90a with CALICO_ATTN_HOPPER_BWD=1 the Hopper kernels
+/// take them; elsewhere the tile kernels.
+#[test]
+fn attention_hopper_shapes_backward() {
+    report_skipped("attention_hopper_shapes_backward");
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let plain = AttentionOptions::default();
+    let window = |l, r| AttentionOptions {
+        window: Some((l, r)),
+        ..Default::default()
+    };
+    let aligned_out = |mut c: Case| {
+        c.o_mem = c.q_mem;
+        c
+    };
+    let cases = vec![
+        fixed(DType::BF16, (1, 2, 2), (300, 300, 128), causal, 1.0),
+        fixed(DType::F16, (2, 1, 4), (1, 1, 64), plain, 1.0),
+        fixed(DType::BF16, (1, 2, 1), (129, 257, 64), window(40, 7), 1.0),
+        fixed(
+            DType::F16,
+            (1, 1, 8),
+            (257, 129, 128),
+            AttentionOptions {
+                causal: true,
+                softcap: Some(30.0),
+                ..Default::default()
+            },
+            1.0,
+        ),
+        fixed(DType::BF16, (1, 1, 1), (191, 65, 128), causal, 1.0),
+        fixed(DType::BF16, (1, 1, 1), (9, 40, 64), window(0, 0), 1.0),
+        fixed(DType::F16, (1, 1, 1), (520, 600, 128), causal, 1.0),
+        aligned_out(fixed(DType::BF16, (1, 1, 2), (517, 517, 64), plain, 1.0)),
+        fixed(DType::BF16, (1, 1, 3), (200, 700, 64), window(100, 0), 1.0),
+        aligned_out(fixed(DType::F16, (2, 2, 1), (64, 128, 128), plain, 1.0)),
+        aligned_out(fixed(DType::BF16, (1, 1, 5), (70, 300, 128), causal, 1.0)),
+    ];
+    for dev in calico_conformance::backends().0 {
+        for c in &cases {
+            if let Err(e) = backward_case(&dev, c) {
+                panic!("backend {}: {c:?}: {e}", dev.kind());
+            }
+        }
+    }
+}

@@ -258,6 +258,7 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
     }
     if wanted("attention_hopper") {
         out.extend(crate::ops::attention::hopper::catalog(&arch, vendor)?);
+        out.extend(crate::ops::attention::hopper_bwd::catalog(&arch, vendor)?);
     }
     Ok(out)
 }

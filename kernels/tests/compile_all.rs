@@ -109,6 +109,42 @@ fn hopper_gemm_disassembles_to_hgmma_and_utmaldg() {
     }
 }
 
+/// The Hopper attention kernels (forward and the backward's main kernel) are wgmma (HGMMA)
+/// fed by TMA (UTMALDG).
+#[test]
+fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
+    if !toolchain_or_skip("sm_90a disassembly", nvrtc_available()) {
+        return;
+    }
+    let entries: Vec<_> = catalog::entries("sm_90a", Some("attention_hopper"))
+        .expect("catalog assembles")
+        .into_iter()
+        .filter(|e| e.label.starts_with("hopper fwd") || e.label.contains("Main"))
+        .collect();
+    assert!(
+        entries.iter().any(|e| e.label.starts_with("hopper bwd")),
+        "the sm_90a catalog has Hopper attention backward variants"
+    );
+    for e in &entries {
+        let cubin = catalog::compile("sm_90a", &e.source).expect("compiles");
+        let sass = match catalog::disassemble("sm_90a", &cubin) {
+            Ok(s) => s,
+            Err(err) => {
+                toolchain_or_skip("cuobjdump", Err(err.to_string()));
+                return;
+            }
+        };
+        let hgmma = calico_cuda::disasm::count_opcode(&sass, "HGMMA");
+        let utmaldg = calico_cuda::disasm::count_opcode(&sass, "UTMALDG");
+        println!("{}: {hgmma} HGMMA, {utmaldg} UTMALDG", e.label);
+        assert!(
+            hgmma > 0 && utmaldg > 0,
+            "{}: {hgmma} HGMMA, {utmaldg} UTMALDG",
+            e.label
+        );
+    }
+}
+
 /// A kernel written only against the shared tile vocabulary (calico/tiles.h) compiles for
 /// every vendor target, and lands on each vendor's matrix instructions.
 #[test]

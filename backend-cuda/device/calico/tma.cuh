@@ -62,6 +62,14 @@ CALICO_DEVICE void load_4d(void* dst, const tensor_map& m, int c0, int c1, int c
         : "memory");
 }
 
+// Global -> shared without a tensor map: `bytes` contiguous bytes (a multiple of 16; both
+// addresses 16-byte aligned), completing on `bar`.
+CALICO_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, mbarrier& bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(bytes), "r"(smem_addr(&bar))
+                 : "memory");
+}
+
 // L2 eviction policies for cache-hinted loads: evict_last keeps lines that later CTAs will
 // read again, evict_first lets a stream leave the L2 first.
 CALICO_DEVICE uint64_t policy_evict_last() {

@@ -80,14 +80,15 @@ CALICO_DEVICE void fence_operands(float (&d)[R]) {
 // clang-format on
 
 // D[64 x N] (+)= A * B for T in {bf16, f16}. scale_d = 0 ignores D's old value (D = A*B).
-// TRANS_B = 0: B is K-major in shared memory; 1: B is N-major (16-bit types only).
+// TRANS_B = 0: B is K-major in shared memory; 1: B is N-major (16-bit types only). TRANS_A
+// (ss only) likewise for A: 1 reads an M-major A (M contiguous).
 template <class T, int N>
 struct mma;
 
 #define CALICO_WGMMA_DEFINE(T, TY, N)                                                                       \
     template <>                                                                                             \
     struct mma<T, N> {                                                                                      \
-        template <int TRANS_B>                                                                              \
+        template <int TRANS_B, int TRANS_A = 0>                                                             \
         static CALICO_DEVICE void ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {    \
             CALICO_WGMMA_SS_N##N(TY);                                                                       \
         }                                                                                                   \

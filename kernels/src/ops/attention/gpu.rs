@@ -309,17 +309,24 @@ pub(crate) fn forward(
     gpu.launch_variant(&variant, &config, args.as_slice())
 }
 
-/// Launches the backward kernels on `[q, k, v, o, lse, d_o, dq, dk, dv]`: dQ, then dK and
-/// dV. Each output element is written by one warp from sums in a fixed order, so every mode
-/// is deterministic.
+/// Launches the backward kernels on `[q, k, v, o, lse, d_o, dq, dk, dv]`: the Hopper kernels
+/// where they apply (not in deterministic mode), else dQ, then dK and dV on the tile (or
+/// portable) kernels, where each output element is written by one warp from sums in a fixed
+/// order, so those runs are deterministic.
 pub(crate) fn backward(
     dev: &Device,
     p: &Problem,
     params: &AttentionParams,
-    _deterministic: bool,
-    [q, k, v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
+    deterministic: bool,
+    tensors: [&Tensor; 9],
     varlen: Option<[&Tensor; 2]>,
 ) -> Result<()> {
+    if let Some(done) =
+        super::hopper_bwd::try_backward(dev, p, params, deterministic, tensors, varlen)
+    {
+        return done;
+    }
+    let [q, k, v, o, lse, d_o, dq, dk, dv] = tensors;
     let gpu = launcher(dev)?;
     let tile = tile_kernels(dev.arch(), p.dtype, p.head_dim, true);
     let aligned = [q, k, v, o, d_o].iter().all(|t| rows_aligned(t));

@@ -154,7 +154,7 @@ pub(crate) fn catalog(
     Ok(out)
 }
 
-fn arch_ok(arch: &Arch) -> bool {
+pub(crate) fn arch_ok(arch: &Arch) -> bool {
     arch.target.ends_with("90a")
         && arch.has_mma(MmaKind::Wgmma, DType::BF16)
         && arch.has_async_copy(AsyncCopy::Tma)
@@ -163,7 +163,8 @@ fn arch_ok(arch: &Arch) -> bool {
 /// On by default: it passed the attention conformance suite and memcheck, racecheck, synccheck
 /// and initcheck on the H100 (session 4) and runs 3-5x faster than the tile kernel.
 /// `CALICO_ATTN_HOPPER=0` sends every problem to the tile kernel instead (A/B runs).
-fn enabled() -> bool {
+/// (The backward's switch is in hopper_bwd.rs; this one turns off both.)
+pub(crate) fn hopper_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER").as_deref() != Ok("0"))
 }
@@ -180,7 +181,7 @@ fn tma_stride(stride: usize, extent: usize, fallback_bytes: u64) -> Option<u64> 
 
 /// The 4-D map {D, N, H, B} over a `[B, H, N, D]` view, box {64, rows, 1, 1}, 128B swizzle;
 /// `None` when TMA cannot express the view (alignment, strides).
-fn view_map(t: &Tensor, rows: usize) -> Option<OpaqueParam128> {
+pub(crate) fn view_map(t: &Tensor, rows: usize) -> Option<OpaqueParam128> {
     let [b, h, n, d] = <[usize; 4]>::try_from(t.shape()).ok()?;
     let st = t.strides();
     let ptr = t.device_ptr()?;
@@ -229,7 +230,7 @@ pub(crate) fn try_forward(
     // base-2 units must be positive. A cap makes it cap * log2(e); else it is the scale.
     let scale_positive = params.softcap.is_some() || params.scale > 0.0;
     let fits = varlen.is_none()
-        && enabled()
+        && hopper_enabled()
         && scale_positive
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)

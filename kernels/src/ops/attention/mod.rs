@@ -14,6 +14,7 @@ pub(crate) mod decode;
 pub(crate) mod decode_mma;
 pub(crate) mod gpu;
 pub(crate) mod hopper;
+pub(crate) mod hopper_bwd;
 mod varlen;
 
 use super::check as common;
@@ -35,8 +36,9 @@ pub struct AttentionOptions {
     pub window: Option<(usize, usize)>,
     /// Soft-cap of the scaled scores: `s = cap * tanh(s / cap)`.
     pub softcap: Option<f32>,
-    /// Backward only: bit-identical results across runs (the CPU and the GPU kernels here
-    /// are deterministic in every mode; the flag is kept for API parity).
+    /// Backward only: bit-identical results across runs. The CPU and the tile kernels are
+    /// deterministic in every mode; the Hopper backward sums dQ with f32 atomics (exact
+    /// sums, order-dependent last bits), so deterministic calls take the tile kernels.
     pub deterministic: bool,
 }
 

@@ -1,0 +1,531 @@
+// Hopper (sm_90a) attention backward: dQ, dK, dV from Q, K, V, O, LSE and dO, bf16/f16 in,
+// f32 accumulation. Three kernels from this one source (CALICO_ATTN_KERNEL picks one):
+//
+//  0  prepare:  per query row, delta = rowsum(dO * O) and LSE in base 2 (+inf where the row
+//               saw no key, so P = exp2(s - lse) is 0 there), into a workspace padded to whole
+//               query blocks; the f32 dQ accumulator of the row set to 0.
+//  1  main:     one CTA per (key block of 128, KV head, batch); see DESIGN.
+//  2  finish:   dQ = scale * accumulator, in the output dtype and strides.
+//
+// DESIGN (main)
+//  * Warp-specialised (calico/pipeline.cuh): 384 threads = 3 warpgroups. Warpgroup 0 is the
+//    producer: one thread loads the CTA's K and V tiles once (kv_full / kv_empty), then streams
+//    the query blocks of every query head of the KV head's group through two rings of STAGES
+//    slots: Q with its LSE row, dO with its delta row (separate rings so S^T = K Q^T starts
+//    before dO lands). Consumer warpgroups 1 and 2 own keys 0-63 and 64-127 of the block.
+//  * Per query block (BQ rows), per consumer warpgroup (keys as the M dimension):
+//      S^T  = K Q^T and dP^T = V dO^T    wgmma, both operands K-major in shared memory
+//      P^T  = exp2(S^T * scale log2 e - LSE) (soft-cap: cap log2 e tanh(s scale / cap)),
+//             masked keys and rows 0
+//      dS^T = P^T (dP^T - delta) (times 1 - tanh^2 under a soft-cap)
+//      dV  += P^T dO, dK += dS^T Q          wgmma, A from registers (the accumulator layout of
+//                                            S^T is the A fragment layout), B N-major
+//      dS^T rounded to 16 bits into shared memory (128B swizzle, the layout a TMA box has),
+//      both warpgroups meet on a named barrier, then each computes one 64 x 64 tile of
+//      dQ_block = dS K (A = dS M-major, B = K N-major) and adds it to the f32 accumulator in
+//      global memory with red.global.add (exact f32 sums; their order, hence the last bits,
+//      depends on timing: deterministic calls take the tile kernels instead).
+//    Two dS buffers alternate: a warpgroup writes buffer i only after the barrier of step i-1,
+//    which the other warpgroup reaches only after its dQ product of step i-2 completed.
+//  * dK, dV stay in registers over all query heads of the group (the GQA sum, no atomics) and
+//    are stored once: dK * scale, dV; keys >= Nkv are not stored.
+// EDGES
+//  * Nq, Nkv not multiples of the blocks: TMA zero-fills Q/dO rows and K/V keys past the end;
+//    padded rows have LSE = +inf (P = 0) and land in the padded part of the accumulator; keys
+//    >= Nkv are masked. A key block that no row sees loads nothing and stores dK = dV = 0.
+//  * Mask (bottom-right aligned, as the forward): row i sees key j iff j < Nkv and, with
+//    c = i + Nkv - Nq, c - left <= j (left bounded) and j <= c + right (right bounded).
+//
+// DEFINES (kernels/src/ops/attention/hopper_bwd.rs): CALICO_ATTN_KERNEL 0|1|2, CALICO_ATTN_T
+// bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1.
+#include "calico/calico.h"
+#include "calico/mbarrier.cuh"
+#include "calico/pipeline.cuh"
+#include "calico/tma.cuh"
+#include "calico/warpgroup.cuh"
+#include "calico/wgmma.cuh"
+
+namespace attn_hopper_bwd {
+
+using calico::uint32_t;
+using calico::uint64_t;
+using in_t = CALICO_ATTN_T;
+
+constexpr int D = CALICO_ATTN_D;
+constexpr int ROW_THREADS = 256;  // prepare / finish: one warp per row
+
+static_assert(sizeof(in_t) == 2, "16-bit inputs");
+static_assert(D == 64 || D == 128, "head dim 64 or 128");
+
+#define ATTN_POS_INF __int_as_float(0x7f800000u)
+#define ATTN_NEG_INF __int_as_float(0xff800000u)
+
+}  // namespace attn_hopper_bwd
+
+#if CALICO_ATTN_KERNEL == 0
+// Rows r of [B * Hq, nq_pad] (the workspace's layout): r = (b * Hq + h) * nq_pad + i.
+// o, d_o: element strides (batch, head, row); lse: f32 [B, Hq, Nq] contiguous.
+CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
+    calico_attention_hopper_bwd_prepare(const attn_hopper_bwd::in_t* o, long long o_sb, long long o_sh, long long o_sn,
+                                        const attn_hopper_bwd::in_t* d_o, long long do_sb, long long do_sh, long long do_sn,
+                                        const float* lse, float* lse_log2, float* delta, float* dq_acc, int q_heads, int q_len,
+                                        int nq_pad, long long rows) {
+    using namespace attn_hopper_bwd;
+    constexpr float LOG2E = 1.4426950408889634f;
+    const int lane = threadIdx.x % 32;
+    const long long r = (long long)blockIdx.x * (ROW_THREADS / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    const long long bh = r / nq_pad;
+    const int i = (int)(r - bh * nq_pad);
+    const long long b = bh / q_heads, h = bh - b * q_heads;
+    float* acc = dq_acc + r * D;
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) acc[lane + 32 * k] = 0.0f;
+    float sum = 0.0f, l2 = ATTN_POS_INF;
+    if (i < q_len) {
+        const attn_hopper_bwd::in_t* orow = o + b * o_sb + h * o_sh + i * o_sn;
+        const attn_hopper_bwd::in_t* grow = d_o + b * do_sb + h * do_sh + i * do_sn;
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) sum += calico::to_float(orow[lane + 32 * k]) * calico::to_float(grow[lane + 32 * k]);
+        const float l = lse[bh * q_len + i];
+        l2 = l == ATTN_NEG_INF ? ATTN_POS_INF : l * LOG2E;
+    }
+#pragma unroll
+    for (int m = 16; m >= 1; m /= 2) sum += calico::shfl_xor(sum, m);
+    if (lane == 0) {
+        delta[r] = sum;
+        lse_log2[r] = l2;
+    }
+}
+#endif
+
+#if CALICO_ATTN_KERNEL == 2
+// One warp per row r = (b * Hq + h) * Nq + i of dQ.
+CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
+    calico_attention_hopper_bwd_finish(const float* dq_acc, attn_hopper_bwd::in_t* dq, long long dq_sb, long long dq_sh,
+                                       long long dq_sn, float scale, int q_heads, int q_len, int nq_pad, long long rows) {
+    using namespace attn_hopper_bwd;
+    const int lane = threadIdx.x % 32;
+    const long long r = (long long)blockIdx.x * (ROW_THREADS / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    const long long bh = r / q_len;
+    const int i = (int)(r - bh * q_len);
+    const long long b = bh / q_heads, h = bh - b * q_heads;
+    const float* acc = dq_acc + (bh * nq_pad + i) * D;
+    attn_hopper_bwd::in_t* out = dq + b * dq_sb + h * dq_sh + i * dq_sn;
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) out[lane + 32 * k] = calico::from_float<attn_hopper_bwd::in_t>(scale * acc[lane + 32 * k]);
+}
+#endif
+
+#if CALICO_ATTN_KERNEL == 1
+namespace attn_hopper_bwd {
+
+constexpr int BQ = D == 64 ? 128 : 64;  // query rows per streamed block
+constexpr int BKV = 128;                 // keys per CTA, 64 per consumer warpgroup
+constexpr int STAGES = CALICO_ATTN_STAGES;
+constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
+constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
+constexpr int CHUNKS = D / CHUNK;
+constexpr int Q_BYTES = BQ * D * 2;
+constexpr int KV_BYTES = BKV * D * 2;
+constexpr int ROW_BYTES = BQ * 4;  // one block's LSE or delta
+constexpr int DS_BYTES = BKV * BQ * 2;
+constexpr int S_REGS = BQ / 2;      // S^T, dP^T: 64 keys x BQ rows per warpgroup
+constexpr int ACC_REGS = D / 2;     // dK, dV: 64 keys x D
+constexpr int DQ_REGS = 32;         // one 64 x 64 tile of dQ per warpgroup
+constexpr int P_STEPS = BQ / 16;    // k-steps of dV += P^T dO
+constexpr int CONSUMERS = 2;
+constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
+constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
+constexpr int PRODUCER_REGS = 24;
+constexpr int CONSUMER_REGS = 240;
+constexpr int DS_BARRIER = 1;  // named barrier of the two consumer warpgroups
+
+static_assert(STAGES >= 2, "at least two stages");
+// dQ_block (BQ x D) is two 64 x 64 tiles, one per consumer: split along D at 128, along the
+// query rows at 64.
+static_assert(BQ * D == CONSUMERS * 64 * 64, "one 64 x 64 dQ tile per consumer");
+
+// Byte offsets in dynamic shared memory after rounding its base up to 1024.
+constexpr int K_OFFSET = 0;
+constexpr int V_OFFSET = K_OFFSET + KV_BYTES;
+constexpr int Q_OFFSET = V_OFFSET + KV_BYTES;
+constexpr int DO_OFFSET = Q_OFFSET + STAGES * Q_BYTES;
+constexpr int DS_OFFSET = DO_OFFSET + STAGES * Q_BYTES;
+constexpr int LSE_OFFSET = DS_OFFSET + 2 * DS_BYTES;
+constexpr int DELTA_OFFSET = LSE_OFFSET + STAGES * ROW_BYTES;
+constexpr int BAR_OFFSET = DELTA_OFFSET + STAGES * ROW_BYTES;
+// Barriers: the Q ring, the dO ring, kv_full, kv_empty. The host allocates
+// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2) * 8.
+
+struct barriers {
+    calico::pipeline::ring<STAGES> q;
+    calico::pipeline::ring<STAGES> d;
+    calico::mbarrier kv_full;
+    calico::mbarrier kv_empty;
+};
+
+struct params {
+    int batch, q_heads, kv_heads, group, q_len, k_len, nq_pad, n_blocks;
+    int has_left, has_right;
+    long long left, right;
+};
+
+struct unit {
+    int b, hk, n0;
+    int m_lo, m_hi;  // query blocks [m_lo, m_hi) of each head; none when m_hi <= m_lo
+};
+
+CALICO_DEVICE unit unit_at(const params& p, int w) {
+    unit u;
+    const int n = w % p.n_blocks;
+    const int bh = w / p.n_blocks;
+    u.b = bh / p.kv_heads;
+    u.hk = bh - u.b * p.kv_heads;
+    u.n0 = n * BKV;
+    // Rows that see a key of [n0, n1): c + right >= n0 and c - left <= n1 - 1, c = i + off.
+    const long long off = (long long)p.k_len - p.q_len;
+    const long long n1 = min(u.n0 + BKV, p.k_len);
+    long long i_lo = p.has_right ? u.n0 - off - p.right : 0;
+    long long i_hi = p.has_left ? n1 - 1 - off + p.left : p.q_len - 1;
+    i_lo = i_lo < 0 ? 0 : i_lo;
+    i_hi = i_hi > p.q_len - 1 ? p.q_len - 1 : i_hi;
+    u.m_lo = (int)(i_lo / BQ);
+    u.m_hi = i_hi >= i_lo ? (int)(i_hi / BQ) + 1 : u.m_lo;
+    return u;
+}
+
+// Row i sees key j (both in range of their padded blocks).
+CALICO_DEVICE bool visible(const params& p, long long i, long long j) {
+    const long long c = i + p.k_len - p.q_len;
+    return i < p.q_len && j < p.k_len && (!p.has_left || j >= c - p.left) && (!p.has_right || j <= c + p.right);
+}
+
+// Every (row, key) of the query block at m0 and the key block at n0 is visible.
+CALICO_DEVICE bool block_visible(const params& p, long long m0, long long n0) {
+    const long long off = (long long)p.k_len - p.q_len;
+    return n0 + BKV <= p.k_len && m0 + BQ <= p.q_len && (!p.has_right || n0 + BKV - 1 <= m0 + off + p.right) &&
+           (!p.has_left || n0 >= m0 + BQ - 1 + off - p.left);
+}
+
+template <class T>
+CALICO_DEVICE uint32_t pack2(float lo, float hi);
+template <>
+CALICO_DEVICE uint32_t pack2<bf16>(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// Adds two adjacent floats to global memory (8-byte aligned), result unused.
+CALICO_DEVICE void red_add2(float* addr, float a, float b) {
+    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+// Keeps 16-bit A fragments in their registers until the wgmma reading them has completed
+// (the compiler sees the asm consume them at issue and could reuse the registers).
+template <int N>
+CALICO_DEVICE void keep_fragments(uint32_t (&a)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[i][r])::"memory");
+}
+
+// Stores a warp's 16 keys x D of a register tile (accumulator layout) times `mul`, keys from
+// key0; keys >= k_len skipped.
+CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* base, long long sn, bool pairs, long long key0,
+                              int k_len) {
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        const long long key = key0 + g + 8 * hh;
+        if (key >= k_len) continue;
+        in_t* row = base + key * sn;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            const int col = 8 * j + 2 * t;
+            const float v0 = acc[4 * j + 2 * hh] * mul, v1 = acc[4 * j + 2 * hh + 1] * mul;
+            if (pairs) {
+                *reinterpret_cast<uint32_t*>(row + col) = pack2<in_t>(v0, v1);
+            } else {
+                row[col] = calico::from_float<in_t>(v0);
+                row[col + 1] = calico::from_float<in_t>(v1);
+            }
+        }
+    }
+}
+
+}  // namespace attn_hopper_bwd
+
+// Parameters (kernels/src/ops/attention/hopper_bwd.rs builds them):
+//  map_q, map_do: 4-D maps {D, Nq, Hq, B} (real strides), box {64, BQ, 1, 1}, 128B swizzle.
+//  map_k, map_v: {D, Nkv, Hkv, B}, box {64, 128, 1, 1}, 128B swizzle.
+//  lse_log2, delta: f32 [B * Hq, nq_pad] from the prepare kernel; dq_acc f32 [B * Hq, nq_pad, D].
+//  dk, dv: first elements and element strides (head dim contiguous); pairs bit 0 / 1: dk / dv
+//  base and strides even (2-element stores).
+//  scale: the softmax scale (multiplies dK here, dQ in the finish kernel); score_scale and
+//  cap_log2 as the forward's. left/right: window sides (flags say whether each is bounded).
+CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
+    calico_attention_hopper_bwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
+                                const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,
+                                const float* lse_log2, const float* delta, float* dq_acc, attn_hopper_bwd::in_t* dk,
+                                attn_hopper_bwd::in_t* dv, int batch, int q_heads, int group, int q_len, int k_len, int nq_pad,
+                                long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
+                                int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
+                                int has_right, long long right) {
+    using namespace attn_hopper_bwd;
+    namespace pl = calico::pipeline;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (calico::smem_addr(smem_raw) & 1023)) & 1023);
+    barriers& bars = *reinterpret_cast<barriers*>(smem + BAR_OFFSET);
+
+    params p;
+    p.batch = batch;
+    p.q_heads = q_heads;
+    p.kv_heads = q_heads / group;
+    p.group = group;
+    p.q_len = q_len;
+    p.k_len = k_len;
+    p.nq_pad = nq_pad;
+    p.n_blocks = (k_len + BKV - 1) / BKV;
+    p.has_left = has_left;
+    p.has_right = has_right;
+    p.left = left;
+    p.right = right;
+    const int work = batch * p.kv_heads * p.n_blocks;
+
+    if (threadIdx.x == 0) {
+        bars.q.init(RELEASES);
+        bars.d.init(RELEASES);
+        calico::init(bars.kv_full, 1);
+        calico::init(bars.kv_empty, RELEASES);
+        calico::fence_barrier_init();
+    }
+    __syncthreads();
+
+    // Each thread keeps only its role's copies of these.
+    pl::cursor<STAGES> qc, dc;
+    uint32_t kv_loads = 0;
+
+    auto produce = [&](int w) {
+        const unit u = unit_at(p, w);
+        if (u.m_hi <= u.m_lo) return;
+        if (kv_loads == 0) {
+            calico::tma::prefetch(map_q);
+            calico::tma::prefetch(map_k);
+            calico::tma::prefetch(map_v);
+            calico::tma::prefetch(map_do);
+        }
+        calico::wait(bars.kv_empty, (kv_loads & 1u) ^ 1u);
+        calico::arrive_expect_tx(bars.kv_full, 2 * KV_BYTES);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            calico::tma::load_4d(smem + K_OFFSET + c * BKV * 128, map_k, c * CHUNK, u.n0, u.hk, u.b, bars.kv_full);
+            calico::tma::load_4d(smem + V_OFFSET + c * BKV * 128, map_v, c * CHUNK, u.n0, u.hk, u.b, bars.kv_full);
+        }
+        ++kv_loads;
+        for (int hq = 0; hq < p.group; ++hq) {
+            const int h = u.hk * p.group + hq;
+            const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
+            for (int m = u.m_lo; m < u.m_hi; ++m) {
+                calico::mbarrier& qb = bars.q.acquire(qc, Q_BYTES + ROW_BYTES);
+                unsigned char* qd = smem + Q_OFFSET + qc.slot() * Q_BYTES;
+#pragma unroll
+                for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(qd + c * BQ * 128, map_q, c * CHUNK, m * BQ, h, u.b, qb);
+                calico::tma::bulk_load(smem + LSE_OFFSET + qc.slot() * ROW_BYTES, lse_log2 + row0 + m * BQ, ROW_BYTES, qb);
+                qc.advance();
+                calico::mbarrier& db = bars.d.acquire(dc, Q_BYTES + ROW_BYTES);
+                unsigned char* dd = smem + DO_OFFSET + dc.slot() * Q_BYTES;
+#pragma unroll
+                for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(dd + c * BQ * 128, map_do, c * CHUNK, m * BQ, h, u.b, db);
+                calico::tma::bulk_load(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES, delta + row0 + m * BQ, ROW_BYTES, db);
+                dc.advance();
+            }
+        }
+    };
+
+    auto consume = [&](int consumer, int w) {
+        const unit u = unit_at(p, w);
+        const int warp = calico::warpgroup_warp();
+        const int lane = threadIdx.x % 32;
+        const int g = lane / 4;
+        const int t = lane % 4;
+        // This warpgroup's keys within the block, and this thread's first key.
+        const int wg_key0 = consumer * 64;
+        const int key_in_block = wg_key0 + 16 * warp + g;  // and + 8
+        // The dQ tile of this warpgroup: query chunk and head-dim chunk of the block.
+        const int dq_rows = BQ == 128 ? consumer : 0;
+        const int dq_cols = D == 128 ? consumer : 0;
+
+        float dk_acc[ACC_REGS], dv_acc[ACC_REGS];
+#pragma unroll
+        for (int i = 0; i < ACC_REGS; ++i) {
+            dk_acc[i] = 0.0f;
+            dv_acc[i] = 0.0f;
+        }
+
+        if (u.m_hi > u.m_lo) {
+            calico::wait(bars.kv_full, kv_loads & 1u);
+            ++kv_loads;
+            const uint32_t k_wg = calico::smem_addr(smem + K_OFFSET) + wg_key0 * 128;
+            const uint32_t v_wg = calico::smem_addr(smem + V_OFFSET) + wg_key0 * 128;
+            const uint32_t k_dq = calico::smem_addr(smem + K_OFFSET) + dq_cols * BKV * 128;
+            const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET);
+            const uint32_t do_base = calico::smem_addr(smem + DO_OFFSET);
+            const uint32_t ds_base = calico::smem_addr(smem + DS_OFFSET);
+            int step = 0;
+            for (int hq = 0; hq < p.group; ++hq) {
+                const int h = u.hk * p.group + hq;
+                const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
+                for (int m = u.m_lo; m < u.m_hi; ++m, ++step) {
+                    const int m0 = m * BQ;
+                    float s[S_REGS], dp[S_REGS];
+                    // S^T = K Q^T.
+                    bars.q.wait_full(qc);
+                    const uint32_t q_slot = q_base + qc.slot() * Q_BYTES;
+                    calico::wgmma::fence();
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; ++kk) {
+                        const uint64_t da = calico::wgmma::desc_kmajor_128b(k_wg + (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                        const uint64_t db = calico::wgmma::desc_kmajor_128b(q_slot + (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                        calico::wgmma::mma<in_t, BQ>::template ss<0>(s, da, db, kk > 0 ? 1 : 0);
+                    }
+                    calico::wgmma::commit_group();
+                    // dP^T = V dO^T.
+                    bars.d.wait_full(dc);
+                    const uint32_t do_slot = do_base + dc.slot() * Q_BYTES;
+                    calico::wgmma::fence();
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; ++kk) {
+                        const uint64_t da = calico::wgmma::desc_kmajor_128b(v_wg + (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                        const uint64_t db = calico::wgmma::desc_kmajor_128b(do_slot + (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                        calico::wgmma::mma<in_t, BQ>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
+                    }
+                    calico::wgmma::commit_group();
+                    calico::wgmma::wait_group<0>();
+                    calico::wgmma::fence_operands(s);
+                    calico::wgmma::fence_operands(dp);
+
+                    // P^T and dS^T in place of S^T and dP^T. Columns are query rows.
+                    const float* lse_s = reinterpret_cast<const float*>(smem + LSE_OFFSET + qc.slot() * ROW_BYTES);
+                    const float* delta_s = reinterpret_cast<const float*>(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES);
+                    const bool need_mask = !block_visible(p, m0, u.n0);
+#pragma unroll
+                    for (int j = 0; j < BQ / 8; ++j) {
+                        const int col = 8 * j + 2 * t;
+                        const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+                        const float2 dl = *reinterpret_cast<const float2*>(delta_s + col);
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) {
+                                const int i = 4 * j + 2 * hh + e;
+                                float x = s[i], dcap = 1.0f;
+                                if constexpr (SOFTCAP) {
+                                    const float th = tanhf(x * score_scale);
+                                    x = cap_log2 * th;
+                                    dcap = 1.0f - th * th;
+                                } else {
+                                    x *= score_scale;
+                                }
+                                float pr = calico::exp2_approx(x - (e ? l.y : l.x));
+                                if (need_mask && !visible(p, m0 + col + e, u.n0 + key_in_block + 8 * hh)) pr = 0.0f;
+                                s[i] = pr;
+                                dp[i] = pr * (dp[i] - (e ? dl.y : dl.x)) * dcap;
+                            }
+                        }
+                    }
+                    // 16-bit A fragments: k-step kk covers query rows 16kk..16kk+15.
+                    uint32_t pa[P_STEPS][4], da[P_STEPS][4];
+#pragma unroll
+                    for (int kk = 0; kk < P_STEPS; ++kk) {
+#pragma unroll
+                        for (int r = 0; r < 4; ++r) {
+                            pa[kk][r] = pack2<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+                            da[kk][r] = pack2<in_t>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+                        }
+                    }
+                    // dS^T to shared memory, [query chunk][key][64 queries], 128B swizzle:
+                    // element (key, col) of a chunk at key * 128 + ((col / 8) ^ (key % 8)) * 16.
+                    unsigned char* ds_buf = smem + DS_OFFSET + (step & 1) * DS_BYTES;
+#pragma unroll
+                    for (int j = 0; j < BQ / 8; ++j) {
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            const int key = key_in_block + 8 * hh;
+                            unsigned char* at = ds_buf + (j / 8) * BKV * 128 + key * 128 + (((j % 8) ^ g) * 16) + 4 * t;
+                            *reinterpret_cast<uint32_t*>(at) = da[j / 2][2 * (j % 2) + hh];
+                        }
+                    }
+                    calico::fence_proxy_async();
+
+                    // dV += P^T dO, dK += dS^T Q (B operands N-major: head dim contiguous).
+                    calico::wgmma::fence_operands(dv_acc);
+                    calico::wgmma::fence_operands(dk_acc);
+                    calico::wgmma::fence();
+#pragma unroll
+                    for (int kk = 0; kk < P_STEPS; ++kk) {
+                        const uint64_t db = calico::wgmma::desc_mnmajor_128b(do_slot + kk * 16 * 128, BQ);
+                        calico::wgmma::mma<in_t, D>::template rs<1>(dv_acc, pa[kk], db, 1);
+                    }
+#pragma unroll
+                    for (int kk = 0; kk < P_STEPS; ++kk) {
+                        const uint64_t db = calico::wgmma::desc_mnmajor_128b(q_slot + kk * 16 * 128, BQ);
+                        calico::wgmma::mma<in_t, D>::template rs<1>(dk_acc, da[kk], db, 1);
+                    }
+                    calico::wgmma::commit_group();
+
+                    // Both halves of dS^T written: dQ tile = dS K over all 128 keys.
+                    calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+                    float dq[DQ_REGS];
+                    const uint32_t ds_tile = ds_base + (step & 1) * DS_BYTES + dq_rows * BKV * 128;
+                    calico::wgmma::fence();
+#pragma unroll
+                    for (int kk = 0; kk < BKV / 16; ++kk) {
+                        const uint64_t a = calico::wgmma::desc_mnmajor_128b(ds_tile + kk * 16 * 128, BKV);
+                        const uint64_t b = calico::wgmma::desc_mnmajor_128b(k_dq + kk * 16 * 128, BKV);
+                        calico::wgmma::mma<in_t, 64>::template ss<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
+                    }
+                    calico::wgmma::commit_group();
+                    calico::wgmma::wait_group<0>();
+                    calico::wgmma::fence_operands(dv_acc);
+                    calico::wgmma::fence_operands(dk_acc);
+                    calico::wgmma::fence_operands(dq);
+                    keep_fragments(pa);
+                    keep_fragments(da);
+                    if (lane == 0) {
+                        bars.q.release(qc);
+                        bars.d.release(dc);
+                    }
+                    qc.advance();
+                    dc.advance();
+
+                    // Exact f32 sums of every key block's share of dQ (rows past Nq land in
+                    // the padding).
+                    float* acc_tile = dq_acc + (row0 + m0 + dq_rows * 64) * D + dq_cols * 64;
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        float* row = acc_tile + (long long)(16 * warp + g + 8 * hh) * D + 2 * t;
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+                    }
+                }
+            }
+            if (lane == 0) calico::arrive(bars.kv_empty);
+        }
+
+        const long long key0 = (long long)u.n0 + wg_key0 + 16 * warp;
+        store_keys(dk_acc, scale, dk + u.b * dk_sb + u.hk * dk_sh, dk_sn, (pairs & 1) != 0, key0, p.k_len);
+        store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len);
+    };
+
+    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
+}
+#endif

@@ -1,0 +1,415 @@
+//! The Hopper (sm_90a) attention backward: TMA + wgmma, warp-specialised, dQ summed exactly in
+//! f32 with global reductions (`kernels/device/attention/hopper_bwd.cu` explains the kernels).
+//! This module decides when it applies, lays out the workspace, encodes the tensor maps and
+//! launches prepare, main and finish; problems it declines (varlen, deterministic calls,
+//! head dims other than 64 and 128, views TMA cannot express) go to the tile kernels.
+
+use super::check::Problem;
+use super::hopper::{arch_ok, hopper_enabled, view_map};
+use crate::Device;
+use calico_core::{
+    Arch, DType, GpuBackend, KernelArg, KernelSource, KernelVariant, LaunchConfig, OpaqueParam128,
+    Result, Tensor,
+};
+use calico_cpu::AttentionParams;
+
+const SOURCE: &str = include_str!("../../../device/attention/hopper_bwd.cu");
+/// One producer and two consumer warpgroups.
+const THREADS: u32 = 384;
+/// Keys per CTA.
+const BKV: usize = 128;
+/// Threads of the prepare and finish kernels (a warp per row).
+const ROW_THREADS: u32 = 256;
+const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
+/// The deepest Q / dO ring.
+const MAX_STAGES: usize = 4;
+/// Sequence lengths beyond this are left to the tile kernels (32-bit coordinates).
+const MAX_LEN: usize = 1 << 30;
+const LOG2E: f32 = std::f32::consts::LOG2_E;
+
+/// Which of the three kernels of hopper_bwd.cu.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum BwdKernel {
+    /// delta, LSE in base 2, the zeroed dQ accumulator.
+    Prepare,
+    /// dK, dV and the dQ accumulation.
+    Main,
+    /// dQ from its accumulator.
+    Finish,
+}
+
+/// One compiled form of a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct HopperBwdVariant {
+    kernel: BwdKernel,
+    dtype: DType,
+    head_dim: usize,
+    /// Q / dO ring depth (main kernel; 0 otherwise).
+    stages: usize,
+    softcap: bool,
+}
+
+/// Query rows per streamed block: 128 at head dim 64, 64 at 128 (see hopper_bwd.cu).
+fn block_q(head_dim: usize) -> usize {
+    if head_dim == 64 {
+        128
+    } else {
+        64
+    }
+}
+
+impl HopperBwdVariant {
+    fn helper(kernel: BwdKernel, dtype: DType, head_dim: usize) -> Self {
+        HopperBwdVariant {
+            kernel,
+            dtype,
+            head_dim,
+            stages: 0,
+            softcap: false,
+        }
+    }
+
+    /// The main kernel for `head_dim` on `arch`, with as many stages as shared memory holds
+    /// (at most [`MAX_STAGES`]); `None` when not even two fit.
+    fn main(arch: &Arch, dtype: DType, head_dim: usize, softcap: bool) -> Option<Self> {
+        let one = HopperBwdVariant {
+            kernel: BwdKernel::Main,
+            dtype,
+            head_dim,
+            stages: 0,
+            softcap,
+        };
+        let budget = arch.shared_mem_per_block.saturating_sub(1024);
+        let stages = (2..=MAX_STAGES)
+            .rev()
+            .find(|&s| HopperBwdVariant { stages: s, ..one }.smem_bytes() <= budget)?;
+        Some(HopperBwdVariant { stages, ..one })
+    }
+
+    /// Must match hopper_bwd.cu: alignment slack, K and V, the Q and dO rings, two dS
+    /// buffers, the LSE and delta rows of each stage, 4 * STAGES + 2 mbarriers.
+    fn smem_bytes(&self) -> usize {
+        if self.kernel != BwdKernel::Main {
+            return 0;
+        }
+        let d = self.head_dim;
+        let bq = block_q(d);
+        1024 + 2 * BKV * d * 2
+            + 2 * self.stages * bq * d * 2
+            + 2 * BKV * bq * 2
+            + 2 * self.stages * bq * 4
+            + (4 * self.stages + 2) * 8
+    }
+
+    fn entry(&self) -> &'static str {
+        match self.kernel {
+            BwdKernel::Prepare => "calico_attention_hopper_bwd_prepare",
+            BwdKernel::Main => "calico_attention_hopper_bwd",
+            BwdKernel::Finish => "calico_attention_hopper_bwd_finish",
+        }
+    }
+
+    fn label(&self) -> String {
+        format!(
+            "hopper bwd {:?} {} d={} stages={} softcap={}",
+            self.kernel, self.dtype, self.head_dim, self.stages, self.softcap
+        )
+    }
+}
+
+impl KernelVariant for HopperBwdVariant {
+    fn source(&self, vendor: calico_core::HeaderSet) -> Result<KernelSource> {
+        let kernel = match self.kernel {
+            BwdKernel::Prepare => 0,
+            BwdKernel::Main => 1,
+            BwdKernel::Finish => 2,
+        };
+        let defines = [
+            ("CALICO_ATTN_KERNEL", kernel.to_string()),
+            ("CALICO_ATTN_T", self.dtype.device_type().to_string()),
+            ("CALICO_ATTN_D", self.head_dim.to_string()),
+            ("CALICO_ATTN_STAGES", self.stages.to_string()),
+            ("CALICO_ATTN_SOFTCAP", u8::from(self.softcap).to_string()),
+        ];
+        KernelSource::assemble(
+            self.entry(),
+            SOURCE,
+            &[vendor, calico_core::device_headers()],
+            &defines,
+        )
+    }
+}
+
+/// Every variant, for the compile checks and `calico compile` (sm_90a only).
+pub(crate) fn catalog(
+    arch: &Arch,
+    vendor: calico_core::HeaderSet,
+) -> Result<Vec<crate::catalog::CatalogEntry>> {
+    let mut out = Vec::new();
+    if !arch_ok(arch) {
+        return Ok(out);
+    }
+    for dtype in [DType::BF16, DType::F16] {
+        for d in [64, 128] {
+            let mut variants = vec![
+                HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d),
+                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d),
+            ];
+            for softcap in [false, true] {
+                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap));
+            }
+            for v in variants {
+                out.push(crate::catalog::CatalogEntry {
+                    op: "attention_hopper",
+                    label: v.label(),
+                    source: v.source(vendor)?,
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Opt-in until it has passed the attention conformance on an H100:
+/// `CALICO_ATTN_HOPPER_BWD=1` routes eligible backward calls here; `CALICO_ATTN_HOPPER=0`
+/// turns off the Hopper forward and backward together.
+fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        hopper_enabled() && std::env::var("CALICO_ATTN_HOPPER_BWD").as_deref() == Ok("1")
+    })
+}
+
+/// The workspace: LSE in base 2 and delta, f32 `[B * Hq, nq_pad]` each, then the dQ
+/// accumulator f32 `[B * Hq, nq_pad, D]`. Offsets in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Workspace {
+    nq_pad: usize,
+    rows: usize,
+    delta: usize,
+    dq_acc: usize,
+    bytes: usize,
+}
+
+impl Workspace {
+    fn new(p: &Problem) -> Self {
+        let nq_pad = p.q_len.div_ceil(block_q(p.head_dim)) * block_q(p.head_dim);
+        let rows = p.batch * p.q_heads * nq_pad;
+        // rows is a multiple of 64: every section starts 256-byte aligned.
+        let delta = rows * 4;
+        let dq_acc = 2 * rows * 4;
+        Workspace {
+            nq_pad,
+            rows,
+            delta,
+            dq_acc,
+            bytes: dq_acc + rows * p.head_dim * 4,
+        }
+    }
+}
+
+/// Element strides (batch, head, position) of a `[B, H, N, D]` tensor.
+fn strides3(t: &Tensor) -> [i64; 3] {
+    let s = t.strides();
+    [s[0] as i64, s[1] as i64, s[2] as i64]
+}
+
+/// 2-element stores need every used stride and the base even (in elements).
+fn pairs_ok(t: &Tensor) -> bool {
+    let s = t.strides();
+    t.device_ptr().unwrap_or(0) % 4 == 0 && (0..3).all(|i| t.shape()[i] <= 1 || s[i] % 2 == 0)
+}
+
+/// Runs the backward on the Hopper kernels when they support the call on this device:
+/// `None` when they do not (the caller takes the tile kernels), else the launches' result.
+pub(crate) fn try_backward(
+    dev: &Device,
+    p: &Problem,
+    params: &AttentionParams,
+    deterministic: bool,
+    t: [&Tensor; 9],
+    varlen: Option<[&Tensor; 2]>,
+) -> Option<Result<()>> {
+    let [q, k, v, _o, _lse, d_o, _dq, _dk, _dv] = t;
+    let arch = dev.arch();
+    // Deterministic calls keep the tile kernels: the dQ reductions here add in timing order.
+    let fits = varlen.is_none()
+        && !deterministic
+        && enabled()
+        && arch_ok(arch)
+        && matches!(p.dtype, DType::BF16 | DType::F16)
+        && matches!(p.head_dim, 64 | 128)
+        && (1..=MAX_LEN).contains(&p.q_len)
+        && (1..=MAX_LEN).contains(&p.k_len)
+        && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize;
+    if !fits {
+        return None;
+    }
+    let gpu = dev.as_gpu()?;
+    let main = HopperBwdVariant::main(arch, p.dtype, p.head_dim, params.softcap.is_some())?;
+    let bq = block_q(p.head_dim);
+    let maps = [
+        view_map(q, bq)?,
+        view_map(k, BKV)?,
+        view_map(v, BKV)?,
+        view_map(d_o, bq)?,
+    ];
+    let ws = Workspace::new(p);
+    if ws.rows.div_ceil(ROWS_PER_BLOCK) > u32::MAX as usize {
+        return None;
+    }
+    Some(gpu.with_workspace(ws.bytes, &mut |base| {
+        launch(gpu, p, params, main, maps, t, ws, base)
+    }))
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch(
+    gpu: &dyn GpuBackend,
+    p: &Problem,
+    params: &AttentionParams,
+    main: HopperBwdVariant,
+    maps: [OpaqueParam128; 4],
+    [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
+    ws: Workspace,
+    base: u64,
+) -> Result<()> {
+    let ptr = |t: &Tensor| t.device_ptr().unwrap_or(0);
+    let (lse_log2, delta, dq_acc) = (base, base + ws.delta as u64, base + ws.dq_acc as u64);
+    let rows_config = |rows: usize| {
+        LaunchConfig::linear(rows.div_ceil(ROWS_PER_BLOCK).max(1) as u32, ROW_THREADS, 0)
+    };
+
+    let [o_sb, o_sh, o_sn] = strides3(o);
+    let [g_sb, g_sh, g_sn] = strides3(d_o);
+    let prepare = HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim);
+    let args = [
+        KernelArg::Ptr(ptr(o)),
+        KernelArg::I64(o_sb),
+        KernelArg::I64(o_sh),
+        KernelArg::I64(o_sn),
+        KernelArg::Ptr(ptr(d_o)),
+        KernelArg::I64(g_sb),
+        KernelArg::I64(g_sh),
+        KernelArg::I64(g_sn),
+        KernelArg::Ptr(ptr(lse)),
+        KernelArg::Ptr(lse_log2),
+        KernelArg::Ptr(delta),
+        KernelArg::Ptr(dq_acc),
+        KernelArg::I32(p.q_heads as i32),
+        KernelArg::I32(p.q_len as i32),
+        KernelArg::I32(ws.nq_pad as i32),
+        KernelArg::I64(ws.rows as i64),
+    ];
+    gpu.launch_variant(&prepare, &rows_config(ws.rows), &args)?;
+
+    let (score_scale, cap_log2) = match params.softcap {
+        Some(cap) => (params.scale / cap, cap * LOG2E),
+        None => (params.scale * LOG2E, 0.0),
+    };
+    let side = |s: Option<usize>| (i32::from(s.is_some()), s.unwrap_or(0) as i64);
+    let (has_left, left) = side(params.left);
+    let (has_right, right) = side(params.right);
+    let [dk_sb, dk_sh, dk_sn] = strides3(dk);
+    let [dv_sb, dv_sh, dv_sn] = strides3(dv);
+    let pairs = i32::from(pairs_ok(dk)) | (i32::from(pairs_ok(dv)) << 1);
+    let work = p.batch * p.kv_heads * p.k_len.div_ceil(BKV);
+    let [map_q, map_k, map_v, map_do] = maps;
+    let args = [
+        KernelArg::Opaque128(map_q),
+        KernelArg::Opaque128(map_k),
+        KernelArg::Opaque128(map_v),
+        KernelArg::Opaque128(map_do),
+        KernelArg::Ptr(lse_log2),
+        KernelArg::Ptr(delta),
+        KernelArg::Ptr(dq_acc),
+        KernelArg::Ptr(ptr(dk)),
+        KernelArg::Ptr(ptr(dv)),
+        KernelArg::I32(p.batch as i32),
+        KernelArg::I32(p.q_heads as i32),
+        KernelArg::I32((p.q_heads / p.kv_heads) as i32),
+        KernelArg::I32(p.q_len as i32),
+        KernelArg::I32(p.k_len as i32),
+        KernelArg::I32(ws.nq_pad as i32),
+        KernelArg::I64(dk_sb),
+        KernelArg::I64(dk_sh),
+        KernelArg::I64(dk_sn),
+        KernelArg::I64(dv_sb),
+        KernelArg::I64(dv_sh),
+        KernelArg::I64(dv_sn),
+        KernelArg::I32(pairs),
+        KernelArg::F32(params.scale),
+        KernelArg::F32(score_scale),
+        KernelArg::F32(cap_log2),
+        KernelArg::I32(has_left),
+        KernelArg::I64(left),
+        KernelArg::I32(has_right),
+        KernelArg::I64(right),
+    ];
+    // One CTA per key block: the grid is the work list, so each CTA runs one unit.
+    let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
+    gpu.launch_variant(&main, &config, &args)?;
+
+    let finish = HopperBwdVariant::helper(BwdKernel::Finish, p.dtype, p.head_dim);
+    let [q_sb, q_sh, q_sn] = strides3(dq);
+    let dq_rows = p.batch * p.q_heads * p.q_len;
+    let args = [
+        KernelArg::Ptr(dq_acc),
+        KernelArg::Ptr(ptr(dq)),
+        KernelArg::I64(q_sb),
+        KernelArg::I64(q_sh),
+        KernelArg::I64(q_sn),
+        KernelArg::F32(params.scale),
+        KernelArg::I32(p.q_heads as i32),
+        KernelArg::I32(p.q_len as i32),
+        KernelArg::I32(ws.nq_pad as i32),
+        KernelArg::I64(dq_rows as i64),
+    ];
+    gpu.launch_variant(&finish, &rows_config(dq_rows), &args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn main_variants_fit_shared_memory_with_two_stages_or_more() {
+        let arch = Arch::for_target("sm_90a").unwrap();
+        for d in [64, 128] {
+            let v = HopperBwdVariant::main(&arch, DType::BF16, d, false).unwrap();
+            assert!(v.stages >= 2, "{v:?}");
+            assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+        }
+        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true).unwrap();
+        // K, V 64 KiB; per stage Q + dO 32 KiB and two 256-byte rows; dS 32 KiB.
+        assert_eq!(
+            v.smem_bytes(),
+            1024 + 65536 + v.stages * (32768 + 512) + 32768 + (4 * v.stages + 2) * 8
+        );
+    }
+
+    #[test]
+    fn workspace_sections_are_aligned_and_padded_to_query_blocks() {
+        let p = Problem {
+            dtype: DType::BF16,
+            batch: 2,
+            q_heads: 3,
+            kv_heads: 1,
+            q_len: 65,
+            k_len: 7,
+            head_dim: 128,
+        };
+        let ws = Workspace::new(&p);
+        assert_eq!(ws.nq_pad, 128);
+        assert_eq!(ws.rows, 2 * 3 * 128);
+        assert_eq!(ws.delta % 256, 0);
+        assert_eq!(ws.dq_acc % 256, 0);
+        assert_eq!(ws.bytes, 2 * ws.rows * 4 + ws.rows * 128 * 4);
+        let p64 = Problem {
+            head_dim: 64,
+            q_len: 129,
+            ..p
+        };
+        assert_eq!(Workspace::new(&p64).nq_pad, 256);
+    }
+}
