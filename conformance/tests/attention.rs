@@ -879,8 +879,8 @@ fn attention_hopper_shapes_forward() {
 /// deterministic, not varlen), around its 128-key blocks and 64/128-row query blocks: N = 1,
 /// odd N, Nq != Nkv both ways, GQA 1 to 8, causal, windows (key blocks no row sees), soft-cap,
 /// rows that see no key, several blocks each way, dQ/dK/dV stored with odd offsets (element
-/// stores) and aligned (pairs). On sm_90a with CALICO_ATTN_HOPPER_BWD=1 the Hopper kernels
-/// take them; elsewhere the tile kernels.
+/// stores) and aligned (pairs). On sm_90a the Hopper kernels take them (CALICO_ATTN_HOPPER_BWD=0
+/// sends them to the tile kernels); elsewhere the tile kernels.
 #[test]
 fn attention_hopper_shapes_backward() {
     report_skipped("attention_hopper_shapes_backward");

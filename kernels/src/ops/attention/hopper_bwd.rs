@@ -170,13 +170,13 @@ pub(crate) fn catalog(
     Ok(out)
 }
 
-/// Opt-in until it has passed the attention conformance on an H100:
-/// `CALICO_ATTN_HOPPER_BWD=1` routes eligible backward calls here; `CALICO_ATTN_HOPPER=0`
-/// turns off the Hopper forward and backward together.
+/// On by default: it passed the attention conformance suite on the H100 (session 5) and runs
+/// 3-4x faster than the tile kernels. `CALICO_ATTN_HOPPER_BWD=0` sends backward calls to the
+/// tile kernels (A/B runs); `CALICO_ATTN_HOPPER=0` turns off the Hopper forward and backward.
 fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
-        hopper_enabled() && std::env::var("CALICO_ATTN_HOPPER_BWD").as_deref() == Ok("1")
+        hopper_enabled() && std::env::var("CALICO_ATTN_HOPPER_BWD").as_deref() != Ok("0")
     })
 }
 
