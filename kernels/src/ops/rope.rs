@@ -115,10 +115,14 @@ pub fn rope(
     // CDNA: buffer loads over the whole of x, y, cos and sin, when each spans under 2 GiB and
     // x moves in accesses of at least a dword.
     let span = |s: [usize; 3]| {
-        let body = (batch - 1) * s[0] + (seq - 1) * s[1] + (heads - 1) * s[2] + dim;
-        body * esz
+        [(batch, s[0]), (seq, s[1]), (heads, s[2])]
+            .iter()
+            .fold(dim, |acc, &(n, st)| {
+                acc.saturating_add((n - 1).saturating_mul(st))
+            })
+            .saturating_mul(esz)
     };
-    let table_bytes = cos.numel() * 4;
+    let table_bytes = cos.numel().saturating_mul(4);
     let cdna = cdna_rows::is_cdna(dev.arch())
         && x_width * esz >= 4
         && [span(xs), span(ys), table_bytes]
