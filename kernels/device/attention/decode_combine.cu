@@ -38,14 +38,23 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * CALICO_LANES) void calico_attention_dec
     for (int i = 0; i < PER_LANE; ++i) out[i] = 0.0f;
     if (total > 0.0f) {
         const float inv = 1.0f / total;
-        for (int s = 0; s < splits; ++s) {
-            const float w = exp2_approx(ls[s] - base) * inv;
-            if (w == 0.0f) continue;  // an empty split (its LSE is -inf) adds nothing
-            const float* ps = part_o + (row * splits + s) * HEAD_DIM;
+        // Lane j computes the weight of split s0 + j; the loop body has no branch on the data,
+        // so the loads of several splits are in flight at once (a serial chain of L2 reads,
+        // one per split, was most of this kernel's time at 32 splits). An empty split (LSE
+        // -inf) has weight 0 and a zero partial: it adds nothing.
+        for (int s0 = 0; s0 < splits; s0 += CALICO_LANES) {
+            const int mine = s0 + lane;
+            const float w_mine = mine < splits ? exp2_approx(ls[mine] - base) * inv : 0.0f;
+            const int n = splits - s0 < CALICO_LANES ? splits - s0 : CALICO_LANES;
+            const float* ps = part_o + (row * splits + s0) * HEAD_DIM;
+#pragma unroll 8
+            for (int j = 0; j < n; ++j) {
+                const float w = shfl(w_mine, j);
 #pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) {
-                const int d = lane + i * CALICO_LANES;
-                if (d < HEAD_DIM) out[i] = fmaf(w, ps[d], out[i]);
+                for (int i = 0; i < PER_LANE; ++i) {
+                    const int d = lane + i * CALICO_LANES;
+                    if (d < HEAD_DIM) out[i] = fmaf(w, ps[j * HEAD_DIM + d], out[i]);
+                }
             }
         }
     }

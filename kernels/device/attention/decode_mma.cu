@@ -134,13 +134,18 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         hi = top > len - 1 ? len - 1 : (int)(top < -1 ? -1 : top);
     };
 
-    // Q rows (zeros for padding rows) into shared memory, 16 bytes per thread and step.
-    for (int idx = thread_x(); idx < ROWS * PIECES_PER_ROW; idx += WARPS * 32) {
+    // Q rows (zeros for padding rows), 16 bytes per thread and step: loaded here, stored to
+    // shared memory after the first K/V copies are issued, so that the latencies overlap.
+    constexpr int Q_STEPS = (ROWS * PIECES_PER_ROW + WARPS * 32 - 1) / (WARPS * 32);
+    uint4 qv[Q_STEPS];
+#pragma unroll
+    for (int n = 0; n < Q_STEPS; ++n) {
+        const int idx = thread_x() + n * WARPS * 32;
         const int r = idx / PIECES_PER_ROW, c = (idx % PIECES_PER_ROW) * 8;
         int head, qi;
-        uint4 val = make_uint4(0, 0, 0, 0);
-        if (row_of(r, head, qi)) val = *reinterpret_cast<const uint4*>(q + b * q_sb + head * q_sh + qi * q_sn + c);
-        *reinterpret_cast<uint4*>(qs.ptr(r, c)) = val;
+        qv[n] = make_uint4(0, 0, 0, 0);
+        if (idx < ROWS * PIECES_PER_ROW && row_of(r, head, qi))
+            qv[n] = *reinterpret_cast<const uint4*>(q + b * q_sb + head * q_sh + qi * q_sn + c);
     }
 
     // This lane's rows (g and g + 8), and the keys any / every row of the block sees.
@@ -231,6 +236,11 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     }
     int next_page = page_of(tile_at(STAGES - 1));
 
+#pragma unroll
+    for (int n = 0; n < Q_STEPS; ++n) {
+        const int idx = thread_x() + n * WARPS * 32;
+        if (idx < ROWS * PIECES_PER_ROW) *reinterpret_cast<uint4*>(qs.ptr(idx / PIECES_PER_ROW, (idx % PIECES_PER_ROW) * 8)) = qv[n];
+    }
     sync_threads();  // Q is in shared memory
 #if HEAD_DIM <= 128
     rt<T, 16, DC> qr[CHUNKS];
