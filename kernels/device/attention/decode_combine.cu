@@ -47,7 +47,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * CALICO_LANES) void calico_attention_dec
             const float w_mine = mine < splits ? exp2_approx(ls[mine] - base) * inv : 0.0f;
             const int n = splits - s0 < CALICO_LANES ? splits - s0 : CALICO_LANES;
             const float* ps = part_o + (row * splits + s0) * HEAD_DIM;
-#pragma unroll 8
+#pragma unroll 16
             for (int j = 0; j < n; ++j) {
                 const float w = shfl(w_mine, j);
 #pragma unroll

@@ -318,7 +318,8 @@ const MAX_SPLITS: usize = 1024;
 
 /// Tuning knobs, defaults from the H100 measurements in docs/perf-log.md;
 /// `CALICO_DECODE_TUNE="kernel=1,pipe=0,unroll=8,minblocks=2,blocks_per_sm=4,min_split=128"`
-/// overrides them for A/B runs. kernel: 2 = tensor cores where they run (stages, warps), 1 =
+/// overrides them for A/B runs. kernel: 2 = tensor cores where they run (stages, warps,
+/// splits_x), 1 =
 /// the lane kernel (pipe, unroll: applies to blocks of at most 4 rows, larger blocks use half;
 /// minblocks, blocks_per_sm); min_split applies to both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -328,6 +329,8 @@ struct Tune {
     stages: usize,
     /// Warps per block (kernel 2).
     warps: usize,
+    /// Multiplies kernel 2's split count (A/B runs of the split choice; 1 = as chosen).
+    splits_x: usize,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -341,6 +344,7 @@ const DEFAULT_TUNE: Tune = Tune {
     kernel: 2,
     stages: 3,
     warps: 4,
+    splits_x: 1,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -367,6 +371,7 @@ fn parse_tune(text: &str) -> Tune {
             "kernel" if matches!(n, 1 | 2) => t.kernel = n,
             "stages" if (2..=8).contains(&n) => t.stages = n,
             "warps" if matches!(n, 1 | 2 | 4 | 8) => t.warps = n,
+            "splits_x" if (1..=16).contains(&n) => t.splits_x = n,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -459,8 +464,13 @@ fn plan_mma(arch: &Arch, p: &Problem, variant: DecodeMmaVariant, tune: Tune) -> 
     let row_groups = p.rows_per_kv_head().div_ceil(decode_mma::BLOCK_ROWS);
     let blocks = p.batch * p.hkv * row_groups;
     let slots = arch.compute_units.max(1) as usize * variant.blocks_per_sm(arch);
-    let (splits, split_tokens) =
+    let (mut splits, mut split_tokens) =
         decode_mma::choose_splits(blocks, slots, p.capacity, tune.min_split, MAX_SPLITS);
+    if tune.splits_x > 1 {
+        let want = (splits * tune.splits_x).min(MAX_SPLITS);
+        split_tokens = decode_mma::split_tokens(p.capacity, want);
+        splits = p.capacity.div_ceil(split_tokens).max(1);
+    }
     Plan {
         kernel: MainKernel::Mma(variant),
         row_groups,
@@ -843,8 +853,8 @@ mod tests {
     fn tune_overrides_known_keys_only() {
         let t = parse_tune("pipe=0, unroll=8,minblocks=2,bogus=1,unroll=3,min_split=x,kernel=1");
         assert_eq!((t.pipe, t.unroll, t.min_blocks, t.kernel), (false, 8, 2, 1));
-        let t = parse_tune("kernel=3,stages=4,warps=3");
-        assert_eq!((t.kernel, t.stages, t.warps), (2, 4, 4));
+        let t = parse_tune("kernel=3,stages=4,warps=3,splits_x=2");
+        assert_eq!((t.kernel, t.stages, t.warps, t.splits_x), (2, 4, 4, 2));
         assert_eq!(t.min_split, DEFAULT_TUNE.min_split);
         assert_eq!(parse_tune(""), DEFAULT_TUNE);
     }
