@@ -10,12 +10,28 @@ use crate::lds::lds_swizzle;
 /// Elements of a 16-bit type per 16-byte chunk.
 pub const CHUNK_ELEMS: usize = 8;
 
-/// `(row, col)` of the block (`rows x head_dim`, 16-bit) that thread `thread` of `threads`
-/// loads as its `i`-th chunk of [`CHUNK_ELEMS`] elements (`Block::place`).
-pub fn chunk_place(thread: usize, i: usize, threads: usize, head_dim: usize) -> (usize, usize) {
-    let per_row = head_dim / CHUNK_ELEMS;
-    let id = thread + i * threads;
-    (id / per_row, (id % per_row) * CHUNK_ELEMS)
+/// Keys one wave-wide load takes (16 keys x [`CHUNKS_PER_KEY`] chunks = 64 lanes).
+pub const KEYS_PER_LOAD: usize = 16;
+/// Consecutive chunks of a key row one wave-wide load takes.
+pub const CHUNKS_PER_KEY: usize = 4;
+
+/// `(row, col)` of the block (`keys x head_dim`, 16-bit) that thread `thread` of `threads`
+/// loads as its `i`-th chunk of [`CHUNK_ELEMS`] elements (`Block::place`): the `g`-th load of
+/// wave `w` (`g = w * per_thread + i`) takes keys `16 (g % (keys / 16))..+16` and chunks
+/// `4 (g / (keys / 16))..+4`, lane `l` key `l % 16` and chunk `l / 16` of them.
+pub fn chunk_place(
+    thread: usize,
+    i: usize,
+    keys: usize,
+    head_dim: usize,
+    threads: usize,
+) -> (usize, usize) {
+    let (wave, lane) = (thread / 64, thread % 64);
+    let g = wave * chunks_per_thread(keys, head_dim, threads) + i;
+    let groups = keys / KEYS_PER_LOAD;
+    let key = (g % groups) * KEYS_PER_LOAD + lane % KEYS_PER_LOAD;
+    let chunk = (g / groups) * CHUNKS_PER_KEY + lane / KEYS_PER_LOAD;
+    (key, chunk * CHUNK_ELEMS)
 }
 
 /// Chunks each thread loads for a block of `rows` keys.
@@ -56,7 +72,7 @@ mod tests {
         let mut vt_lds = vec![None; d * keys];
         for t in 0..THREADS {
             for i in 0..chunks_per_thread(keys, d, THREADS) {
-                let (r, c) = chunk_place(t, i, THREADS, d);
+                let (r, c) = chunk_place(t, i, keys, d, THREADS);
                 for e in 0..CHUNK_ELEMS {
                     let k_at = tile_offset(d, r, c + e) / 2;
                     assert!(k_lds[k_at].is_none(), "K: two writes to one element");
@@ -78,7 +94,7 @@ mod tests {
             let mut seen = vec![false; keys * d / CHUNK_ELEMS];
             for t in 0..THREADS {
                 for i in 0..n {
-                    let (r, c) = chunk_place(t, i, THREADS, d);
+                    let (r, c) = chunk_place(t, i, keys, d, THREADS);
                     assert!(r < keys && c < d && c % CHUNK_ELEMS == 0);
                     let id = r * (d / CHUNK_ELEMS) + c / CHUNK_ELEMS;
                     assert!(!seen[id], "d{d}: chunk loaded twice");
@@ -154,5 +170,61 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Most lanes of one LDS access that hit one bank at different dwords (the accesses a
+    /// bank serves one after another; lanes sharing a dword share its cycle).
+    fn conflict_degree(dwords: impl Iterator<Item = usize>) -> usize {
+        let mut per_bank: Vec<Vec<usize>> = vec![Vec::new(); 32];
+        for w in dwords {
+            if !per_bank[w % 32].contains(&w) {
+                per_bank[w % 32].push(w);
+            }
+        }
+        per_bank.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// The transposed V writes (`ds_write_b16`, one per element of a chunk) of one wave-wide
+    /// load put at most two dwords on a bank; the row-major K writes (`ds_write_b64`, two per
+    /// chunk, served by half-waves) likewise.
+    #[test]
+    fn staging_writes_spread_over_the_banks() {
+        for (d, keys) in SHAPES {
+            for t0 in (0..THREADS).step_by(64) {
+                for i in 0..chunks_per_thread(keys, d, THREADS) {
+                    let place = |lane: usize| chunk_place(t0 + lane, i, keys, d, THREADS);
+                    for e in 0..CHUNK_ELEMS {
+                        let v = (0..64).map(|l| {
+                            let (r, c) = place(l);
+                            tile_offset(keys, c + e, r) / 4
+                        });
+                        assert!(conflict_degree(v) <= 2, "V^T d{d} element {e}");
+                    }
+                    for half in [0, CHUNK_ELEMS / 2] {
+                        for phase in [0..32, 32..64] {
+                            let k = phase.flat_map(|l| {
+                                let (r, c) = place(l);
+                                let at = tile_offset(d, r, c + half) / 4;
+                                [at, at + 1]
+                            });
+                            assert!(conflict_degree(k) <= 2, "K d{d}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The placement the kernel had first (consecutive threads along a row: 4-8 keys x 8-16
+    /// chunks per load) put 8 (d128) to 16 (d256) dwords on one bank for V's writes.
+    #[test]
+    fn row_major_placement_would_conflict_on_transposed_writes() {
+        let (d, keys) = (256, 32);
+        let per_row = d / CHUNK_ELEMS;
+        let v = (0..64).map(|t| {
+            let (r, c) = (t / per_row, (t % per_row) * CHUNK_ELEMS);
+            tile_offset(keys, c, r) / 4
+        });
+        assert_eq!(conflict_degree(v), 16);
     }
 }

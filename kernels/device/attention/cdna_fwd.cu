@@ -61,17 +61,26 @@ struct Shared {
 };
 
 // One block of BN keys of K or V (BN x D, rows `stride` elements apart), prefetched into
-// registers: CHUNKS 16-byte pieces per thread.
+// registers: N 16-byte pieces per thread.
 struct Block {
     static constexpr int PER_ROW = D / ELEMS;
     static constexpr int N = BN * PER_ROW / THREADS;
     static_assert(N * THREADS == BN * PER_ROW, "16-byte chunks divide among the threads");
+    // One load instruction of a wave takes 16 keys x 4 consecutive chunks (64 bytes of each
+    // key row). For V's transposed writes this spreads a wave's 64 lanes over the banks (at
+    // most 2 lanes per bank, where 4 keys x 16 chunks would put 8-16 on one);
+    // calico_core::cdna_staging mirrors the placement and counts the conflicts.
+    static constexpr int KEYS_PER_LOAD = 16, CHUNKS_PER_KEY = 4;
+    static_assert(BN % KEYS_PER_LOAD == 0 && PER_ROW % CHUNKS_PER_KEY == 0, "whole key groups");
     hip::i32x4 regs[N];
 
+    // Key r and element column c of the chunk this thread moves as its i-th.
     static CALICO_DEVICE void place(int i, int& r, int& c) {
-        const int id = static_cast<int>(thread_x()) + i * THREADS;
-        r = id / PER_ROW;
-        c = (id % PER_ROW) * ELEMS;
+        const int lane = static_cast<int>(thread_x()) % 64;
+        const int g = static_cast<int>(thread_x()) / 64 * N + i;  // the wave's g-th load
+        constexpr int GROUPS = BN / KEYS_PER_LOAD;
+        r = (g % GROUPS) * KEYS_PER_LOAD + lane % KEYS_PER_LOAD;
+        c = ((g / GROUPS) * CHUNKS_PER_KEY + lane / KEYS_PER_LOAD) * ELEMS;
     }
 
     // Rows [row0, row0 + BN) of a buffer of `rows` rows; rows past it read as zeros.
