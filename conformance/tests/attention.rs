@@ -427,6 +427,16 @@ fn fixed(
     }
 }
 
+/// `c` with O's rows padded by `pad` elements and the view offset by `offset`.
+fn with_o(mut c: Case, pad: usize, offset: usize) -> Case {
+    c.o_mem = Memory {
+        seq_major: false,
+        pad,
+        offset,
+    };
+    c
+}
+
 /// The edges named in the spec, each on every backend.
 fn edge_cases() -> Vec<Case> {
     let causal = AttentionOptions {
@@ -831,8 +841,9 @@ fn attention_varlen_rejects_bad_offsets_on_the_cpu() {
 
 /// Shapes the Hopper (sm_90a) forward takes (head dim 64/128/256, 16-byte aligned Q/K/V),
 /// around its 128-row and 128-key tiles: N = 1, odd N, Nq != Nkv both ways, GQA, causal,
-/// windows, soft-cap, large logits, rows that see no key, several key blocks per row. The
-/// Hopper kernel takes them on sm_90a (CALICO_ATTN_HOPPER=0 sends them to the tile kernels).
+/// windows, soft-cap, large logits, rows that see no key, several key blocks per row, each O
+/// store width. The Hopper kernel takes them on sm_90a (CALICO_ATTN_HOPPER=0 sends them to the
+/// tile kernels).
 #[test]
 fn attention_hopper_shapes_forward() {
     report_skipped("attention_hopper_shapes_forward");
@@ -865,6 +876,26 @@ fn attention_hopper_shapes_forward() {
         fixed(DType::BF16, (1, 1, 1), (9, 40, 64), window(0, 0), 1.0),
         fixed(DType::F16, (1, 1, 1), (520, 600, 128), causal, 1.0),
         fixed(DType::BF16, (1, 1, 2), (517, 517, 64), plain, 4.0),
+        // O rows 16-byte aligned (pad and offset 8: the 16-byte store epilogue) or only 4-byte
+        // aligned (2: pairs). Causal over more units than an H100 has SMs, in long/short
+        // row-block pairs (the folded unit order): 136 heads fill whole double rounds and a
+        // tail of CTAs with one unit, 72 heads a tail of CTAs with one and two; Nkv = 20
+        // leaves the first 110 rows without keys.
+        with_o(
+            fixed(DType::BF16, (1, 17, 8), (130, 20, 64), causal, 1.0),
+            8,
+            8,
+        ),
+        with_o(
+            fixed(DType::F16, (1, 9, 8), (130, 20, 128), causal, 1.0),
+            8,
+            8,
+        ),
+        with_o(
+            fixed(DType::F16, (1, 2, 2), (600, 700, 128), window(90, 30), 1.0),
+            2,
+            2,
+        ),
     ];
     for dev in calico_conformance::backends().0 {
         for c in &cases {

@@ -100,7 +100,13 @@ struct params {
     int batch, q_heads, group, q_len, k_len, m_blocks, heads_per_chunk;
     int has_left, has_right;
     long long left, right;
+    int work, ctas;  // units in all; CTAs (each takes units blockIdx.x + k * ctas)
+    int tune;        // TUNE_* bits
 };
+
+// Tuning bits (the host sets all by default; CALICO_ATTN_HOPPER_TUNE clears them for A/B runs).
+constexpr int TUNE_KV_FIRST = 1;  // the producer loads a unit's first K/V block before its Q
+constexpr int TUNE_FOLD = 2;      // pair long and short row blocks on one CTA (masks that grow with the row)
 
 struct unit {
     int b, h, m0;
@@ -118,14 +124,72 @@ CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi) {
     hi = (int)(p.has_right ? clamp_ll(c + p.right + 1, 0, p.k_len) : p.k_len);
 }
 
-CALICO_DEVICE unit unit_at(const params& p, int w) {
+// Head bh and row block m of the p-th (row block j, row block m_blocks - 1 - j) pair, walking a
+// chunk of heads_per_chunk heads (whose K/V fit in L2) before the next.
+CALICO_DEVICE void pair_at(const params& p, int pair, int& bh, int& j) {
     const int heads = p.batch * p.q_heads;
-    const int per_chunk = p.heads_per_chunk * p.m_blocks;
-    const int chunk = w / per_chunk;
-    const int r = w - chunk * per_chunk;
+    const int per_head = p.m_blocks / 2;
+    const int per_chunk = p.heads_per_chunk * per_head;
+    const int chunk = pair / per_chunk;
+    const int r = pair - chunk * per_chunk;
     const int here = min(p.heads_per_chunk, heads - chunk * p.heads_per_chunk);
-    const int m_block = p.m_blocks - 1 - r / here;
-    const int bh = chunk * p.heads_per_chunk + r % here;
+    j = r / here;
+    bh = chunk * p.heads_per_chunk + r % here;
+}
+
+// The folded order: when a row block's key count grows with the row (causal, windows), the
+// blocks j and m_blocks - 1 - j together cost the same for every j. Rounds 2k and 2k + 1 give
+// each CTA both halves of one pair (its slots are w and w + ctas); the last, partial pairs
+// go whole to the CTAs with two slots left and as halves to those with one.
+CALICO_DEVICE void folded_at(const params& p, int w, int& bh, int& m_block) {
+    const int G = p.ctas;
+    const int pairs = p.batch * p.q_heads * (p.m_blocks / 2);
+    const int full = pairs / G * G;  // pairs dealt in whole double rounds
+    int pair;
+    bool long_half;
+    if (w < 2 * full) {
+        const int round = w / G;
+        pair = round / 2 * G + (w - round * G);
+        long_half = (round & 1) == 0;
+    } else {
+        const int t = w - 2 * full;
+        const int rest = pairs - full;
+        const int two = max(0, 2 * rest - G);  // CTAs with two slots in the tail
+        if (t >= G) {
+            pair = full + t - G;
+            long_half = false;
+        } else if (t < two) {
+            pair = full + t;
+            long_half = true;
+        } else {
+            const int i = t - two;
+            const int left = rest - two;
+            long_half = i < left;
+            pair = full + two + (long_half ? i : i - left);
+        }
+    }
+    int j;
+    pair_at(p, pair, bh, j);
+    m_block = long_half ? p.m_blocks - 1 - j : j;
+}
+
+CALICO_DEVICE bool folded(const params& p) {
+    return (p.tune & TUNE_FOLD) && (p.has_left || p.has_right) && p.m_blocks % 2 == 0;
+}
+
+CALICO_DEVICE unit unit_at(const params& p, int w) {
+    int bh, m_block;
+    if (folded(p)) {
+        folded_at(p, w, bh, m_block);
+    } else {
+        const int heads = p.batch * p.q_heads;
+        const int per_chunk = p.heads_per_chunk * p.m_blocks;
+        const int chunk = w / per_chunk;
+        const int r = w - chunk * per_chunk;
+        const int here = min(p.heads_per_chunk, heads - chunk * p.heads_per_chunk);
+        m_block = p.m_blocks - 1 - r / here;
+        bh = chunk * p.heads_per_chunk + r % here;
+    }
     unit u;
     u.b = bh / p.q_heads;
     u.h = bh - u.b * p.q_heads;
@@ -161,6 +225,38 @@ CALICO_DEVICE void fence_words(uint32_t (&a)[N][4]) {
 // Makes values computed before this point count as used here (no instructions).
 CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "+f"(v[1])::"memory"); }
 
+// How the epilogue may store O (the host picks from O's base and strides).
+constexpr int O_STORE_SCALAR = 0;
+constexpr int O_STORE_PAIRS = 1;  // 4-byte stores: base and strides even
+constexpr int O_STORE_VEC16 = 2;  // 16-byte stores: base 16-byte aligned, strides multiples of 8
+
+// One row of the accumulator layout, packed: thread t of a quad holds word j = columns
+// 8j + 2t, 8j + 2t + 1. Two exchanges inside the quad give thread t the whole 8-column chunks
+// 4c + t (c < N / 4), 16 bytes each: the first pairs neighbours (t ^ 1) into 4-column halves
+// of chunks 2k + (t & 1), the second (t ^ 2) joins the halves.
+template <int N>
+CALICO_DEVICE void quad_to_chunks(const uint32_t (&words)[N], int t, uint32_t (&chunks)[N / 4][4]) {
+    static_assert(N % 4 == 0, "whole groups of four chunks");
+    const bool odd = (t & 1) != 0;
+    uint32_t halves[N / 2][2];  // chunk 2k + (t & 1), columns 4 * (t >> 1) .. + 3
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? words[2 * k] : words[2 * k + 1], 1);
+        halves[k][0] = odd ? got : words[2 * k];
+        halves[k][1] = odd ? words[2 * k + 1] : got;
+    }
+    const bool upper = (t & 2) != 0;
+#pragma unroll
+    for (int c = 0; c < N / 4; ++c) {
+        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, upper ? halves[2 * c][0] : halves[2 * c + 1][0], 2);
+        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, upper ? halves[2 * c][1] : halves[2 * c + 1][1], 2);
+        chunks[c][0] = upper ? got0 : halves[2 * c][0];
+        chunks[c][1] = upper ? got1 : halves[2 * c][1];
+        chunks[c][2] = upper ? halves[2 * c + 1][0] : got0;
+        chunks[c][3] = upper ? halves[2 * c + 1][1] : got1;
+    }
+}
+
 template <class T>
 CALICO_DEVICE uint32_t pack2(float lo, float hi);
 template <>
@@ -179,16 +275,17 @@ CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
 //  map_q: 4-D map over Q {D, Nq, Hq, B} (real strides), box {64, 128, 1, 1}, 128B swizzle.
 //  map_k, map_v: {D, Nkv, Hkv, B}, box {64, BN, 1, 1}, 128B swizzle.
-//  o: O's first element, element strides o_sb, o_sh, o_sn (head dim contiguous); o_pairs: base
-//  and strides even (2-element stores). lse: f32 [B, Hq, Nq] contiguous.
+//  o: O's first element, element strides o_sb, o_sh, o_sn (head dim contiguous); o_store:
+//  O_STORE_* (what the base's and strides' alignment allows). lse: f32 [B, Hq, Nq] contiguous.
 //  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
 //  left/right: the window sides (flags say whether each is bounded; causal is right = 0).
+//  tune: TUNE_* bits.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
                                 int q_heads, int group, int q_len, int k_len, int heads_per_chunk, long long o_sb, long long o_sh,
-                                long long o_sn, int o_pairs, float score_scale, float cap_log2, int has_left, long long left,
-                                int has_right, long long right) {
+                                long long o_sn, int o_store, float score_scale, float cap_log2, int has_left, long long left,
+                                int has_right, long long right, int tune) {
     using namespace attn_hopper;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -208,6 +305,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.left = left;
     p.right = right;
     const int work = batch * q_heads * p.m_blocks;
+    p.work = work;
+    p.ctas = gridDim.x;
+    p.tune = tune;
     const float sc = SOFTCAP ? cap_log2 : score_scale;  // > 0: base-2 units per score unit
 
     if (threadIdx.x == 0) {
@@ -232,14 +332,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             calico::tma::prefetch(map_v);
         }
         const int hk = u.h / p.group;
-        calico::wait(bars.q_empty, (q_loads & 1u) ^ 1u);
-        calico::arrive_expect_tx(bars.q_full, Q_BYTES);
-#pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) {
-            calico::tma::load_4d(smem + Q_OFFSET + c * BM * 128, map_q, c * CHUNK, u.m0, u.h, u.b, bars.q_full);
-        }
-        ++q_loads;
-        for (int n = u.n_hi - 1; n >= u.n_lo; --n) {
+        auto load_kv = [&](int n) {
             calico::mbarrier& kb = bars.k.acquire(kc, KV_BYTES);
             unsigned char* kd = smem + K_OFFSET + kc.slot() * KV_BYTES;
 #pragma unroll
@@ -250,7 +343,19 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 #pragma unroll
             for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(vd + c * BN * 128, map_v, c * CHUNK, n * BN, hk, u.b, vb);
             vc.advance();
+        };
+        // The Q slot frees only when the previous unit's last S is done; the first K/V block
+        // need not wait for that.
+        int n = u.n_hi - 1;
+        if (p.tune & TUNE_KV_FIRST) load_kv(n--);
+        calico::wait(bars.q_empty, (q_loads & 1u) ^ 1u);
+        calico::arrive_expect_tx(bars.q_full, Q_BYTES);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            calico::tma::load_4d(smem + Q_OFFSET + c * BM * 128, map_q, c * CHUNK, u.m0, u.h, u.b, bars.q_full);
         }
+        ++q_loads;
+        for (; n >= u.n_lo; --n) load_kv(n);
     };
 
     // Ping-pong (SCHED 2): the consumers take turns issuing their GEMMs, each turn ends
@@ -465,29 +570,44 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         }
 
         // Epilogue: O = acc / l, LSE = m ln2 + ln l; rows that saw nothing get 0 and -inf.
+        // Every lane runs the shuffles; rows >= Nq only skip their stores.
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_run[h];
             l += calico::shfl_xor(l, 1);
             l += calico::shfl_xor(l, 2);
             const long long row = rows[h];
-            if (row >= p.q_len) continue;
+            const bool stored = row < p.q_len;
             const bool seen = l > 0.0f;
             const float inv = seen ? 1.0f / l : 0.0f;
             in_t* orow = o + u.b * o_sb + u.h * o_sh + row * o_sn;
+            if (o_store == O_STORE_VEC16) {
+                uint32_t words[D / 8];  // this row's columns 8j + 2t, +1
 #pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                const int col = 8 * j + 2 * t;
-                const float v0 = acc[4 * j + 2 * h] * inv;
-                const float v1 = acc[4 * j + 2 * h + 1] * inv;
-                if (o_pairs) {
-                    *reinterpret_cast<uint32_t*>(orow + col) = pack2<in_t>(v0, v1);
-                } else {
-                    orow[col] = calico::from_float<in_t>(v0);
-                    orow[col + 1] = calico::from_float<in_t>(v1);
+                for (int j = 0; j < D / 8; ++j) words[j] = pack2<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+                uint32_t chunks[D / 32][4];
+                quad_to_chunks(words, t, chunks);
+#pragma unroll
+                for (int c = 0; c < D / 32; ++c) {
+                    if (stored) {
+                        *reinterpret_cast<uint4*>(orow + 8 * (4 * c + t)) = make_uint4(chunks[c][0], chunks[c][1], chunks[c][2], chunks[c][3]);
+                    }
+                }
+            } else if (stored) {
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    const int col = 8 * j + 2 * t;
+                    const float v0 = acc[4 * j + 2 * h] * inv;
+                    const float v1 = acc[4 * j + 2 * h + 1] * inv;
+                    if (o_store == O_STORE_PAIRS) {
+                        *reinterpret_cast<uint32_t*>(orow + col) = pack2<in_t>(v0, v1);
+                    } else {
+                        orow[col] = calico::from_float<in_t>(v0);
+                        orow[col + 1] = calico::from_float<in_t>(v1);
+                    }
                 }
             }
-            if (t == 0) {
+            if (t == 0 && stored) {
                 lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + logf(l) : ATTN_NEG_INF;
             }
         }

@@ -169,6 +169,53 @@ pub(crate) fn hopper_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER").as_deref() != Ok("0"))
 }
 
+/// The epilogue's widest O store (hopper_fwd.cu, O_STORE_*): 16 bytes when the base is
+/// 16-byte aligned and every used stride a multiple of 8 elements, 4 bytes when both are
+/// even, else one element at a time. `vector`: whether 16-byte stores may be used.
+fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool) -> i32 {
+    let used = |i: usize| shape[i] > 1;
+    let all_multiple = |m: usize| (0..3).all(|i| !used(i) || strides[i] % m == 0);
+    if vector && ptr % 16 == 0 && all_multiple(8) {
+        2
+    } else if ptr % 4 == 0 && all_multiple(2) {
+        1
+    } else {
+        0
+    }
+}
+
+/// The kernel's tuning switches, all on unless `CALICO_ATTN_HOPPER_TUNE` names some to turn
+/// off (comma-separated: `nokvfirst`, `nofold`, `novec`), for A/B runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tune {
+    /// The producer loads a unit's first K/V block before waiting for the Q slot.
+    kv_first: bool,
+    /// Causal and windowed problems pair long and short row blocks on one CTA.
+    fold: bool,
+    /// 16-byte O stores where alignment allows.
+    vector_stores: bool,
+}
+
+impl Tune {
+    fn parse(spec: &str) -> Tune {
+        let off = |name: &str| spec.split(',').any(|s| s.trim() == name);
+        Tune {
+            kv_first: !off("nokvfirst"),
+            fold: !off("nofold"),
+            vector_stores: !off("novec"),
+        }
+    }
+    /// hopper_fwd.cu's TUNE_* bits.
+    fn bits(&self) -> i32 {
+        i32::from(self.kv_first) | i32::from(self.fold) << 1
+    }
+}
+
+fn tune() -> Tune {
+    static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+    *TUNE.get_or_init(|| Tune::parse(&std::env::var("CALICO_ATTN_HOPPER_TUNE").unwrap_or_default()))
+}
+
 /// A TMA dimension's byte stride: the real one, or any valid value where the extent is 1.
 fn tma_stride(stride: usize, extent: usize, fallback_bytes: u64) -> Option<u64> {
     if extent <= 1 {
@@ -278,9 +325,7 @@ fn launch(
     let os = o.strides();
     let o_ptr = o.device_ptr().unwrap_or(0);
     let lse_ptr = lse.device_ptr().unwrap_or(0);
-    // 2-element stores need every used stride and the base even (in elements).
-    let used = |i: usize| o.shape()[i] > 1;
-    let o_pairs = o_ptr % 4 == 0 && (0..3).all(|i| !used(i) || os[i] % 2 == 0);
+    let o_store = o_store(o.shape(), os, o_ptr, tune().vector_stores);
     let (score_scale, cap_log2) = match params.softcap {
         Some(cap) => (params.scale / cap, cap * LOG2E),
         None => (params.scale * LOG2E, 0.0),
@@ -306,13 +351,14 @@ fn launch(
         KernelArg::I64(os[0] as i64),
         KernelArg::I64(os[1] as i64),
         KernelArg::I64(os[2] as i64),
-        KernelArg::I32(i32::from(o_pairs)),
+        KernelArg::I32(o_store),
         KernelArg::F32(score_scale),
         KernelArg::F32(cap_log2),
         KernelArg::I32(has_left),
         KernelArg::I64(left),
         KernelArg::I32(has_right),
         KernelArg::I64(right),
+        KernelArg::I32(tune().bits()),
     ];
     let config = LaunchConfig::linear(grid, THREADS, variant.smem_bytes() as u32);
     gpu.launch_variant(&variant, &config, &args)
@@ -345,6 +391,33 @@ mod tests {
         assert!(arch_ok(&h100()));
         assert!(!arch_ok(&Arch::for_target("sm_80").unwrap()));
         assert!(!arch_ok(&Arch::for_target("sm_90").unwrap()));
+    }
+
+    #[test]
+    fn o_stores_are_as_wide_as_the_alignment_allows() {
+        let shape = [2, 4, 100, 128];
+        assert_eq!(o_store(&shape, &[51200, 12800, 128, 1], 256, true), 2);
+        assert_eq!(o_store(&shape, &[51200, 12800, 128, 1], 256, false), 1);
+        assert_eq!(o_store(&shape, &[51200, 12800, 128, 1], 260, true), 1);
+        assert_eq!(o_store(&shape, &[51204, 12804, 130, 1], 256, true), 1);
+        assert_eq!(o_store(&shape, &[51200, 12800, 129, 1], 256, true), 0);
+        assert_eq!(o_store(&shape, &[51200, 12800, 128, 1], 258, true), 0);
+        // A dimension of extent 1 may have any stride.
+        assert_eq!(
+            o_store(&[1, 4, 100, 128], &[3, 12800, 128, 1], 256, true),
+            2
+        );
+    }
+
+    #[test]
+    fn tune_switches_turn_off_by_name() {
+        let all = Tune::parse("");
+        assert_eq!(all.bits(), 3);
+        assert!(all.vector_stores);
+        let some = Tune::parse("nofold, novec");
+        assert_eq!(some.bits(), 1);
+        assert!(!some.vector_stores);
+        assert_eq!(Tune::parse("nokvfirst,nofold").bits(), 0);
     }
 
     #[test]
