@@ -49,21 +49,16 @@ pub(crate) struct HopperBwdVariant {
     softcap: bool,
     /// Main kernel: overlapped schedule (hopper_bwd.cu, CALICO_ATTN_SCHED 2) instead of serial.
     overlapped: bool,
-    /// Main and finish kernels: dQ tiles by bulk reductions (CALICO_ATTN_BULK_DQ).
-    bulk_dq: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
 /// (comma-separated): `overlapped` (schedule 2: P^T under the dP^T MMA, the dQ reductions
-/// under the dK MMA), `stagger` (each key block starts its walk over the query blocks at a
-/// different block) and `bulk` (dQ tiles staged in shared memory and added by one bulk
-/// reduction each, from a warp of the producer warpgroup). All off by default: not yet run on
-/// a GPU.
+/// under the dK MMA) and `stagger` (each key block starts its walk over the query blocks at a
+/// different block). Both off by default: not yet run on a GPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
     stagger: bool,
-    bulk: bool,
 }
 
 impl Tune {
@@ -73,7 +68,6 @@ impl Tune {
             match part {
                 "overlapped" => t.overlapped = true,
                 "stagger" => t.stagger = true,
-                "bulk" => t.bulk = true,
                 _ => {}
             }
         }
@@ -98,7 +92,7 @@ fn block_q(head_dim: usize) -> usize {
 }
 
 impl HopperBwdVariant {
-    fn helper(kernel: BwdKernel, dtype: DType, head_dim: usize, bulk_dq: bool) -> Self {
+    fn helper(kernel: BwdKernel, dtype: DType, head_dim: usize) -> Self {
         HopperBwdVariant {
             kernel,
             dtype,
@@ -106,8 +100,6 @@ impl HopperBwdVariant {
             stages: 0,
             softcap: false,
             overlapped: false,
-            // The prepare kernel is the same either way.
-            bulk_dq: bulk_dq && kernel == BwdKernel::Finish,
         }
     }
 
@@ -118,7 +110,7 @@ impl HopperBwdVariant {
         dtype: DType,
         head_dim: usize,
         softcap: bool,
-        (overlapped, bulk_dq): (bool, bool),
+        overlapped: bool,
     ) -> Option<Self> {
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
@@ -127,7 +119,6 @@ impl HopperBwdVariant {
             stages: 0,
             softcap,
             overlapped,
-            bulk_dq,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -137,8 +128,7 @@ impl HopperBwdVariant {
     }
 
     /// Must match hopper_bwd.cu: alignment slack, K and V, the Q and dO rings, two dS
-    /// buffers, the LSE and delta rows of each stage, two 16 KiB dQ staging tiles (bulk_dq),
-    /// 4 * STAGES + 2 mbarriers.
+    /// buffers, the LSE and delta rows of each stage, 4 * STAGES + 2 mbarriers.
     fn smem_bytes(&self) -> usize {
         if self.kernel != BwdKernel::Main {
             return 0;
@@ -149,7 +139,6 @@ impl HopperBwdVariant {
             + 2 * self.stages * bq * d * 2
             + 2 * BKV * bq * 2
             + 2 * self.stages * bq * 4
-            + if self.bulk_dq { 2 * 64 * 64 * 4 } else { 0 }
             + (4 * self.stages + 2) * 8
     }
 
@@ -163,14 +152,13 @@ impl HopperBwdVariant {
 
     fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
             self.stages,
             self.softcap,
-            if self.overlapped { " overlapped" } else { "" },
-            if self.bulk_dq { " bulk" } else { "" }
+            if self.overlapped { " overlapped" } else { "" }
         )
     }
 }
@@ -192,7 +180,6 @@ impl KernelVariant for HopperBwdVariant {
                 "CALICO_ATTN_SCHED",
                 if self.overlapped { "2" } else { "1" }.to_string(),
             ),
-            ("CALICO_ATTN_BULK_DQ", u8::from(self.bulk_dq).to_string()),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -215,20 +202,13 @@ pub(crate) fn catalog(
     for dtype in [DType::BF16, DType::F16] {
         for d in [64, 128] {
             let mut variants = vec![
-                HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false),
-                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false),
-                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true),
+                HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d),
+                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d),
             ];
-            // The default, soft-capped, and the A/B schedules (overlapped, bulk dQ, both).
-            for (softcap, tune) in [
-                (false, (false, false)),
-                (true, (false, false)),
-                (false, (true, false)),
-                (true, (true, false)),
-                (false, (false, true)),
-                (false, (true, true)),
-            ] {
-                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune));
+            for (softcap, overlapped) in
+                [(false, false), (true, false), (false, true), (true, true)]
+            {
+                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, overlapped));
             }
             for v in variants {
                 out.push(crate::catalog::CatalogEntry {
@@ -324,7 +304,7 @@ pub(crate) fn try_backward(
         p.dtype,
         p.head_dim,
         params.softcap.is_some(),
-        (tune.overlapped, tune.bulk),
+        tune.overlapped,
     )?;
     let bq = block_q(p.head_dim);
     let maps = [
@@ -361,7 +341,7 @@ fn launch(
 
     let [o_sb, o_sh, o_sn] = strides3(o);
     let [g_sb, g_sh, g_sn] = strides3(d_o);
-    let prepare = HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim, false);
+    let prepare = HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim);
     let args = [
         KernelArg::Ptr(ptr(o)),
         KernelArg::I64(o_sb),
@@ -430,7 +410,7 @@ fn launch(
     let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
     gpu.launch_variant(&main, &config, &args)?;
 
-    let finish = HopperBwdVariant::helper(BwdKernel::Finish, p.dtype, p.head_dim, main.bulk_dq);
+    let finish = HopperBwdVariant::helper(BwdKernel::Finish, p.dtype, p.head_dim);
     let [q_sb, q_sh, q_sn] = strides3(dq);
     let dq_rows = p.batch * p.q_heads * p.q_len;
     let args = [
@@ -456,13 +436,11 @@ mod tests {
     fn main_variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = Arch::for_target("sm_90a").unwrap();
         for d in [64, 128] {
-            for tune in [(false, false), (true, true)] {
-                let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, tune).unwrap();
-                assert!(v.stages >= 2, "{v:?}");
-                assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
-            }
+            let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, false).unwrap();
+            assert!(v.stages >= 2, "{v:?}");
+            assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
         }
-        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, (false, false)).unwrap();
+        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, false).unwrap();
         // K, V 64 KiB; per stage Q + dO 32 KiB and two 256-byte rows; dS 32 KiB.
         assert_eq!(
             v.smem_bytes(),
@@ -474,11 +452,10 @@ mod tests {
     fn tune_knobs_parse_and_default_off() {
         assert_eq!(Tune::parse(""), Tune::default());
         assert_eq!(
-            Tune::parse("stagger, overlapped,bulk"),
+            Tune::parse("stagger, overlapped"),
             Tune {
                 overlapped: true,
-                stagger: true,
-                bulk: true
+                stagger: true
             }
         );
         assert_eq!(Tune::parse("unknown"), Tune::default());
