@@ -1,11 +1,11 @@
 //! RMSNorm and LayerNorm over rows, with the fused residual add (`docs/ops-spec.md`).
 
 use crate::convert::{expect_dtype, float_dtype, load, round_in_place, store};
-use crate::math;
-use crate::rows::{block_row, block_rows, output_blocks, rows_of, RowReader};
+use crate::lanes::{add, chunks, hsum, mul, splat, sub, Bf16, Elem, Lanes, F32, W};
+use crate::rows::{block_row, block_rows, output_blocks, rows_of, with_scratch, RowReader};
 use crate::simd::vectorised;
 use crate::views::with_views;
-use calico_core::{Error, Result, Rows, Tensor};
+use calico_core::{DType, Error, Result, Rows, Tensor};
 use rayon::prelude::*;
 
 #[derive(Clone, Copy)]
@@ -137,76 +137,276 @@ fn norm(
             _ => (yr, y_blocks.iter().map(|_| None).collect()),
         };
 
+        let params = Params {
+            kind,
+            weight: w.as_deref(),
+            bias: b.as_deref(),
+            eps,
+        };
+        let lanes = cols.div_ceil(W);
         y_blocks
             .into_par_iter()
             .zip(sum_blocks)
             .enumerate()
-            .for_each_init(
-                || vec![0.0f32; 2 * cols],
-                |scratch, (blk, (y_block, mut sum_block))| {
-                    let (row, tmp) = scratch.split_at_mut(cols);
-                    let first = blk * block;
+            .for_each(|(blk, (y_block, mut sum_block))| {
+                let first = blk * block;
+                with_scratch(4 * lanes, |scratch| {
+                    let rows: Vec<&mut [f32]> = scratch
+                        .chunks_exact_mut(lanes)
+                        .map(|c| &mut bytemuck::cast_slice_mut::<Lanes, f32>(c)[..cols])
+                        .collect();
+                    let [s_row, x_row, r_row, y_row] = <[&mut [f32]; 4]>::try_from(rows)
+                        .unwrap_or_else(|_| unreachable!("four scratch rows"));
                     vectorised(
                         #[inline(always)]
                         || {
                             for i in 0..block.min(xr.rows - first) {
-                                x_rows.load(first + i, row);
-                                if let Some(res) = &res_rows {
-                                    res.load(first + i, tmp);
-                                    row.iter_mut().zip(tmp.iter()).for_each(|(a, r)| *a += r);
-                                    // The norm sees the sum as stored, rounded to the dtype.
-                                    round_in_place(dtype, row);
+                                let r = first + i;
+                                let row = RowBytes {
+                                    x: x_rows.row(r),
+                                    residual: res_rows.as_ref().map(|t| t.row(r)),
+                                    sum: sum_block
+                                        .as_deref_mut()
+                                        .map(|s| block_row(s, i, &sr, dtype)),
+                                    y: block_row(y_block, i, &yr, dtype),
+                                };
+                                let done = match dtype {
+                                    DType::BF16 => typed_row::<Bf16>(row, &params, s_row),
+                                    DType::F32 => typed_row::<F32>(row, &params, s_row),
+                                    _ => Err(row),
+                                };
+                                if let Err(row) = done {
+                                    widened_row(dtype, row, &params, [s_row, x_row, r_row, y_row]);
                                 }
-                                if let Some(s) = sum_block.as_deref_mut() {
-                                    store(dtype, row, block_row(s, i, &sr, dtype));
-                                }
-                                match kind {
-                                    Kind::Rms => rms_row(row, w.as_deref(), eps),
-                                    Kind::Layer => layer_row(row, w.as_deref(), b.as_deref(), eps),
-                                }
-                                store(dtype, row, block_row(y_block, i, &yr, dtype));
                             }
                         },
                     )
-                },
-            );
+                })
+            });
         Ok(())
     })
 }
 
+/// What a norm needs besides the row.
+struct Params<'a> {
+    kind: Kind,
+    weight: Option<&'a [f32]>,
+    bias: Option<&'a [f32]>,
+    eps: f32,
+}
+
+/// The storage bytes of one row of each operand.
+struct RowBytes<'a> {
+    x: &'a [u8],
+    residual: Option<&'a [u8]>,
+    sum: Option<&'a mut [u8]>,
+    y: &'a mut [u8],
+}
+
+/// One row stored as `E`, read and written in place; the row back if a slice is not aligned
+/// to `E`. `s_row` holds `round(x + residual)`.
 #[inline(always)]
-fn rms_row(row: &mut [f32], weight: Option<&[f32]>, eps: f32) {
-    let r = 1.0 / (math::sum_sq(row) / row.len() as f32 + eps).sqrt();
-    match weight {
-        Some(w) => row.iter_mut().zip(w).for_each(|(v, w)| *v = *v * r * w),
-        None => row.iter_mut().for_each(|v| *v *= r),
+fn typed_row<'a, E: Elem>(
+    row: RowBytes<'a>,
+    p: &Params,
+    s_row: &mut [f32],
+) -> std::result::Result<(), RowBytes<'a>> {
+    let fits = |b: &[u8]| bytemuck::try_cast_slice::<u8, E::Bits>(b).is_ok();
+    let aligned = fits(row.x)
+        && row.residual.is_none_or(fits)
+        && row.sum.as_deref().is_none_or(fits)
+        && fits(row.y);
+    if !aligned {
+        return Err(row);
+    }
+    let cast =
+        |b: &'a [u8]| bytemuck::try_cast_slice::<u8, E::Bits>(b).unwrap_or_else(|_| unreachable!());
+    let cast_mut = |b: &'a mut [u8]| {
+        bytemuck::try_cast_slice_mut::<u8, E::Bits>(b).unwrap_or_else(|_| unreachable!())
+    };
+    let x = cast(row.x);
+    let y = cast_mut(row.y);
+    match row.residual.map(cast) {
+        None => norm_row::<E, E>(x, p, y),
+        Some(r) => {
+            // The norm sees the sum as stored, rounded to the dtype.
+            for ((s, &a), &b) in s_row.iter_mut().zip(x).zip(r) {
+                *s = E::round(E::widen(a) + E::widen(b));
+            }
+            if let Some(sum) = row.sum {
+                E::map_store(s_row, cast_mut(sum), |v| v);
+            }
+            norm_row::<F32, E>(s_row, p, y);
+        }
+    }
+    Ok(())
+}
+
+/// One row of another dtype (f16) or alignment, through f32 rows.
+#[inline(always)]
+fn widened_row(
+    dtype: DType,
+    row: RowBytes,
+    p: &Params,
+    [s_row, x_row, r_row, y_row]: [&mut [f32]; 4],
+) {
+    load(dtype, row.x, x_row);
+    let input = match row.residual {
+        None => &*x_row,
+        Some(r) => {
+            load(dtype, r, r_row);
+            for ((s, a), b) in s_row.iter_mut().zip(&*x_row).zip(&*r_row) {
+                *s = a + b;
+            }
+            round_in_place(dtype, s_row);
+            if let Some(sum) = row.sum {
+                store(dtype, s_row, sum);
+            }
+            &*s_row
+        }
+    };
+    norm_row::<F32, F32>(input, p, y_row);
+    store(dtype, y_row, row.y);
+}
+
+/// The norm of row `x` into `y`.
+#[inline(always)]
+fn norm_row<I: Elem, O: Elem>(x: &[I::Bits], p: &Params, y: &mut [O::Bits]) {
+    match p.kind {
+        Kind::Rms => {
+            let r = 1.0 / (sum_sq::<I>(x) / x.len() as f32 + p.eps).sqrt();
+            match p.weight {
+                Some(w) => map3::<I, O>(x, w, w, y, |v, w, _| v * r * w),
+                None => map1::<I, O>(x, y, |v| v * r),
+            }
+        }
+        Kind::Layer => {
+            // Statistics of x - x[0]: rows far from zero (1000 +- 0.01) keep their small
+            // spread.
+            let shift = x.first().map_or(0.0, |&v| I::widen(v));
+            let (mean, m2) = shifted_mean_m2::<I>(x, shift);
+            let rstd = (1.0 / (m2 / x.len() as f64 + f64::from(p.eps)).sqrt()) as f32;
+            let mean = mean as f32;
+            let centred = |v: f32| (v - shift - mean) * rstd;
+            match (p.weight, p.bias) {
+                (Some(w), Some(b)) => map3::<I, O>(x, w, b, y, |v, w, b| centred(v) * w + b),
+                (Some(w), None) => map3::<I, O>(x, w, w, y, |v, w, _| centred(v) * w),
+                (None, Some(b)) => map3::<I, O>(x, b, b, y, |v, _, b| centred(v) + b),
+                (None, None) => map1::<I, O>(x, y, centred),
+            }
+        }
     }
 }
 
+/// `y[i] = f(x[i])`: a flat loop, vectorised along the row.
 #[inline(always)]
-fn layer_row(row: &mut [f32], weight: Option<&[f32]>, bias: Option<&[f32]>, eps: f32) {
-    let n = row.len() as f32;
-    // Statistics of x - row[0]: rows far from zero (1000 +- 0.01) keep their small spread,
-    // which a plain f32 sum of x, or x - mean rounded at 1000, would lose.
-    let shift = row.first().copied().unwrap_or(0.0);
-    row.iter_mut().for_each(|v| *v -= shift);
-    let mean = math::sum(row) / n;
-    // Two passes: the variance from deviations loses less than E[x^2] - E[x]^2.
-    let rstd = 1.0 / (math::sum_sq_dev(row, mean) / n + eps).sqrt();
-    match (weight, bias) {
-        (Some(w), Some(b)) => row
-            .iter_mut()
-            .zip(w)
-            .zip(b)
-            .for_each(|((v, w), b)| *v = (*v - mean) * rstd * w + b),
-        (Some(w), None) => row
-            .iter_mut()
-            .zip(w)
-            .for_each(|(v, w)| *v = (*v - mean) * rstd * w),
-        (None, Some(b)) => row
-            .iter_mut()
-            .zip(b)
-            .for_each(|(v, b)| *v = (*v - mean) * rstd + b),
-        (None, None) => row.iter_mut().for_each(|v| *v = (*v - mean) * rstd),
+fn map1<I: Elem, O: Elem>(x: &[I::Bits], y: &mut [O::Bits], f: impl Fn(f32) -> f32) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = O::narrow(f(I::widen(x)));
     }
+}
+
+/// `y[i] = f(x[i], a[i], b[i])`, as [`map1`].
+#[inline(always)]
+fn map3<I: Elem, O: Elem>(
+    x: &[I::Bits],
+    a: &[f32],
+    b: &[f32],
+    y: &mut [O::Bits],
+    f: impl Fn(f32, f32, f32) -> f32,
+) {
+    for (((y, &x), &a), &b) in y.iter_mut().zip(x).zip(a).zip(b) {
+        *y = O::narrow(f(I::widen(x), a, b));
+    }
+}
+
+/// Sum of squares over four accumulators of 16 lanes.
+#[inline(always)]
+fn sum_sq<I: Elem>(x: &[I::Bits]) -> f32 {
+    let (full, tail) = chunks(x.len());
+    let mut acc = [splat(0.0); 4];
+    let sq_add = |a: Lanes, v: Lanes| add(a, mul(v, v));
+    for g in 0..full / 4 {
+        for (k, a) in acc.iter_mut().enumerate() {
+            *a = sq_add(*a, I::load(x, 4 * g + k));
+        }
+    }
+    for c in full / 4 * 4..full {
+        acc[0] = sq_add(acc[0], I::load(x, c));
+    }
+    if tail > 0 {
+        acc[1] = sq_add(acc[1], I::load_tail(x, full, 0.0));
+    }
+    hsum(add(add(acc[0], acc[1]), add(acc[2], acc[3])))
+}
+
+/// Mean and sum of squared deviations of `x - shift`, in one pass: each lane keeps the mean
+/// and squared deviations of its elements, updated per group of four (Chan et al.: the
+/// group's own two-pass statistics, then the combination with the running ones), so no sum of
+/// squares cancels against a squared mean. Lanes and the elements past the last whole group
+/// are combined in f64.
+#[inline(always)]
+fn shifted_mean_m2<I: Elem>(x: &[I::Bits], shift: f32) -> (f64, f64) {
+    const G: usize = 4;
+    let (full, _) = chunks(x.len());
+    let groups = full / G;
+    let shifted = |c: usize| sub(I::load(x, c), splat(shift));
+    let (mut mean, mut m2) = (splat(0.0), splat(0.0));
+    for g in 0..groups {
+        let v = [
+            shifted(G * g),
+            shifted(G * g + 1),
+            shifted(G * g + 2),
+            shifted(G * g + 3),
+        ];
+        let group_mean = mul(add(add(v[0], v[1]), add(v[2], v[3])), splat(0.25));
+        let sq_dev = |a: Lanes| {
+            let d = sub(a, group_mean);
+            mul(d, d)
+        };
+        let group_m2 = add(
+            add(sq_dev(v[0]), sq_dev(v[1])),
+            add(sq_dev(v[2]), sq_dev(v[3])),
+        );
+        if g == 0 {
+            (mean, m2) = (group_mean, group_m2);
+        } else {
+            // n = G g elements so far per lane, G more: the mean moves by delta G / (n + G),
+            // and the squares gain delta^2 n G / (n + G).
+            let delta = sub(group_mean, mean);
+            let to_mean = 1.0 / (g + 1) as f32;
+            let to_m2 = (G * g) as f32 * to_mean;
+            mean = add(mean, mul(delta, splat(to_mean)));
+            m2 = add(add(m2, group_m2), mul(mul(delta, delta), splat(to_m2)));
+        }
+    }
+    // Combine (count, mean, m2) triples in f64: each lane, then the rest as one more.
+    let combine = |(n, mean, m2): (f64, f64, f64), (nb, mean_b, m2_b): (f64, f64, f64)| {
+        if nb == 0.0 {
+            return (n, mean, m2);
+        }
+        let total = n + nb;
+        let delta = mean_b - mean;
+        (
+            total,
+            mean + delta * nb / total,
+            m2 + m2_b + delta * delta * n * nb / total,
+        )
+    };
+    let per_lane = (G * groups) as f64;
+    let mut acc = (0.0, 0.0, 0.0);
+    for (&mu, &q) in mean.iter().zip(&m2) {
+        acc = combine(acc, (per_lane, f64::from(mu), f64::from(q)));
+    }
+    let rest: Vec<f64> = x[G * W * groups..]
+        .iter()
+        .map(|&v| f64::from(I::widen(v) - shift))
+        .collect();
+    if !rest.is_empty() {
+        let nb = rest.len() as f64;
+        let mean_b = rest.iter().sum::<f64>() / nb;
+        let m2_b = rest.iter().map(|v| (v - mean_b) * (v - mean_b)).sum();
+        acc = combine(acc, (nb, mean_b, m2_b));
+    }
+    (acc.1, acc.2)
 }

@@ -1,7 +1,8 @@
 //! Rotary position embedding on [S, H, D] or [B, S, H, D] tensors with arbitrary strides.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
-use crate::rows::{block_rows, carve_rows, rows_of, RowReader};
+use crate::lanes::{Bf16, Elem, Lanes, F32, W};
+use crate::rows::{block_rows, carve_rows, rows_of, with_scratch, RowReader};
 use crate::simd::vectorised;
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
@@ -41,11 +42,25 @@ impl Dims {
         Ok(d)
     }
 
-    /// Element offset of row `r` (rows enumerate batch, sequence, head in order).
-    fn start(&self, r: usize) -> usize {
-        let [_, s, h] = self.extents;
-        let (bi, si, hi) = (r / (s * h), (r / h) % s, r % h);
-        bi * self.strides[0] + si * self.strides[1] + hi * self.strides[2]
+    /// Element offset of the row of batch `b`, token `s`, head `h`.
+    #[inline(always)]
+    fn offset(&self, b: usize, s: usize, h: usize) -> usize {
+        b * self.strides[0] + s * self.strides[1] + h * self.strides[2]
+    }
+
+    /// Byte offsets of every row for elements of `esz` bytes, rows in (batch, token, head)
+    /// order.
+    fn row_starts(&self, esz: usize) -> Vec<usize> {
+        let [nb, ns, nh] = self.extents;
+        let mut starts = Vec::with_capacity(self.rows());
+        for b in 0..nb {
+            for s in 0..ns {
+                for h in 0..nh {
+                    starts.push(self.offset(b, s, h) * esz);
+                }
+            }
+        }
+        starts
     }
 
     /// The largest row offset.
@@ -110,32 +125,56 @@ pub fn rope(
                 "rope: x rows reach past its bytes".into(),
             ));
         }
-        let starts: Vec<usize> = (0..rows).map(|r| yd.start(r) * esz).collect();
-        let y_rows = carve_rows(y_bytes, &starts, row_bytes)?;
+        let heads = xd.extents[2];
+        let y_rows = carve_rows(y_bytes, &yd.row_starts(esz), row_bytes)?;
+        // Whole positions per task (the heads of one position share its cos and sin rows).
+        let positions_per_task = (block_rows(rows, d) / heads).max(1);
+        let lanes = d.div_ceil(W);
         y_rows
             .into_par_iter()
+            .chunks(positions_per_task * heads)
             .enumerate()
-            .with_min_len(block_rows(rows, d))
-            .for_each_init(
-                || vec![0.0f32; 3 * d],
-                |scratch, (r, y_row)| {
-                    let (row, rest) = scratch.split_at_mut(d);
-                    let (out, cs) = rest.split_at_mut(d);
-                    let (c, s) = cs.split_at_mut(half);
-                    let x_start = xd.start(r) * esz;
-                    let p = pos_offset + (r / xd.extents[2]) % seq;
+            .for_each(|(task, mut task_rows)| {
+                with_scratch(3 * lanes, |scratch| {
+                    let mut bufs = scratch
+                        .chunks_exact_mut(lanes)
+                        .map(|c| &mut bytemuck::cast_slice_mut::<Lanes, f32>(c)[..d]);
+                    let mut next = || bufs.next().unwrap_or_else(|| unreachable!("3 buffers"));
+                    let (table, row, out) = (next(), next(), next());
+                    let (cos, sin) = table.split_at_mut(half);
                     vectorised(
                         #[inline(always)]
                         || {
-                            load(dtype, &x_bytes[x_start..x_start + row_bytes], row);
-                            cos_rows.load(p, c);
-                            sin_rows.load(p, s);
-                            rotate(row, c, s, interleaved, out);
-                            store(dtype, out, y_row);
+                            for (j, position_rows) in task_rows.chunks_mut(heads).enumerate() {
+                                let bs = task * positions_per_task + j;
+                                let (b, s) = (bs / seq, bs % seq);
+                                cos_rows.load(pos_offset + s, cos);
+                                sin_rows.load(pos_offset + s, sin);
+                                let angles = Angles {
+                                    cos,
+                                    sin,
+                                    interleaved,
+                                };
+                                for (h, y) in position_rows.iter_mut().enumerate() {
+                                    let start = xd.offset(b, s, h) * esz;
+                                    let x = &x_bytes[start..start + row_bytes];
+                                    let done = match dtype {
+                                        DType::BF16 => typed::<Bf16>(x, &angles, y),
+                                        DType::F32 => typed::<F32>(x, &angles, y),
+                                        _ => false,
+                                    };
+                                    if !done {
+                                        // f16 (or misaligned rows) through f32 rows.
+                                        load(dtype, x, row);
+                                        rotate::<F32, F32>(row, &angles, out);
+                                        store(dtype, out, y);
+                                    }
+                                }
+                            }
                         },
                     )
-                },
-            );
+                })
+            });
         Ok(())
     })
 }
@@ -158,32 +197,56 @@ fn table<'a>(
     Ok(RowReader::new(bytes, &r, DType::F32))
 }
 
+/// The cos and sin rows of one position, and which elements pair up.
+struct Angles<'a> {
+    cos: &'a [f32],
+    sin: &'a [f32],
+    interleaved: bool,
+}
+
+/// Rotates a row stored as `E`; false if a slice is not aligned to `E`.
 #[inline(always)]
-fn rotate(x: &[f32], cos: &[f32], sin: &[f32], interleaved: bool, out: &mut [f32]) {
-    let half = cos.len();
-    if interleaved {
-        for (((o, p), &c), &s) in out
+fn typed<E: Elem>(x: &[u8], angles: &Angles, y: &mut [u8]) -> bool {
+    match (
+        bytemuck::try_cast_slice::<u8, E::Bits>(x),
+        bytemuck::try_cast_slice_mut::<u8, E::Bits>(y),
+    ) {
+        (Ok(x), Ok(y)) => {
+            rotate::<E, E>(x, angles, y);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Rotates the pairs of `x` into `y`: flat loops over the pairs, which LLVM vectorises along
+/// the row (the interleaved form with its de-interleaving shuffles).
+#[inline(always)]
+fn rotate<I: Elem, O: Elem>(x: &[I::Bits], angles: &Angles, y: &mut [O::Bits]) {
+    let (cos, sin) = (angles.cos, angles.sin);
+    if angles.interleaved {
+        for ((o, p), (&c, &s)) in y
             .chunks_exact_mut(2)
             .zip(x.chunks_exact(2))
-            .zip(cos)
-            .zip(sin)
+            .zip(cos.iter().zip(sin))
         {
-            o[0] = p[0] * c - p[1] * s;
-            o[1] = p[0] * s + p[1] * c;
+            let (a, b) = (I::widen(p[0]), I::widen(p[1]));
+            o[0] = O::narrow(a * c - b * s);
+            o[1] = O::narrow(a * s + b * c);
         }
     } else {
+        let half = cos.len();
         let (xa, xb) = x.split_at(half);
-        let (oa, ob) = out.split_at_mut(half);
-        // Zipped iterators carry no bounds checks, so the loop vectorises.
-        for ((((oa, ob), (&a, &b)), &c), &s) in oa
+        let (ya, yb) = y.split_at_mut(half);
+        for (((oa, ob), (&a, &b)), (&c, &s)) in ya
             .iter_mut()
-            .zip(ob.iter_mut())
+            .zip(yb.iter_mut())
             .zip(xa.iter().zip(xb))
-            .zip(cos)
-            .zip(sin)
+            .zip(cos.iter().zip(sin))
         {
-            *oa = a * c - b * s;
-            *ob = a * s + b * c;
+            let (a, b) = (I::widen(a), I::widen(b));
+            *oa = O::narrow(a * c - b * s);
+            *ob = O::narrow(a * s + b * c);
         }
     }
 }

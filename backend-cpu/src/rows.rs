@@ -1,9 +1,12 @@
 //! Row access over the byte slices `views::with_views` hands out, and the split of output
 //! rows into blocks for rayon (a task per block of rows, not per row).
 
+use crate::lanes::{splat, Lanes};
 use calico_core::{DType, Error, Result, Rows, Tensor};
+use std::cell::RefCell;
 
-/// Elements per rayon task: big enough to amortise scheduling, small enough to balance.
+/// Elements per rayon task: big enough to amortise scheduling (64-256 KiB of input and
+/// output per task), small enough to balance.
 const ELEMENTS_PER_TASK: usize = 1 << 15;
 
 /// The rows of `t`, checked to lie within `len_bytes` bytes of its view slice.
@@ -44,12 +47,43 @@ impl<'a> RowReader<'a> {
         }
     }
 
+    /// The bytes of row `r`.
+    #[inline(always)]
+    pub(crate) fn row(&self, r: usize) -> &'a [u8] {
+        let start = r * self.stride_bytes;
+        &self.bytes[start..start + self.len_bytes]
+    }
+
     /// Row `r` widened into `dst` (row length elements).
     #[inline(always)]
     pub(crate) fn load(&self, r: usize, dst: &mut [f32]) {
-        let start = r * self.stride_bytes;
-        crate::convert::load(self.dtype, &self.bytes[start..start + self.len_bytes], dst);
+        crate::convert::load(self.dtype, self.row(r), dst);
     }
+}
+
+/// Scratch kept per thread up to this many f32s (1 MiB); longer rows allocate per task.
+const KEPT_SCRATCH_F32S: usize = 1 << 18;
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<Lanes>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Calls `f` with `chunks` chunks of this thread's scratch (contents unspecified). The buffer
+/// is kept between calls, so a row op allocates once per rayon thread rather than per task.
+pub(crate) fn with_scratch<R>(chunks: usize, f: impl FnOnce(&mut [Lanes]) -> R) -> R {
+    if chunks * crate::lanes::W > KEPT_SCRATCH_F32S {
+        return f(&mut vec![splat(0.0); chunks]);
+    }
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut buf) => {
+            if buf.len() < chunks {
+                buf.resize(chunks, splat(0.0));
+            }
+            f(&mut buf[..chunks])
+        }
+        // Only if `f` itself asks for scratch.
+        Err(_) => f(&mut vec![splat(0.0); chunks]),
+    })
 }
 
 /// How many rows one task handles.

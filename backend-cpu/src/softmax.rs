@@ -1,11 +1,12 @@
 //! Softmax over the last dimension, max-subtracted, in f32.
 
-use crate::convert::{expect_dtype, float_dtype, store};
+use crate::convert::{expect_dtype, float_dtype, load, store};
+use crate::lanes::{add, chunks, hmax, hsum, map, max, splat, sub, Bf16, Elem, Lanes, F32, W};
 use crate::math;
-use crate::rows::{block_row, block_rows, output_blocks, rows_of, RowReader};
+use crate::rows::{block_row, block_rows, output_blocks, rows_of, with_scratch, RowReader};
 use crate::simd::vectorised;
 use crate::views::with_views;
-use calico_core::{Error, Result, Tensor};
+use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
 
 /// `y = exp(x - max) / sum(exp(x - max))` over each row of `x`.
@@ -27,36 +28,105 @@ pub fn softmax(x: &Tensor, y: &Tensor) -> Result<()> {
             )));
         }
         let x_rows = RowReader::new(x_bytes, &xr, dtype);
-        let block = block_rows(xr.rows, xr.cols);
+        let (n, block) = (xr.cols, block_rows(xr.rows, xr.cols));
         output_blocks(y_bytes, &yr, dtype, block)?
             .into_par_iter()
             .enumerate()
-            .for_each_init(
-                || vec![0.0f32; xr.cols],
-                |row, (blk, y_block)| {
-                    let first = blk * block;
+            .for_each(|(blk, y_block)| {
+                let first = blk * block;
+                let lanes = n.div_ceil(W);
+                with_scratch(3 * lanes, |scratch| {
+                    let (exps, rest) = scratch.split_at_mut(lanes);
+                    let (row, out) = rest.split_at_mut(lanes);
+                    let row = &mut bytemuck::cast_slice_mut::<Lanes, f32>(row)[..n];
+                    let out = &mut bytemuck::cast_slice_mut::<Lanes, f32>(out)[..n];
                     vectorised(
                         #[inline(always)]
                         || {
                             for i in 0..block.min(xr.rows - first) {
-                                x_rows.load(first + i, row);
-                                softmax_row(row);
-                                store(dtype, row, block_row(y_block, i, &yr, dtype));
+                                let (x, y) =
+                                    (x_rows.row(first + i), block_row(y_block, i, &yr, dtype));
+                                let done = match dtype {
+                                    DType::BF16 => typed::<Bf16>(x, exps, y),
+                                    DType::F32 => typed::<F32>(x, exps, y),
+                                    _ => false,
+                                };
+                                if !done {
+                                    // f16 (or a misaligned row) through f32 rows.
+                                    load(dtype, x, row);
+                                    softmax_row::<F32, F32>(row, exps, out);
+                                    store(dtype, out, y);
+                                }
                             }
                         },
                     )
-                },
-            );
+                })
+            });
         Ok(())
     })
 }
 
+/// Softmax of a row stored as `E`; false if the bytes are not aligned to `E`.
 #[inline(always)]
-fn softmax_row(row: &mut [f32]) {
-    let max = math::max(row);
-    // Two simple loops vectorise better than one that maps and sums.
-    row.iter_mut()
-        .for_each(|v| *v = math::exp_nonpositive(*v - max));
-    let scale = 1.0 / math::sum(row);
-    row.iter_mut().for_each(|v| *v *= scale);
+fn typed<E: Elem>(x: &[u8], exps: &mut [Lanes], y: &mut [u8]) -> bool {
+    match (
+        bytemuck::try_cast_slice::<u8, E::Bits>(x),
+        bytemuck::try_cast_slice_mut::<u8, E::Bits>(y),
+    ) {
+        (Ok(x), Ok(y)) => {
+            softmax_row::<E, E>(x, exps, y);
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Softmax of `x` into `y` in three passes: the max, the exponentials (kept in `exps`) and
+/// their sum, and the scaled store. Four accumulators per reduction keep several vector
+/// operations in flight.
+#[inline(always)]
+fn softmax_row<I: Elem, O: Elem>(x: &[I::Bits], exps: &mut [Lanes], y: &mut [O::Bits]) {
+    let n = x.len();
+    let (full, tail) = chunks(n);
+    let groups = full / 4;
+
+    let mut m = [splat(f32::NEG_INFINITY); 4];
+    for g in 0..groups {
+        for (k, m) in m.iter_mut().enumerate() {
+            *m = max(*m, I::load(x, 4 * g + k));
+        }
+    }
+    for c in 4 * groups..full {
+        m[0] = max(m[0], I::load(x, c));
+    }
+    if tail > 0 {
+        m[1] = max(m[1], I::load_tail(x, full, f32::NEG_INFINITY));
+    }
+    let row_max = splat(hmax(max(max(m[0], m[1]), max(m[2], m[3]))));
+
+    // A NaN input passes the max over but gives a NaN exponential, so the sum and every output
+    // are NaN, as in the reference.
+    let exp = |v: Lanes| map(sub(v, row_max), math::exp_nonpositive);
+    let mut s = [splat(0.0); 4];
+    let (body, rest) = exps.split_at_mut(4 * groups);
+    for (g, e4) in body.chunks_exact_mut(4).enumerate() {
+        for (k, (e, s)) in e4.iter_mut().zip(&mut s).enumerate() {
+            *e = exp(I::load(x, 4 * g + k));
+            *s = add(*s, *e);
+        }
+    }
+    for (c, e) in (4 * groups..full).zip(rest.iter_mut()) {
+        *e = exp(I::load(x, c));
+        s[0] = add(s[0], *e);
+    }
+    if tail > 0 {
+        // Lanes past the end are -inf, whose exponential is 0.
+        let e = exp(I::load_tail(x, full, f32::NEG_INFINITY));
+        exps[full] = e;
+        s[1] = add(s[1], e);
+    }
+    let scale = 1.0 / hsum(add(add(s[0], s[1]), add(s[2], s[3])));
+
+    let exps: &[f32] = bytemuck::cast_slice(exps);
+    O::map_store(&exps[..n], y, |e| e * scale);
 }

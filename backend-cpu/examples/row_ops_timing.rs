@@ -1,0 +1,184 @@
+//! Times the CPU row ops outside `calico bench`, for tuning on a shared machine:
+//!
+//! ```sh
+//! cargo run --release -p calico-cpu --example row_ops_timing -- [threads] [filter] [hot|copy]
+//! ```
+//!
+//! - default: [4096, 4096] bf16 rows (rope [1, 512, 32, 128]), 15 runs each, interleaved with
+//!   a single-thread copy of 256 MiB so that load from other processes hits both alike; min
+//!   and median GB/s (bytes read + written) and their % of the copy.
+//! - `hot`: 32 rows (rope 8 positions), which stay in the L2, 2000 runs: the compute cost in ns
+//!   per 4 bytes moved (per element of a bf16 op with one input and one output), without
+//!   memory stalls. The 256 MiB copy moves 4 bytes in about 0.11 ns on the 2-vCPU EPYC.
+//! - `copy`: the copy itself, by `memcpy` and by plain vector stores, on 1 and `threads`
+//!   threads.
+
+use calico_core::{DType, Tensor};
+use calico_cpu::CpuDevice;
+use rayon::prelude::*;
+use std::hint::black_box;
+use std::time::Instant;
+
+fn seconds(f: impl FnOnce()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// A bf16 tensor with values in [-2, 2).
+fn filled(dev: &CpuDevice, shape: &[usize]) -> Tensor {
+    let t = Tensor::zeros(dev, shape, DType::BF16).unwrap();
+    let n: usize = shape.iter().product();
+    let vals: Vec<half::bf16> = (0..n)
+        .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 250.0 - 2.0))
+        .collect();
+    t.copy_from_slice(&vals).unwrap();
+    t
+}
+
+/// One op: its name, bytes moved per call, and the call.
+type Case<'a> = (&'a str, f64, Box<dyn Fn() + Sync + 'a>);
+
+fn copy_rates(pool: &rayon::ThreadPool, threads: usize, src: &[u8], dst: &mut [u8]) {
+    // A copy through plain vector stores (a loop LLVM cannot turn into memcpy).
+    let plain = |d: &mut [u8], s: &[u8]| {
+        for (d, s) in d.iter_mut().zip(s) {
+            *d = *s ^ 1;
+        }
+    };
+    let gb = 2.0 * src.len() as f64 / 1e9;
+    for _ in 0..5 {
+        let memcpy1 = seconds(|| dst.copy_from_slice(black_box(src)));
+        let memcpy_n = pool.install(|| {
+            seconds(|| {
+                dst.par_chunks_mut(1 << 20)
+                    .zip(src.par_chunks(1 << 20))
+                    .for_each(|(d, s)| d.copy_from_slice(s))
+            })
+        });
+        let plain1 = seconds(|| plain(dst, black_box(src)));
+        let plain_n = pool.install(|| {
+            seconds(|| {
+                dst.par_chunks_mut(1 << 17)
+                    .zip(src.par_chunks(1 << 17))
+                    .for_each(|(d, s)| plain(d, s))
+            })
+        });
+        black_box(&mut *dst);
+        println!(
+            "memcpy: 1 thread {:5.1} GB/s, {threads} threads {:5.1}; plain stores: 1 thread {:5.1}, {threads} threads {:5.1}",
+            gb / memcpy1,
+            gb / memcpy_n,
+            gb / plain1,
+            gb / plain_n
+        );
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let threads: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(2);
+    let filter = args.get(2).cloned().unwrap_or_default();
+    let mode = args.get(3).map(String::as_str).unwrap_or("");
+    let hot = mode == "hot";
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool");
+    let src = vec![1u8; 256 << 20];
+    let mut dst = vec![0u8; 256 << 20];
+    if mode == "copy" {
+        copy_rates(&pool, threads, &src, &mut dst);
+        return;
+    }
+
+    let dev = CpuDevice::new();
+    let (rows, cols) = (if hot { 32 } else { 4096 }, 4096);
+    let (x, r) = (filled(&dev, &[rows, cols]), filled(&dev, &[rows, cols]));
+    let (y, s) = (filled(&dev, &[rows, cols]), filled(&dev, &[rows, cols]));
+    let (w, b) = (filled(&dev, &[cols]), filled(&dev, &[cols]));
+    let (seq, heads, dim) = (if hot { 8 } else { 512 }, 32, 128);
+    let (rx, ry) = (
+        filled(&dev, &[1, seq, heads, dim]),
+        filled(&dev, &[1, seq, heads, dim]),
+    );
+    let table = Tensor::zeros(&dev, &[seq, dim / 2], DType::F32).unwrap();
+    let bytes = |t: &Tensor| t.shape().iter().product::<usize>() as f64 * 2.0;
+    let (row_op, rope_op) = (2.0 * bytes(&x), 2.0 * bytes(&rx));
+    let eps = 1e-5;
+    let cases: Vec<Case> = vec![
+        (
+            "rms_norm",
+            row_op,
+            Box::new(|| calico_cpu::rms_norm(&x, None, &w, eps, &y, None).unwrap()),
+        ),
+        (
+            "layer_norm",
+            row_op,
+            Box::new(|| {
+                calico_cpu::layer_norm(&x, None, Some(&w), Some(&b), eps, &y, None).unwrap()
+            }),
+        ),
+        (
+            "add_rms_norm",
+            2.0 * row_op,
+            Box::new(|| calico_cpu::rms_norm(&x, Some(&r), &w, eps, &y, Some(&s)).unwrap()),
+        ),
+        (
+            "add_layer_norm",
+            2.0 * row_op,
+            Box::new(|| {
+                calico_cpu::layer_norm(&x, Some(&r), Some(&w), Some(&b), eps, &y, Some(&s)).unwrap()
+            }),
+        ),
+        (
+            "softmax",
+            row_op,
+            Box::new(|| calico_cpu::softmax(&x, &y).unwrap()),
+        ),
+        (
+            "rope",
+            rope_op,
+            Box::new(|| calico_cpu::rope(&rx, &table, &table, 0, false, &ry).unwrap()),
+        ),
+        (
+            "rope interleaved",
+            rope_op,
+            Box::new(|| calico_cpu::rope(&rx, &table, &table, 0, true, &ry).unwrap()),
+        ),
+    ];
+    for (name, bytes, op) in cases.iter().filter(|c| c.0.contains(filter.as_str())) {
+        let (mut op_s, mut copy_s) = (Vec::new(), Vec::new());
+        pool.install(op);
+        for _ in 0..if hot { 2000 } else { 15 } {
+            op_s.push(pool.install(|| seconds(op)));
+            if !hot {
+                copy_s.push(seconds(|| dst.copy_from_slice(black_box(&src))));
+                black_box(&mut dst);
+            }
+        }
+        op_s.sort_by(f64::total_cmp);
+        if hot {
+            println!(
+                "{name:18} hot: min {:.3} ns per 4 bytes",
+                op_s[0] / bytes * 4e9
+            );
+            continue;
+        }
+        copy_s.sort_by(f64::total_cmp);
+        let gbs = |t: f64| bytes / t / 1e9;
+        let copy_gbs = |t: f64| 2.0 * src.len() as f64 / t / 1e9;
+        let mid = op_s.len() / 2;
+        println!(
+            "{name:18} min {:6.3} ms {:5.1} GB/s ({:3.0}% of the fastest copy, {:5.1} GB/s); median {:6.3} ms {:5.1} GB/s ({:3.0}% of the median copy, {:5.1} GB/s)",
+            op_s[0] * 1e3,
+            gbs(op_s[0]),
+            100.0 * gbs(op_s[0]) / copy_gbs(copy_s[0]),
+            copy_gbs(copy_s[0]),
+            op_s[mid] * 1e3,
+            gbs(op_s[mid]),
+            100.0 * gbs(op_s[mid]) / copy_gbs(copy_s[mid]),
+            copy_gbs(copy_s[mid]),
+        );
+    }
+}
