@@ -179,6 +179,51 @@ impl Elem for F32 {
     }
 }
 
+/// Asks the CPU to bring the cache line of `s[i]` into L1 (nothing if `i` is past the end or
+/// the architecture has no stable prefetch hint). Row kernels prefetch the next row during the
+/// compute-heavy passes over the current one, so its first pass does not wait on memory.
+#[inline(always)]
+pub(crate) fn prefetch<T>(s: &[T], i: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(p) = s.get(i) {
+        // SAFETY: `_mm_prefetch` only needs SSE (part of x86-64); a prefetch is a hint that
+        // never faults, and `p` points into a live slice.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                (p as *const T).cast::<i8>(),
+            )
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (s, i);
+}
+
+/// The bytes of the rows that the next row's kernel will read first, and the row length in
+/// elements: the compute-heavy passes over the current row prefetch them a block at a time,
+/// so that the next row's first pass finds them in cache instead of waiting on memory.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Ahead<'a> {
+    rows: [&'a [u8]; 2],
+    n: usize,
+}
+
+impl<'a> Ahead<'a> {
+    pub(crate) fn new(rows: [&'a [u8]; 2], n: usize) -> Self {
+        Ahead { rows, n }
+    }
+
+    /// Prefetches elements `start..end` of each row.
+    #[inline(always)]
+    pub(crate) fn fetch(&self, start: usize, end: usize) {
+        for row in self.rows {
+            let size = row.len() / self.n.max(1);
+            for byte in (start * size..end * size).step_by(64) {
+                prefetch(row, byte);
+            }
+        }
+    }
+}
+
 /// Whole chunks and the elements left over in a row of `n`.
 #[inline(always)]
 pub(crate) fn chunks(n: usize) -> (usize, usize) {

@@ -1,7 +1,7 @@
 //! RMSNorm and LayerNorm over rows, with the fused residual add (`docs/ops-spec.md`).
 
 use crate::convert::{expect_dtype, float_dtype, load, round_in_place, store};
-use crate::lanes::{add, chunks, hsum, mul, splat, sub, Bf16, Elem, Lanes, F32, W};
+use crate::lanes::{add, chunks, hsum, mul, splat, sub, Ahead, Bf16, Elem, Lanes, F32, W};
 use crate::rows::{block_row, block_rows, output_blocks, rows_of, with_scratch, RowReader};
 use crate::simd::vectorised;
 use crate::views::with_views;
@@ -169,6 +169,17 @@ fn norm(
                                         .as_deref_mut()
                                         .map(|s| block_row(s, i, &sr, dtype)),
                                     y: block_row(y_block, i, &yr, dtype),
+                                    ahead: if r + 1 < xr.rows {
+                                        Ahead::new(
+                                            [
+                                                x_rows.row(r + 1),
+                                                res_rows.as_ref().map_or(&[], |t| t.row(r + 1)),
+                                            ],
+                                            cols,
+                                        )
+                                    } else {
+                                        Ahead::default()
+                                    },
                                 };
                                 let done = match dtype {
                                     DType::BF16 => typed_row::<Bf16>(row, &params, s_row),
@@ -201,6 +212,8 @@ struct RowBytes<'a> {
     residual: Option<&'a [u8]>,
     sum: Option<&'a mut [u8]>,
     y: &'a mut [u8],
+    /// The next row's x and residual.
+    ahead: Ahead<'a>,
 }
 
 /// One row stored as `E`, read and written in place; the row back if a slice is not aligned
@@ -227,7 +240,7 @@ fn typed_row<'a, E: Elem>(
     let x = cast(row.x);
     let y = cast_mut(row.y);
     match row.residual.map(cast) {
-        None => norm_row::<E, E>(x, p, y),
+        None => norm_row::<E, E>(x, p, y, row.ahead),
         Some(r) => {
             // The norm sees the sum as stored, rounded to the dtype.
             for ((s, &a), &b) in s_row.iter_mut().zip(x).zip(r) {
@@ -236,7 +249,7 @@ fn typed_row<'a, E: Elem>(
             if let Some(sum) = row.sum {
                 E::map_store(s_row, cast_mut(sum), |v| v);
             }
-            norm_row::<F32, E>(s_row, p, y);
+            norm_row::<F32, E>(s_row, p, y, row.ahead);
         }
     }
     Ok(())
@@ -265,19 +278,19 @@ fn widened_row(
             &*s_row
         }
     };
-    norm_row::<F32, F32>(input, p, y_row);
+    norm_row::<F32, F32>(input, p, y_row, row.ahead);
     store(dtype, y_row, row.y);
 }
 
 /// The norm of row `x` into `y`.
 #[inline(always)]
-fn norm_row<I: Elem, O: Elem>(x: &[I::Bits], p: &Params, y: &mut [O::Bits]) {
+fn norm_row<I: Elem, O: Elem>(x: &[I::Bits], p: &Params, y: &mut [O::Bits], ahead: Ahead) {
     match p.kind {
         Kind::Rms => {
             let r = 1.0 / (sum_sq::<I>(x) / x.len() as f32 + p.eps).sqrt();
             match p.weight {
-                Some(w) => map3::<I, O>(x, w, w, y, |v, w, _| v * r * w),
-                None => map1::<I, O>(x, y, |v| v * r),
+                Some(w) => map3::<I, O>(x, w, w, y, ahead, |v, w, _| v * r * w),
+                None => map1::<I, O>(x, y, ahead, |v| v * r),
             }
         }
         Kind::Layer => {
@@ -289,20 +302,26 @@ fn norm_row<I: Elem, O: Elem>(x: &[I::Bits], p: &Params, y: &mut [O::Bits]) {
             let mean = mean as f32;
             let centred = |v: f32| (v - shift - mean) * rstd;
             match (p.weight, p.bias) {
-                (Some(w), Some(b)) => map3::<I, O>(x, w, b, y, |v, w, b| centred(v) * w + b),
-                (Some(w), None) => map3::<I, O>(x, w, w, y, |v, w, _| centred(v) * w),
-                (None, Some(b)) => map3::<I, O>(x, b, b, y, |v, _, b| centred(v) + b),
-                (None, None) => map1::<I, O>(x, y, centred),
+                (Some(w), Some(b)) => map3::<I, O>(x, w, b, y, ahead, |v, w, b| centred(v) * w + b),
+                (Some(w), None) => map3::<I, O>(x, w, w, y, ahead, |v, w, _| centred(v) * w),
+                (None, Some(b)) => map3::<I, O>(x, b, b, y, ahead, |v, _, b| centred(v) + b),
+                (None, None) => map1::<I, O>(x, y, ahead, centred),
             }
         }
     }
 }
 
-/// `y[i] = f(x[i])`: a flat loop, vectorised along the row.
+/// Elements per block of the flat loops, between prefetches of the next row.
+const BLOCK: usize = 512;
+
+/// `y[i] = f(x[i])`: flat loops, vectorised along the row.
 #[inline(always)]
-fn map1<I: Elem, O: Elem>(x: &[I::Bits], y: &mut [O::Bits], f: impl Fn(f32) -> f32) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = O::narrow(f(I::widen(x)));
+fn map1<I: Elem, O: Elem>(x: &[I::Bits], y: &mut [O::Bits], ahead: Ahead, f: impl Fn(f32) -> f32) {
+    for (k, (y, x)) in y.chunks_mut(BLOCK).zip(x.chunks(BLOCK)).enumerate() {
+        ahead.fetch(k * BLOCK, (k + 1) * BLOCK);
+        for (y, &x) in y.iter_mut().zip(x) {
+            *y = O::narrow(f(I::widen(x)));
+        }
     }
 }
 
@@ -313,10 +332,18 @@ fn map3<I: Elem, O: Elem>(
     a: &[f32],
     b: &[f32],
     y: &mut [O::Bits],
+    ahead: Ahead,
     f: impl Fn(f32, f32, f32) -> f32,
 ) {
-    for (((y, &x), &a), &b) in y.iter_mut().zip(x).zip(a).zip(b) {
-        *y = O::narrow(f(I::widen(x), a, b));
+    let blocks = y
+        .chunks_mut(BLOCK)
+        .zip(x.chunks(BLOCK))
+        .zip(a.chunks(BLOCK).zip(b.chunks(BLOCK)));
+    for (k, ((y, x), (a, b))) in blocks.enumerate() {
+        ahead.fetch(k * BLOCK, (k + 1) * BLOCK);
+        for (((y, &x), &a), &b) in y.iter_mut().zip(x).zip(a).zip(b) {
+            *y = O::narrow(f(I::widen(x), a, b));
+        }
     }
 }
 

@@ -1,7 +1,9 @@
 //! Softmax over the last dimension, max-subtracted, in f32.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
-use crate::lanes::{add, chunks, hmax, hsum, map, max, splat, sub, Bf16, Elem, Lanes, F32, W};
+use crate::lanes::{
+    add, chunks, hmax, hsum, map, max, splat, sub, Ahead, Bf16, Elem, Lanes, F32, W,
+};
 use crate::math;
 use crate::rows::{block_row, block_rows, output_blocks, rows_of, with_scratch, RowReader};
 use crate::simd::vectorised;
@@ -44,17 +46,22 @@ pub fn softmax(x: &Tensor, y: &Tensor) -> Result<()> {
                         #[inline(always)]
                         || {
                             for i in 0..block.min(xr.rows - first) {
-                                let (x, y) =
-                                    (x_rows.row(first + i), block_row(y_block, i, &yr, dtype));
+                                let r = first + i;
+                                let (x, y) = (x_rows.row(r), block_row(y_block, i, &yr, dtype));
+                                let ahead = if r + 1 < xr.rows {
+                                    Ahead::new([x_rows.row(r + 1), &[]], n)
+                                } else {
+                                    Ahead::default()
+                                };
                                 let done = match dtype {
-                                    DType::BF16 => typed::<Bf16>(x, exps, y),
-                                    DType::F32 => typed::<F32>(x, exps, y),
+                                    DType::BF16 => typed::<Bf16>(x, ahead, exps, y),
+                                    DType::F32 => typed::<F32>(x, ahead, exps, y),
                                     _ => false,
                                 };
                                 if !done {
                                     // f16 (or a misaligned row) through f32 rows.
                                     load(dtype, x, row);
-                                    softmax_row::<F32, F32>(row, exps, out);
+                                    softmax_row::<F32, F32>(row, Ahead::default(), exps, out);
                                     store(dtype, out, y);
                                 }
                             }
@@ -68,13 +75,13 @@ pub fn softmax(x: &Tensor, y: &Tensor) -> Result<()> {
 
 /// Softmax of a row stored as `E`; false if the bytes are not aligned to `E`.
 #[inline(always)]
-fn typed<E: Elem>(x: &[u8], exps: &mut [Lanes], y: &mut [u8]) -> bool {
+fn typed<E: Elem>(x: &[u8], ahead: Ahead, exps: &mut [Lanes], y: &mut [u8]) -> bool {
     match (
         bytemuck::try_cast_slice::<u8, E::Bits>(x),
         bytemuck::try_cast_slice_mut::<u8, E::Bits>(y),
     ) {
         (Ok(x), Ok(y)) => {
-            softmax_row::<E, E>(x, exps, y);
+            softmax_row::<E, E>(x, ahead, exps, y);
             true
         }
         _ => false,
@@ -85,7 +92,12 @@ fn typed<E: Elem>(x: &[u8], exps: &mut [Lanes], y: &mut [u8]) -> bool {
 /// their sum, and the scaled store. Four accumulators per reduction keep several vector
 /// operations in flight.
 #[inline(always)]
-fn softmax_row<I: Elem, O: Elem>(x: &[I::Bits], exps: &mut [Lanes], y: &mut [O::Bits]) {
+fn softmax_row<I: Elem, O: Elem>(
+    x: &[I::Bits],
+    ahead: Ahead,
+    exps: &mut [Lanes],
+    y: &mut [O::Bits],
+) {
     let n = x.len();
     let (full, tail) = chunks(n);
     let groups = full / 4;
@@ -110,6 +122,8 @@ fn softmax_row<I: Elem, O: Elem>(x: &[I::Bits], exps: &mut [Lanes], y: &mut [O::
     let mut s = [splat(0.0); 4];
     let (body, rest) = exps.split_at_mut(4 * groups);
     for (g, e4) in body.chunks_exact_mut(4).enumerate() {
+        // While the exponentials keep the core busy.
+        ahead.fetch(4 * W * g, 4 * W * (g + 1));
         for (k, (e, s)) in e4.iter_mut().zip(&mut s).enumerate() {
             *e = exp(I::load(x, 4 * g + k));
             *s = add(*s, *e);
