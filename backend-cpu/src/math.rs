@@ -3,6 +3,8 @@
 //! registers' additions in flight) and a polynomial exp (libm's `expf` is a call per element).
 //! They are `#[inline(always)]` so that they are compiled into `simd::vectorised` callers.
 
+use crate::simd::MulAdd;
+
 const LANES: usize = 32;
 
 /// Reduces `v` with `f` over `LANES` accumulators that start at `init`, then joins the
@@ -83,7 +85,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 /// rounded to 1 so that e^0 is exactly 1) and 2^n from its exponent bits. 0 where y < -126.5
 /// (results below 1.2e-38), so that -inf gives exactly 0; NaN stays NaN.
 #[inline(always)]
-pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive<M: MulAdd>(x: f32) -> f32 {
     const ROUND: f32 = 12_582_912.0;
     const ROUND_BITS: i32 = 0x4B40_0000;
     let y = x * std::f32::consts::LOG2_E;
@@ -92,10 +94,17 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     let t = y + ROUND;
     let n = (t.to_bits() as i32).wrapping_sub(ROUND_BITS);
     let f = y - (t - ROUND);
-    let p = ((((1.327_647_2e-3 * f + 9.675_541e-3) * f + 5.550_713e-2) * f + 0.240_221_2) * f
-        + 0.693_146_94)
-        * f
-        + 1.0;
+    let horner = |p: f32, c: f32| M::mul_add(p, f, c);
+    let p = horner(
+        horner(
+            horner(
+                horner(horner(1.327_647_2e-3, 9.675_541e-3), 5.550_713e-2),
+                0.240_221_2,
+            ),
+            0.693_146_94,
+        ),
+        1.0,
+    );
     p * f32::from_bits(((n + 127) as u32) << 23)
 }
 
@@ -136,6 +145,7 @@ pub(crate) fn silu(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simd::{Fused, Separate};
 
     #[test]
     fn exp_matches_libm() {
@@ -160,6 +170,12 @@ mod tests {
 
     #[test]
     fn exp_nonpositive_matches_libm() {
+        exp_nonpositive_is_accurate::<Fused>();
+        exp_nonpositive_is_accurate::<Separate>();
+    }
+
+    fn exp_nonpositive_is_accurate<M: MulAdd>() {
+        let exp_nonpositive = exp_nonpositive::<M>;
         let mut x = 0.0f32;
         while x > -88.0 {
             let (got, want) = (exp_nonpositive(x) as f64, (x as f64).exp());

@@ -3,42 +3,144 @@
 //! The portable x86-64 build may only use SSE2 (4 f32 lanes). The row loops are written so that
 //! LLVM vectorises them; [`vectorised`] compiles the closure it is given again with AVX-512
 //! (16 lanes, 32 registers) and with AVX2 (8 lanes) enabled, and picks the widest copy the CPU
-//! supports at run time. No FMA is enabled and LLVM does not reorder floating-point sums (each
-//! reduction's lanes are fixed in the source), so every copy gives bit-identical results.
+//! supports at run time. LLVM neither reorders floating-point sums (each reduction's lanes are
+//! fixed in the source) nor fuses a multiply and an add on its own, so every copy gives
+//! bit-identical results; only code that asks for fused multiply-adds through [`MulAdd`] (the
+//! [`vectorised_fma!`] form, softmax's exponential) differs by rounding between the copies.
 
 /// Calls `f`, compiled with AVX-512 or AVX2 when the CPU has it. Everything `f` does should
 /// inline into it (pass an `#[inline(always)]` closure; the row helpers are
 /// `#[inline(always)]`), so the whole loop nest gets the wider vectors.
 #[inline(always)]
 pub(crate) fn vectorised<R>(f: impl FnOnce() -> R) -> R {
+    match tier() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `tier()` returned Avx512 only after detecting every feature that
+        // `with_avx512` enables.
+        Tier::Avx512 => unsafe { with_avx512(f) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above, for AVX2 and FMA.
+        Tier::Avx2 => unsafe { with_avx2(f) },
+        _ => f(),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+pub(crate) fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+/// The widest copy this CPU runs.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Tier {
+    /// AVX-512 F/BW/VL (with FMA).
+    Avx512,
+    /// AVX2 with FMA.
+    Avx2,
+    /// The build's own target features.
+    Portable,
+}
+
+/// Detects the [`Tier`] (cached by std after the first call).
+#[inline(always)]
+pub(crate) fn tier() -> Tier {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("fma")
         {
-            // SAFETY: `with_avx512` only requires these three CPU features, checked just above.
-            return unsafe { with_avx512(f) };
+            return Tier::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: `with_avx2` only requires that the CPU supports AVX2, checked just above.
-            return unsafe { with_avx2(f) };
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Tier::Avx2;
         }
     }
-    f()
+    Tier::Portable
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
+/// `a * b + c`, fused (one rounding) or not, chosen per compiled copy.
+pub(crate) trait MulAdd {
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
-fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
+/// One instruction where the copy is compiled with FMA (x86 AVX2/AVX-512 copies, aarch64).
+pub(crate) struct Fused;
+
+impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
 }
+
+/// A multiply and an add, for copies without FMA (where `f32::mul_add` is a libm call).
+pub(crate) struct Separate;
+
+impl MulAdd for Separate {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
+}
+
+/// [`MulAdd`] for the portable copy: aarch64 always has FMA; x86-64's baseline does not.
+#[cfg(target_arch = "aarch64")]
+pub(crate) type PortableMulAdd = Fused;
+#[cfg(not(target_arch = "aarch64"))]
+pub(crate) type PortableMulAdd = Separate;
+
+/// `vectorised_fma!(M => body)`: runs `body` compiled for the CPU's [`Tier`], with the type
+/// `M` naming its [`MulAdd`] (fused in the AVX2 and AVX-512 copies). A macro because a closure
+/// cannot be generic: `body` is compiled once per tier, each time with its own `M`.
+macro_rules! vectorised_fma {
+    ($m:ident => $body:expr) => {
+        match $crate::simd::tier() {
+            #[cfg(target_arch = "x86_64")]
+            $crate::simd::Tier::Avx512 => {
+                // SAFETY: `tier()` returned Avx512 only after detecting every feature that
+                // `with_avx512` enables.
+                unsafe {
+                    $crate::simd::with_avx512(
+                        #[inline(always)]
+                        || {
+                            type $m = $crate::simd::Fused;
+                            $body
+                        },
+                    )
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            $crate::simd::Tier::Avx2 => {
+                // SAFETY: `tier()` returned Avx2 only after detecting AVX2 and FMA, the
+                // features `with_avx2` enables.
+                unsafe {
+                    $crate::simd::with_avx2(
+                        #[inline(always)]
+                        || {
+                            type $m = $crate::simd::Fused;
+                            $body
+                        },
+                    )
+                }
+            }
+            _ => {
+                type $m = $crate::simd::PortableMulAdd;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use vectorised_fma;
 
 #[cfg(test)]
 mod tests {

@@ -6,10 +6,11 @@ use crate::lanes::{
 };
 use crate::math;
 use crate::rows::{block_row, block_rows, output_blocks, rows_of, with_scratch, RowReader};
-use crate::simd::vectorised;
+use crate::simd::{vectorised_fma, MulAdd};
 use crate::views::with_views;
-use calico_core::{DType, Error, Result, Tensor};
+use calico_core::{DType, Error, Result, Rows, Tensor};
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// `y = exp(x - max) / sum(exp(x - max))` over each row of `x`.
 pub fn softmax(x: &Tensor, y: &Tensor) -> Result<()> {
@@ -42,46 +43,71 @@ pub fn softmax(x: &Tensor, y: &Tensor) -> Result<()> {
                     let (row, out) = rest.split_at_mut(lanes);
                     let row = &mut bytemuck::cast_slice_mut::<Lanes, f32>(row)[..n];
                     let out = &mut bytemuck::cast_slice_mut::<Lanes, f32>(out)[..n];
-                    vectorised(
-                        #[inline(always)]
-                        || {
-                            for i in 0..block.min(xr.rows - first) {
-                                let r = first + i;
-                                let (x, y) = (x_rows.row(r), block_row(y_block, i, &yr, dtype));
-                                let ahead = if r + 1 < xr.rows {
-                                    Ahead::new([x_rows.row(r + 1), &[]], n)
-                                } else {
-                                    Ahead::default()
-                                };
-                                let done = match dtype {
-                                    DType::BF16 => typed::<Bf16>(x, ahead, exps, y),
-                                    DType::F32 => typed::<F32>(x, ahead, exps, y),
-                                    _ => false,
-                                };
-                                if !done {
-                                    // f16 (or a misaligned row) through f32 rows.
-                                    load(dtype, x, row);
-                                    softmax_row::<F32, F32>(row, Ahead::default(), exps, out);
-                                    store(dtype, out, y);
-                                }
-                            }
-                        },
-                    )
+                    let rows = first..(first + block).min(xr.rows);
+                    let block = Block {
+                        x_rows,
+                        y_rows: &yr,
+                        dtype,
+                    };
+                    vectorised_fma!(M => block.run::<M>(rows, y_block, exps, row, out));
                 })
             });
         Ok(())
     })
 }
 
+/// What every row of a task shares.
+struct Block<'a> {
+    x_rows: RowReader<'a>,
+    y_rows: &'a Rows,
+    dtype: DType,
+}
+
+impl Block<'_> {
+    /// Softmax of rows `rows` into `y_block`, which starts at row `rows.start`; `exps`, `row`
+    /// and `out` are scratch.
+    #[inline(always)]
+    fn run<M: MulAdd>(
+        &self,
+        rows: Range<usize>,
+        y_block: &mut [u8],
+        exps: &mut [Lanes],
+        row: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let (dtype, n) = (self.dtype, row.len());
+        for r in rows.clone() {
+            let x = self.x_rows.row(r);
+            let y = block_row(y_block, r - rows.start, self.y_rows, dtype);
+            let ahead = if r + 1 < rows.end {
+                Ahead::new([self.x_rows.row(r + 1), &[]], n)
+            } else {
+                Ahead::default()
+            };
+            let done = match dtype {
+                DType::BF16 => typed::<M, Bf16>(x, ahead, exps, y),
+                DType::F32 => typed::<M, F32>(x, ahead, exps, y),
+                _ => false,
+            };
+            if !done {
+                // f16 (or a misaligned row) through f32 rows.
+                load(dtype, x, row);
+                softmax_row::<M, F32, F32>(row, Ahead::default(), exps, out);
+                store(dtype, out, y);
+            }
+        }
+    }
+}
+
 /// Softmax of a row stored as `E`; false if the bytes are not aligned to `E`.
 #[inline(always)]
-fn typed<E: Elem>(x: &[u8], ahead: Ahead, exps: &mut [Lanes], y: &mut [u8]) -> bool {
+fn typed<M: MulAdd, E: Elem>(x: &[u8], ahead: Ahead, exps: &mut [Lanes], y: &mut [u8]) -> bool {
     match (
         bytemuck::try_cast_slice::<u8, E::Bits>(x),
         bytemuck::try_cast_slice_mut::<u8, E::Bits>(y),
     ) {
         (Ok(x), Ok(y)) => {
-            softmax_row::<E, E>(x, ahead, exps, y);
+            softmax_row::<M, E, E>(x, ahead, exps, y);
             true
         }
         _ => false,
@@ -92,7 +118,7 @@ fn typed<E: Elem>(x: &[u8], ahead: Ahead, exps: &mut [Lanes], y: &mut [u8]) -> b
 /// their sum, and the scaled store. Four accumulators per reduction keep several vector
 /// operations in flight.
 #[inline(always)]
-fn softmax_row<I: Elem, O: Elem>(
+fn softmax_row<M: MulAdd, I: Elem, O: Elem>(
     x: &[I::Bits],
     ahead: Ahead,
     exps: &mut [Lanes],
@@ -118,7 +144,7 @@ fn softmax_row<I: Elem, O: Elem>(
 
     // A NaN input passes the max over but gives a NaN exponential, so the sum and every output
     // are NaN, as in the reference.
-    let exp = |v: Lanes| map(sub(v, row_max), math::exp_nonpositive);
+    let exp = |v: Lanes| map(sub(v, row_max), math::exp_nonpositive::<M>);
     let mut s = [splat(0.0); 4];
     let (body, rest) = exps.split_at_mut(4 * groups);
     for (g, e4) in body.chunks_exact_mut(4).enumerate() {
