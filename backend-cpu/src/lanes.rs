@@ -8,6 +8,7 @@
 //! ([`Elem::map_store`]).
 
 use crate::convert::{bf16_bits_to_f32, f32_to_bf16_bits};
+use crate::simd::MulAdd;
 
 /// Lanes per chunk.
 pub(crate) const W: usize = 16;
@@ -54,6 +55,16 @@ pub(crate) fn sub(a: Lanes, b: Lanes) -> Lanes {
 #[inline(always)]
 pub(crate) fn mul(a: Lanes, b: Lanes) -> Lanes {
     zip(a, b, |a, b| a * b)
+}
+
+/// `a * b + c` lane by lane, fused where `M` is.
+#[inline(always)]
+pub(crate) fn mul_add<M: MulAdd>(a: Lanes, b: Lanes, c: Lanes) -> Lanes {
+    let mut out = a;
+    for ((o, &b), &c) in out.iter_mut().zip(&b).zip(&c) {
+        *o = M::mul_add(*o, b, c);
+    }
+    out
 }
 
 /// The larger of each pair of lanes; a NaN in `b` is passed over (a single `max` instruction

@@ -1,9 +1,9 @@
 //! RMSNorm and LayerNorm over rows, with the fused residual add (`docs/ops-spec.md`).
 
 use crate::convert::{expect_dtype, float_dtype, load, round_in_place, store};
-use crate::lanes::{add, chunks, hsum, mul, splat, sub, Ahead, Bf16, Elem, Lanes, F32, W};
+use crate::lanes::{add, chunks, hsum, mul, mul_add, splat, sub, Ahead, Bf16, Elem, Lanes, F32, W};
 use crate::rows::{block_row, block_rows, output_blocks, rows_of, with_scratch, RowReader};
-use crate::simd::vectorised;
+use crate::simd::{vectorised_fma, MulAdd};
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Rows, Tensor};
 use rayon::prelude::*;
@@ -157,41 +157,39 @@ fn norm(
                         .collect();
                     let [s_row, x_row, r_row, y_row] = <[&mut [f32]; 4]>::try_from(rows)
                         .unwrap_or_else(|_| unreachable!("four scratch rows"));
-                    vectorised(
-                        #[inline(always)]
-                        || {
-                            for i in 0..block.min(xr.rows - first) {
-                                let r = first + i;
-                                let row = RowBytes {
-                                    x: x_rows.row(r),
-                                    residual: res_rows.as_ref().map(|t| t.row(r)),
-                                    sum: sum_block
-                                        .as_deref_mut()
-                                        .map(|s| block_row(s, i, &sr, dtype)),
-                                    y: block_row(y_block, i, &yr, dtype),
-                                    ahead: if r + 1 < xr.rows {
-                                        Ahead::new(
-                                            [
-                                                x_rows.row(r + 1),
-                                                res_rows.as_ref().map_or(&[], |t| t.row(r + 1)),
-                                            ],
-                                            cols,
-                                        )
-                                    } else {
-                                        Ahead::default()
-                                    },
-                                };
-                                let done = match dtype {
-                                    DType::BF16 => typed_row::<Bf16>(row, &params, s_row),
-                                    DType::F32 => typed_row::<F32>(row, &params, s_row),
-                                    _ => Err(row),
-                                };
-                                if let Err(row) = done {
-                                    widened_row(dtype, row, &params, [s_row, x_row, r_row, y_row]);
-                                }
+                    vectorised_fma!(|M| {
+                        for i in 0..block.min(xr.rows - first) {
+                            let r = first + i;
+                            let row = RowBytes {
+                                x: x_rows.row(r),
+                                residual: res_rows.as_ref().map(|t| t.row(r)),
+                                sum: sum_block
+                                    .as_deref_mut()
+                                    .map(|s| block_row(s, i, &sr, dtype)),
+                                y: block_row(y_block, i, &yr, dtype),
+                                ahead: if r + 1 < xr.rows {
+                                    Ahead::new(
+                                        [
+                                            x_rows.row(r + 1),
+                                            res_rows.as_ref().map_or(&[], |t| t.row(r + 1)),
+                                        ],
+                                        cols,
+                                    )
+                                } else {
+                                    Ahead::default()
+                                },
+                            };
+                            let done = match dtype {
+                                DType::BF16 => typed_row::<M, Bf16>(row, &params, s_row),
+                                DType::F32 => typed_row::<M, F32>(row, &params, s_row),
+                                _ => Err(row),
+                            };
+                            if let Err(row) = done {
+                                let rows = [&mut *s_row, &mut *x_row, &mut *r_row, &mut *y_row];
+                                widened_row::<M>(dtype, row, &params, rows);
                             }
-                        },
-                    )
+                        }
+                    })
                 })
             });
         Ok(())
@@ -219,7 +217,7 @@ struct RowBytes<'a> {
 /// One row stored as `E`, read and written in place; the row back if a slice is not aligned
 /// to `E`. `s_row` holds `round(x + residual)`.
 #[inline(always)]
-fn typed_row<'a, E: Elem>(
+fn typed_row<'a, M: MulAdd, E: Elem>(
     row: RowBytes<'a>,
     p: &Params,
     s_row: &mut [f32],
@@ -240,7 +238,7 @@ fn typed_row<'a, E: Elem>(
     let x = cast(row.x);
     let y = cast_mut(row.y);
     match row.residual.map(cast) {
-        None => norm_row::<E, E>(x, p, y, row.ahead),
+        None => norm_row::<M, E, E>(x, p, y, row.ahead),
         Some(r) => {
             // The norm sees the sum as stored, rounded to the dtype.
             for ((s, &a), &b) in s_row.iter_mut().zip(x).zip(r) {
@@ -249,7 +247,7 @@ fn typed_row<'a, E: Elem>(
             if let Some(sum) = row.sum {
                 E::map_store(s_row, cast_mut(sum), |v| v);
             }
-            norm_row::<F32, E>(s_row, p, y, row.ahead);
+            norm_row::<M, F32, E>(s_row, p, y, row.ahead);
         }
     }
     Ok(())
@@ -257,7 +255,7 @@ fn typed_row<'a, E: Elem>(
 
 /// One row of another dtype (f16) or alignment, through f32 rows.
 #[inline(always)]
-fn widened_row(
+fn widened_row<M: MulAdd>(
     dtype: DType,
     row: RowBytes,
     p: &Params,
@@ -278,13 +276,18 @@ fn widened_row(
             &*s_row
         }
     };
-    norm_row::<F32, F32>(input, p, y_row, row.ahead);
+    norm_row::<M, F32, F32>(input, p, y_row, row.ahead);
     store(dtype, y_row, row.y);
 }
 
 /// The norm of row `x` into `y`.
 #[inline(always)]
-fn norm_row<I: Elem, O: Elem>(x: &[I::Bits], p: &Params, y: &mut [O::Bits], ahead: Ahead) {
+fn norm_row<M: MulAdd, I: Elem, O: Elem>(
+    x: &[I::Bits],
+    p: &Params,
+    y: &mut [O::Bits],
+    ahead: Ahead,
+) {
     match p.kind {
         Kind::Rms => {
             let r = 1.0 / (sum_sq::<I>(x) / x.len() as f32 + p.eps).sqrt();
@@ -297,12 +300,14 @@ fn norm_row<I: Elem, O: Elem>(x: &[I::Bits], p: &Params, y: &mut [O::Bits], ahea
             // Statistics of x - x[0]: rows far from zero (1000 +- 0.01) keep their small
             // spread.
             let shift = x.first().map_or(0.0, |&v| I::widen(v));
-            let (mean, m2) = shifted_mean_m2::<I>(x, shift);
+            let (mean, m2) = shifted_mean_m2::<M, I>(x, shift);
             let rstd = (1.0 / (m2 / x.len() as f64 + f64::from(p.eps)).sqrt()) as f32;
             let mean = mean as f32;
             let centred = |v: f32| (v - shift - mean) * rstd;
             match (p.weight, p.bias) {
-                (Some(w), Some(b)) => map3::<I, O>(x, w, b, y, ahead, |v, w, b| centred(v) * w + b),
+                (Some(w), Some(b)) => {
+                    map3::<I, O>(x, w, b, y, ahead, |v, w, b| M::mul_add(centred(v), w, b))
+                }
                 (Some(w), None) => map3::<I, O>(x, w, w, y, ahead, |v, w, _| centred(v) * w),
                 (None, Some(b)) => map3::<I, O>(x, b, b, y, ahead, |v, _, b| centred(v) + b),
                 (None, None) => map1::<I, O>(x, y, ahead, centred),
@@ -373,7 +378,7 @@ fn sum_sq<I: Elem>(x: &[I::Bits]) -> f32 {
 /// squares cancels against a squared mean. Lanes and the elements past the last whole group
 /// are combined in f64.
 #[inline(always)]
-fn shifted_mean_m2<I: Elem>(x: &[I::Bits], shift: f32) -> (f64, f64) {
+fn shifted_mean_m2<M: MulAdd, I: Elem>(x: &[I::Bits], shift: f32) -> (f64, f64) {
     const G: usize = 4;
     let (full, _) = chunks(x.len());
     let groups = full / G;
@@ -387,13 +392,11 @@ fn shifted_mean_m2<I: Elem>(x: &[I::Bits], shift: f32) -> (f64, f64) {
             shifted(G * g + 3),
         ];
         let group_mean = mul(add(add(v[0], v[1]), add(v[2], v[3])), splat(0.25));
-        let sq_dev = |a: Lanes| {
-            let d = sub(a, group_mean);
-            mul(d, d)
-        };
+        let d = |k: usize| sub(v[k], group_mean);
+        let (d0, d1, d2, d3) = (d(0), d(1), d(2), d(3));
         let group_m2 = add(
-            add(sq_dev(v[0]), sq_dev(v[1])),
-            add(sq_dev(v[2]), sq_dev(v[3])),
+            mul_add::<M>(d1, d1, mul(d0, d0)),
+            mul_add::<M>(d3, d3, mul(d2, d2)),
         );
         if g == 0 {
             (mean, m2) = (group_mean, group_m2);
@@ -403,8 +406,8 @@ fn shifted_mean_m2<I: Elem>(x: &[I::Bits], shift: f32) -> (f64, f64) {
             let delta = sub(group_mean, mean);
             let to_mean = 1.0 / (g + 1) as f32;
             let to_m2 = (G * g) as f32 * to_mean;
-            mean = add(mean, mul(delta, splat(to_mean)));
-            m2 = add(add(m2, group_m2), mul(mul(delta, delta), splat(to_m2)));
+            mean = mul_add::<M>(delta, splat(to_mean), mean);
+            m2 = mul_add::<M>(mul(delta, delta), splat(to_m2), add(m2, group_m2));
         }
     }
     // Combine (count, mean, m2) triples in f64: each lane, then the rest as one more.

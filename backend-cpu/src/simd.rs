@@ -99,11 +99,12 @@ pub(crate) type PortableMulAdd = Fused;
 #[cfg(not(target_arch = "aarch64"))]
 pub(crate) type PortableMulAdd = Separate;
 
-/// `vectorised_fma!(M => body)`: runs `body` compiled for the CPU's [`Tier`], with the type
-/// `M` naming its [`MulAdd`] (fused in the AVX2 and AVX-512 copies). A macro because a closure
-/// cannot be generic: `body` is compiled once per tier, each time with its own `M`.
+/// `vectorised_fma!(|M| body)`: runs `body` compiled for the CPU's [`Tier`], with the type `M`
+/// naming its [`MulAdd`] (fused in the AVX2 and AVX-512 copies). A macro because a closure
+/// cannot be generic: `body` is compiled once per tier, each time with its own `M`. (Written
+/// like a closure so that rustfmt formats the body.)
 macro_rules! vectorised_fma {
-    ($m:ident => $body:expr) => {
+    (|$m:ident| $body:expr) => {
         match $crate::simd::tier() {
             #[cfg(target_arch = "x86_64")]
             $crate::simd::Tier::Avx512 => {

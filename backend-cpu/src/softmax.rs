@@ -49,7 +49,7 @@ pub fn softmax(x: &Tensor, y: &Tensor) -> Result<()> {
                         y_rows: &yr,
                         dtype,
                     };
-                    vectorised_fma!(M => block.run::<M>(rows, y_block, exps, row, out));
+                    vectorised_fma!(|M| block.run::<M>(rows, y_block, exps, row, out));
                 })
             });
         Ok(())
