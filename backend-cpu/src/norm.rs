@@ -241,11 +241,18 @@ fn typed_row<'a, M: MulAdd, E: Elem>(
         None => norm_row::<M, E, E>(x, p, y, row.ahead),
         Some(r) => {
             // The norm sees the sum as stored, rounded to the dtype.
-            for ((s, &a), &b) in s_row.iter_mut().zip(x).zip(r) {
-                *s = E::round(E::widen(a) + E::widen(b));
-            }
-            if let Some(sum) = row.sum {
-                E::map_store(s_row, cast_mut(sum), |v| v);
+            match row.sum.map(cast_mut) {
+                Some(sum) => {
+                    for (((s, out), &a), &b) in s_row.iter_mut().zip(sum).zip(x).zip(r) {
+                        *out = E::narrow(E::widen(a) + E::widen(b));
+                        *s = E::widen(*out);
+                    }
+                }
+                None => {
+                    for ((s, &a), &b) in s_row.iter_mut().zip(x).zip(r) {
+                        *s = E::round(E::widen(a) + E::widen(b));
+                    }
+                }
             }
             norm_row::<M, F32, E>(s_row, p, y, row.ahead);
         }
