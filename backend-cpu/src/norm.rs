@@ -435,14 +435,12 @@ fn shifted_mean_m2<M: MulAdd, I: Elem>(x: &[I::Bits], shift: f32) -> (f64, f64) 
     for (&mu, &q) in mean.iter().zip(&m2) {
         acc = combine(acc, (per_lane, f64::from(mu), f64::from(q)));
     }
-    let rest: Vec<f64> = x[G * W * groups..]
-        .iter()
-        .map(|&v| f64::from(I::widen(v) - shift))
-        .collect();
+    let rest = &x[G * W * groups..];
     if !rest.is_empty() {
+        let value = |v: &I::Bits| f64::from(I::widen(*v) - shift);
         let nb = rest.len() as f64;
-        let mean_b = rest.iter().sum::<f64>() / nb;
-        let m2_b = rest.iter().map(|v| (v - mean_b) * (v - mean_b)).sum();
+        let mean_b = rest.iter().map(value).sum::<f64>() / nb;
+        let m2_b = rest.iter().map(|v| (value(v) - mean_b).powi(2)).sum();
         acc = combine(acc, (nb, mean_b, m2_b));
     }
     (acc.1, acc.2)
