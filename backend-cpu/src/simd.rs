@@ -41,8 +41,10 @@ pub(crate) fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Tier {
     /// AVX-512 F/BW/VL (with FMA).
+    #[cfg(target_arch = "x86_64")]
     Avx512,
     /// AVX2 with FMA.
+    #[cfg(target_arch = "x86_64")]
     Avx2,
     /// The build's own target features.
     Portable,
@@ -84,6 +86,7 @@ impl MulAdd for Fused {
 }
 
 /// A multiply and an add, for copies without FMA (where `f32::mul_add` is a libm call).
+#[cfg_attr(target_arch = "aarch64", allow(dead_code))] // aarch64 always has FMA
 pub(crate) struct Separate;
 
 impl MulAdd for Separate {
