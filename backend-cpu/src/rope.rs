@@ -9,7 +9,7 @@ use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
 
 /// Batch, sequence and head extents and the element strides of one rope operand.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Dims {
     extents: [usize; 3],
     strides: [usize; 3],
@@ -46,6 +46,15 @@ impl Dims {
     #[inline(always)]
     fn offset(&self, b: usize, s: usize, h: usize) -> usize {
         b * self.strides[0] + s * self.strides[1] + h * self.strides[2]
+    }
+
+    /// Whether row r of `d` elements starts at element r * d (rows in (batch, token, head)
+    /// order, one after another).
+    fn is_dense(&self, d: usize) -> bool {
+        let [nb, ns, nh] = self.extents;
+        (nh == 1 || self.strides[2] == d)
+            && (ns == 1 || self.strides[1] == nh * d)
+            && (nb == 1 || self.strides[0] == ns * nh * d)
     }
 
     /// Byte offsets of every row for elements of `esz` bytes, rows in (batch, token, head)
@@ -126,57 +135,108 @@ pub fn rope(
             ));
         }
         let heads = xd.extents[2];
-        let y_rows = carve_rows(y_bytes, &yd.row_starts(esz), row_bytes)?;
         // Whole positions per task (the heads of one position share its cos and sin rows).
         let positions_per_task = (block_rows(rows, d) / heads).max(1);
-        let lanes = d.div_ceil(W);
-        y_rows
-            .into_par_iter()
-            .chunks(positions_per_task * heads)
-            .enumerate()
-            .for_each(|(task, mut task_rows)| {
-                with_scratch(3 * lanes, |scratch| {
-                    let mut bufs = scratch
-                        .chunks_exact_mut(lanes)
-                        .map(|c| &mut bytemuck::cast_slice_mut::<Lanes, f32>(c)[..d]);
-                    let mut next = || bufs.next().unwrap_or_else(|| unreachable!("3 buffers"));
-                    let (table, row, out) = (next(), next(), next());
-                    let (cos, sin) = table.split_at_mut(half);
-                    vectorised(
-                        #[inline(always)]
-                        || {
-                            for (j, position_rows) in task_rows.chunks_mut(heads).enumerate() {
-                                let bs = task * positions_per_task + j;
-                                let (b, s) = (bs / seq, bs % seq);
-                                cos_rows.load(pos_offset + s, cos);
-                                sin_rows.load(pos_offset + s, sin);
-                                let angles = Angles {
-                                    cos,
-                                    sin,
-                                    interleaved,
-                                };
-                                for (h, y) in position_rows.iter_mut().enumerate() {
-                                    let start = xd.offset(b, s, h) * esz;
-                                    let x = &x_bytes[start..start + row_bytes];
-                                    let done = match dtype {
-                                        DType::BF16 => typed::<Bf16>(x, &angles, y),
-                                        DType::F32 => typed::<F32>(x, &angles, y),
-                                        _ => false,
-                                    };
-                                    if !done {
-                                        // f16 (or misaligned rows) through f32 rows.
-                                        load(dtype, x, row);
-                                        rotate::<F32, F32>(row, &angles, out);
-                                        store(dtype, out, y);
-                                    }
-                                }
-                            }
-                        },
-                    )
-                })
-            });
+        let task = Task {
+            x_bytes,
+            xd,
+            cos_rows,
+            sin_rows,
+            dtype,
+            d,
+            heads,
+            seq,
+            pos_offset,
+            interleaved,
+            positions_per_task,
+        };
+        let task_rows = positions_per_task * heads;
+        if yd.is_dense(d) {
+            // Rows one after another: tasks take whole byte ranges, no list of rows.
+            let y_bytes = y_bytes
+                .get_mut(..rows * row_bytes)
+                .ok_or_else(|| Error::OutOfBounds("rope: y rows reach past its bytes".into()))?;
+            y_bytes
+                .par_chunks_mut(task_rows * row_bytes)
+                .enumerate()
+                .for_each(|(t, chunk)| task.run(t, chunk.chunks_mut(row_bytes)));
+        } else {
+            carve_rows(y_bytes, &yd.row_starts(esz), row_bytes)?
+                .into_par_iter()
+                .chunks(task_rows)
+                .enumerate()
+                .for_each(|(t, rows)| task.run(t, rows.into_iter()));
+        }
         Ok(())
     })
+}
+
+/// What every task of one rope call shares.
+struct Task<'a> {
+    x_bytes: &'a [u8],
+    xd: Dims,
+    cos_rows: RowReader<'a>,
+    sin_rows: RowReader<'a>,
+    dtype: DType,
+    d: usize,
+    heads: usize,
+    seq: usize,
+    pos_offset: usize,
+    interleaved: bool,
+    positions_per_task: usize,
+}
+
+impl Task<'_> {
+    /// Task `t`: the output rows of positions `t * positions_per_task ..`, heads in order.
+    fn run<'y>(&self, t: usize, mut y_rows: impl Iterator<Item = &'y mut [u8]>) {
+        let (d, half, dtype) = (self.d, self.d / 2, self.dtype);
+        let (esz, lanes) = (dtype.size_bytes(), d.div_ceil(W));
+        with_scratch(3 * lanes, |scratch| {
+            let mut bufs = scratch
+                .chunks_exact_mut(lanes)
+                .map(|c| &mut bytemuck::cast_slice_mut::<Lanes, f32>(c)[..d]);
+            let mut next = || bufs.next().unwrap_or_else(|| unreachable!("3 buffers"));
+            let (table, row, out) = (next(), next(), next());
+            let (cos, sin) = table.split_at_mut(half);
+            vectorised(
+                #[inline(always)]
+                || {
+                    for j in 0..self.positions_per_task {
+                        let bs = t * self.positions_per_task + j;
+                        let (b, s) = (bs / self.seq, bs % self.seq);
+                        let p = self.pos_offset + s;
+                        let mut loaded = false;
+                        for h in 0..self.heads {
+                            let Some(y) = y_rows.next() else { return };
+                            if !loaded {
+                                self.cos_rows.load(p, cos);
+                                self.sin_rows.load(p, sin);
+                                loaded = true;
+                            }
+                            let angles = Angles {
+                                cos,
+                                sin,
+                                interleaved: self.interleaved,
+                            };
+                            let start = self.xd.offset(b, s, h) * esz;
+                            let x = &self.x_bytes[start..start + d * esz];
+                            let done = match dtype {
+                                DType::BF16 => typed::<Bf16>(x, &angles, y),
+                                DType::F32 => typed::<F32>(x, &angles, y),
+                                _ => false,
+                            };
+                            if !done {
+                                // f16 (or misaligned rows) through f32 rows.
+                                load(dtype, x, row);
+                                rotate::<F32, F32>(row, &angles, out);
+                                store(dtype, out, y);
+                            }
+                        }
+                    }
+                },
+            )
+        })
+    }
 }
 
 /// A cos or sin table: f32 rows of `half`, at least `need` of them.
