@@ -5,6 +5,7 @@
 pub mod attention;
 pub(crate) mod check;
 pub(crate) mod norm;
+pub mod plan;
 pub(crate) mod rope;
 pub(crate) mod softmax;
 
@@ -14,5 +15,9 @@ pub use attention::{
     AttentionOptions, KvCache, MAX_DECODE_QUERIES,
 };
 pub use norm::{add_layer_norm, add_rms_norm, layer_norm, rms_norm};
+pub use plan::{
+    plan_attention, plan_attention_decode, plan_row_op, AttentionCase, DecodeCase, OpPlan,
+    PlannedKernel, RowOp,
+};
 pub use rope::{rope, RopeMode};
 pub use softmax::softmax;

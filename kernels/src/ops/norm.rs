@@ -4,7 +4,7 @@ use super::check;
 use crate::gpu::{self, cdna_rows, rows};
 use crate::Device;
 use calico_core::{
-    DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
+    Arch, DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
 };
 
 /// What kind of normalisation, and which optional inputs and outputs take part.
@@ -195,7 +195,6 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     let xr = c.x.layout().as_rows()?;
     let yr = c.y.layout().as_rows()?;
-    let esz = c.x.dtype().size_bytes();
     let ptr = |t: Option<&Tensor>| t.map(|t| t.device_ptr().unwrap_or(0)).unwrap_or(0);
     let stride = |t: Option<&Tensor>| -> Result<usize> {
         Ok(match t {
@@ -203,15 +202,22 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
             None => 0,
         })
     };
-    // Absent tensors count as aligned (address 0).
-    let addresses = [Some(c.x), c.residual, c.weight, c.bias, Some(c.y), c.sum]
-        .map(|t| t.map_or(0, |t| t.device_ptr().unwrap_or(1)));
-    let strides = [
-        xr.row_stride,
-        stride(c.residual)?,
-        yr.row_stride,
-        stride(c.sum)?,
-    ];
+    let operand = |t: Option<&Tensor>| -> Result<Option<RowOperand>> {
+        Ok(match t {
+            Some(t) => Some((t.device_ptr().unwrap_or(1), stride(Some(t))?)),
+            None => None,
+        })
+    };
+    let geometry = NormGeometry {
+        rows: xr.rows,
+        cols: xr.cols,
+        x: (c.x.device_ptr().unwrap_or(1), xr.row_stride),
+        residual: operand(c.residual)?,
+        y: (c.y.device_ptr().unwrap_or(1), yr.row_stride),
+        sum: operand(c.sum)?,
+        weight: c.weight.map(|t| t.device_ptr().unwrap_or(1)),
+        bias: c.bias.map(|t| t.device_ptr().unwrap_or(1)),
+    };
     let args = norm_args(
         c,
         &ptr,
@@ -221,55 +227,94 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
         xr.row_stride,
         yr.row_stride,
     )?;
-    if let Some(plan) = cdna_rows::plan(dev.arch(), esz, xr.cols, &addresses, &strides) {
-        let variant = NormCdnaVariant {
-            dtype: c.x.dtype(),
-            plan,
-            layer: c.layer,
-            residual: c.residual.is_some(),
-            weight: c.weight.is_some(),
-            bias: c.bias.is_some(),
-        };
-        return gpu.launch_variant(&variant, &cdna_rows::config(xr.rows, plan), &args);
+    match choose(dev.arch(), c.x.dtype(), c.layer, &geometry) {
+        NormKernel::Cdna(v) => gpu.launch_variant(&v, &cdna_rows::config(xr.rows, v.plan), &args),
+        NormKernel::Portable(v) => gpu.launch_variant(&v, &rows::config(xr.rows, v.plan), &args),
     }
-    let vec = gpu::vector_width(esz, &addresses, &strides, xr.cols);
+}
+
+/// A row operand: base address and row stride in elements.
+pub(crate) type RowOperand = (u64, usize);
+
+/// Where a norm's operands lie (absent ones are `None`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NormGeometry {
+    pub rows: usize,
+    pub cols: usize,
+    pub x: RowOperand,
+    pub residual: Option<RowOperand>,
+    pub y: RowOperand,
+    pub sum: Option<RowOperand>,
+    pub weight: Option<u64>,
+    pub bias: Option<u64>,
+}
+
+/// The kernel a norm takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NormKernel {
+    Cdna(NormCdnaVariant),
+    Portable(NormVariant),
+}
+
+/// The router: the CDNA kernel where it applies, else the portable one with the widest
+/// vector the operands allow (shared by the launch and `ops::plan`).
+pub(crate) fn choose(arch: &Arch, dtype: DType, layer: bool, g: &NormGeometry) -> NormKernel {
+    let esz = dtype.size_bytes();
+    // Absent tensors count as aligned (address 0).
+    let addresses = [
+        Some(g.x.0),
+        g.residual.map(|o| o.0),
+        g.weight,
+        g.bias,
+        Some(g.y.0),
+        g.sum.map(|o| o.0),
+    ]
+    .map(|a| a.unwrap_or(0));
+    let strides = [
+        g.x.1,
+        g.residual.map_or(0, |o| o.1),
+        g.y.1,
+        g.sum.map_or(0, |o| o.1),
+    ];
+    if let Some(plan) = cdna_rows::plan(arch, esz, g.cols, &addresses, &strides) {
+        return NormKernel::Cdna(NormCdnaVariant {
+            dtype,
+            plan,
+            layer,
+            residual: g.residual.is_some(),
+            weight: g.weight.is_some(),
+            bias: g.bias.is_some(),
+        });
+    }
+    let vec = gpu::vector_width(esz, &addresses, &strides, g.cols);
     // RMSNorm rows that are not 16-byte aligned (odd lengths or strides) but misaligned alike
     // in every row operand: vector loads over each row's aligned body, scalar head and tail.
     let wide = 16 / esz;
-    let wide_plan = rows::plan(xr.cols, wide, dev.arch());
-    let x_at = (ptr(Some(c.x)), xr.row_stride);
-    let alike = |t: Option<&Tensor>| -> Result<bool> {
-        Ok(match t {
-            Some(t) => {
-                rows::same_misalignment(esz, x_at, (ptr(Some(t)), stride(Some(t))?), xr.rows)
-            }
-            None => true,
-        })
-    };
+    let wide_plan = rows::plan(g.cols, wide, arch);
+    let alike =
+        |o: Option<RowOperand>| o.is_none_or(|o| rows::same_misalignment(esz, g.x, o, g.rows));
     let align_body = vec < wide
-        && !c.layer
+        && !layer
         && !wide_plan.streaming
-        && alike(Some(c.y))?
-        && alike(c.residual)?
-        && alike(c.sum)?
-        && c.weight
-            .is_none_or(|w| w.device_ptr().unwrap_or(1) % esz as u64 == 0);
+        && alike(Some(g.y))
+        && alike(g.residual)
+        && alike(g.sum)
+        && g.weight.is_none_or(|w| w % esz as u64 == 0);
     let (vec, plan) = if align_body {
         (wide, wide_plan)
     } else {
-        (vec, rows::plan(xr.cols, vec, dev.arch()))
+        (vec, rows::plan(g.cols, vec, arch))
     };
-    let variant = NormVariant {
-        dtype: c.x.dtype(),
+    NormKernel::Portable(NormVariant {
+        dtype,
         vec,
         plan,
         align_body,
-        layer: c.layer,
-        residual: c.residual.is_some(),
-        weight: c.weight.is_some(),
-        bias: c.bias.is_some(),
-    };
-    gpu.launch_variant(&variant, &rows::config(xr.rows, plan), &args)
+        layer,
+        residual: g.residual.is_some(),
+        weight: g.weight.is_some(),
+        bias: g.bias.is_some(),
+    })
 }
 
 /// One compiled form of the norm kernel.

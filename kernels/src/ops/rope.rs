@@ -4,7 +4,8 @@ use super::check;
 use crate::gpu::{self, cdna_rows};
 use crate::Device;
 use calico_core::{
-    DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, LaunchConfig, Result, Tensor,
+    Arch, DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, LaunchConfig, Result,
+    Tensor,
 };
 
 /// Which elements form a rotated pair.
@@ -82,6 +83,73 @@ pub fn rope(
         cos.device_ptr().unwrap_or(1),
         sin.device_ptr().unwrap_or(1),
     );
+    let table_bytes = cos.numel().saturating_mul(4);
+    let variant = choose(
+        dev.arch(),
+        dtype,
+        mode,
+        dims,
+        [xs, ys],
+        [xp, yp, cp, sp],
+        table_bytes,
+    );
+    let esz = dtype.size_bytes();
+    let [batch, seq, heads, dim] = dims;
+    let (half, pairs, cdna) = (dim / 2, variant.pairs, variant.cdna);
+    let span = |s: [usize; 3]| span_bytes(dims, s, esz);
+    let work = batch * seq * heads * (half / pairs);
+    let threads = 256u32;
+    let blocks = work.div_ceil(threads as usize).clamp(1, 1 << 20) as u32;
+    let args = [
+        KernelArg::Ptr(xp),
+        KernelArg::I64(xs[0] as i64),
+        KernelArg::I64(xs[1] as i64),
+        KernelArg::I64(xs[2] as i64),
+        KernelArg::Ptr(yp),
+        KernelArg::I64(ys[0] as i64),
+        KernelArg::I64(ys[1] as i64),
+        KernelArg::I64(ys[2] as i64),
+        KernelArg::Ptr(cp),
+        KernelArg::Ptr(sp),
+        KernelArg::I64(batch as i64),
+        KernelArg::I64(seq as i64),
+        KernelArg::I64(heads as i64),
+        KernelArg::I64(dim as i64),
+        KernelArg::I64(pos_offset as i64),
+        KernelArg::I64(span(xs) as i64),
+        KernelArg::I64(span(ys) as i64),
+        KernelArg::I64(table_bytes as i64),
+    ];
+    // The portable kernel takes the first 15 arguments; the CDNA one also the buffer sizes.
+    let args = if cdna { &args[..] } else { &args[..15] };
+    gpu.launch_variant(&variant, &LaunchConfig::linear(blocks, threads, 0), args)
+}
+
+/// Bytes from the first element of a [B, S, H, D] operand with element strides `s` (batch,
+/// position, head; D contiguous) to one past its last, saturating.
+fn span_bytes([batch, seq, heads, dim]: [usize; 4], s: [usize; 3], esz: usize) -> usize {
+    [(batch, s[0]), (seq, s[1]), (heads, s[2])]
+        .iter()
+        .fold(dim, |acc, &(n, st)| {
+            acc.saturating_add(n.saturating_sub(1).saturating_mul(st))
+        })
+        .saturating_mul(esz)
+}
+
+/// The router for a [B, S, H, D] rope over x and y (element strides of batch, position and
+/// head) with the addresses of x, y, cos and sin: pairs per thread, x's access width, and the
+/// CDNA kernel where it applies (shared by the launch and `ops::plan`).
+pub(crate) fn choose(
+    arch: &Arch,
+    dtype: DType,
+    mode: RopeMode,
+    dims: [usize; 4],
+    [xs, ys]: [[usize; 3]; 2],
+    [xp, yp, cp, sp]: [u64; 4],
+    table_bytes: usize,
+) -> RopeVariant {
+    let interleaved = mode == RopeMode::Interleaved;
+    let dim = dims[3];
     let half = dim / 2;
     let esz = dtype.size_bytes();
     // Pairs per thread: a whole 16-byte vector of x per access where alignment allows.
@@ -111,67 +179,35 @@ pub fn rope(
     } else {
         pairs.min(elems_per_vector)
     };
-    let [batch, seq, heads, dim] = dims;
     // CDNA: buffer loads over the whole of x, y, cos and sin, when each spans under 2 GiB and
     // x moves in accesses of at least a dword.
-    let span = |s: [usize; 3]| {
-        [(batch, s[0]), (seq, s[1]), (heads, s[2])]
-            .iter()
-            .fold(dim, |acc, &(n, st)| {
-                acc.saturating_add((n - 1).saturating_mul(st))
-            })
-            .saturating_mul(esz)
-    };
-    let table_bytes = cos.numel().saturating_mul(4);
-    let cdna = cdna_rows::is_cdna(dev.arch())
+    let cdna = cdna_rows::is_cdna(arch)
         && x_width * esz >= 4
-        && [span(xs), span(ys), table_bytes]
-            .iter()
-            .all(|&b| b < MAX_BUFFER_BYTES);
-    let variant = RopeVariant {
+        && [
+            span_bytes(dims, xs, esz),
+            span_bytes(dims, ys, esz),
+            table_bytes,
+        ]
+        .iter()
+        .all(|&b| b < MAX_BUFFER_BYTES);
+    RopeVariant {
         dtype,
         pairs,
         x_width,
         mode,
         cdna,
-    };
-    let work = batch * seq * heads * (half / pairs);
-    let threads = 256u32;
-    let blocks = work.div_ceil(threads as usize).clamp(1, 1 << 20) as u32;
-    let args = [
-        KernelArg::Ptr(xp),
-        KernelArg::I64(xs[0] as i64),
-        KernelArg::I64(xs[1] as i64),
-        KernelArg::I64(xs[2] as i64),
-        KernelArg::Ptr(yp),
-        KernelArg::I64(ys[0] as i64),
-        KernelArg::I64(ys[1] as i64),
-        KernelArg::I64(ys[2] as i64),
-        KernelArg::Ptr(cp),
-        KernelArg::Ptr(sp),
-        KernelArg::I64(batch as i64),
-        KernelArg::I64(seq as i64),
-        KernelArg::I64(heads as i64),
-        KernelArg::I64(dim as i64),
-        KernelArg::I64(pos_offset as i64),
-        KernelArg::I64(span(xs) as i64),
-        KernelArg::I64(span(ys) as i64),
-        KernelArg::I64(table_bytes as i64),
-    ];
-    // The portable kernel takes the first 15 arguments; the CDNA one also the buffer sizes.
-    let args = if cdna { &args[..] } else { &args[..15] };
-    gpu.launch_variant(&variant, &LaunchConfig::linear(blocks, threads, 0), args)
+    }
 }
 
 /// One compiled form of the rope kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct RopeVariant {
-    dtype: DType,
-    pairs: usize,
-    x_width: usize,
-    mode: RopeMode,
+pub(crate) struct RopeVariant {
+    pub dtype: DType,
+    pub pairs: usize,
+    pub x_width: usize,
+    pub mode: RopeMode,
     /// The CDNA kernel (kernels/device/rope/cdna.cu, buffer loads) instead of rope.cu.
-    cdna: bool,
+    pub cdna: bool,
 }
 
 impl KernelVariant for RopeVariant {

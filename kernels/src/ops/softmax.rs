@@ -4,7 +4,7 @@ use super::check;
 use crate::gpu::{self, cdna_rows, rows};
 use crate::Device;
 use calico_core::{
-    DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
+    Arch, DType, Error, HeaderSet, KernelArg, KernelSource, KernelVariant, Result, Tensor,
 };
 
 /// `y = exp(x - max) / sum(exp(x - max))` over the last dimension, in f32.
@@ -37,53 +37,71 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         KernelArg::I64(xr.rows as i64),
         KernelArg::I64(xr.cols as i64),
     ];
-    let strides = [xr.row_stride, yr.row_stride];
-    if let Some(plan) =
-        cdna_rows::plan(dev.arch(), dtype.size_bytes(), xr.cols, &[xp, yp], &strides)
-    {
-        let variant = SoftmaxCdnaVariant { dtype, plan };
-        return gpu.launch_variant(&variant, &cdna_rows::config(xr.rows, plan), &args);
-    }
-    let vec = gpu::vector_width(
-        dtype.size_bytes(),
-        &[xp, yp],
-        &[xr.row_stride, yr.row_stride],
+    match choose(
+        dev.arch(),
+        dtype,
+        xr.rows,
         xr.cols,
-    );
+        (xp, xr.row_stride),
+        (yp, yr.row_stride),
+    ) {
+        SoftmaxKernel::Cdna(v) => {
+            gpu.launch_variant(&v, &cdna_rows::config(xr.rows, v.plan), &args)
+        }
+        SoftmaxKernel::Portable(v) => gpu.launch_variant(&v, &rows::config(xr.rows, v.plan), &args),
+    }
+}
+
+/// The kernel a softmax takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SoftmaxKernel {
+    Cdna(SoftmaxCdnaVariant),
+    Portable(SoftmaxVariant),
+}
+
+/// The router for rows of `cols` elements of x and y, each given as (base address, row
+/// stride in elements): the CDNA kernel where it applies, else the portable one (shared by
+/// the launch and `ops::plan`).
+pub(crate) fn choose(
+    arch: &Arch,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    x: (u64, usize),
+    y: (u64, usize),
+) -> SoftmaxKernel {
+    let esz = dtype.size_bytes();
+    let strides = [x.1, y.1];
+    if let Some(plan) = cdna_rows::plan(arch, esz, cols, &[x.0, y.0], &strides) {
+        return SoftmaxKernel::Cdna(SoftmaxCdnaVariant { dtype, plan });
+    }
+    let vec = gpu::vector_width(esz, &[x.0, y.0], &strides, cols);
     // Rows that are not 16-byte aligned (odd lengths or strides) but misaligned alike in x and
     // y: vector loads over each row's aligned body, scalar head and tail.
-    let wide = 16 / dtype.size_bytes();
-    let wide_plan = rows::plan(xr.cols, wide, dev.arch());
-    let align_body = vec < wide
-        && !wide_plan.streaming
-        && rows::same_misalignment(
-            dtype.size_bytes(),
-            (xp, xr.row_stride),
-            (yp, yr.row_stride),
-            xr.rows,
-        );
+    let wide = 16 / esz;
+    let wide_plan = rows::plan(cols, wide, arch);
+    let align_body = vec < wide && !wide_plan.streaming && rows::same_misalignment(esz, x, y, rows);
     let (vec, plan) = if align_body {
         (wide, wide_plan)
     } else {
-        (vec, rows::plan(xr.cols, vec, dev.arch()))
+        (vec, rows::plan(cols, vec, arch))
     };
-    let variant = SoftmaxVariant {
+    SoftmaxKernel::Portable(SoftmaxVariant {
         dtype,
         vec,
         plan,
         align_body,
-    };
-    gpu.launch_variant(&variant, &rows::config(xr.rows, plan), &args)
+    })
 }
 
 /// One compiled form of the softmax kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct SoftmaxVariant {
-    dtype: DType,
-    vec: usize,
-    plan: rows::RowPlan,
+pub(crate) struct SoftmaxVariant {
+    pub dtype: DType,
+    pub vec: usize,
+    pub plan: rows::RowPlan,
     /// Aligned body, scalar head and tail per row (see softmax.cu).
-    align_body: bool,
+    pub align_body: bool,
 }
 
 impl KernelVariant for SoftmaxVariant {

@@ -44,7 +44,7 @@ impl CdnaFwdVariant {
         2 * self.keys_per_block() * self.head_dim * 2
     }
 
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!(
             "cdna fwd {} d{} bn{} lds {} KiB",
             self.dtype,
@@ -96,35 +96,34 @@ fn operand_ok(t: &Tensor, head_dim: usize) -> bool {
         && span_bytes(t).is_some_and(|b| b < MAX_OPERAND_BYTES)
 }
 
-/// Runs the forward on the CDNA kernel when it supports the problem on this device: `None`
-/// when it does not (the caller takes the portable path), else the launch's result.
-pub(crate) fn try_forward(
+/// K and V as the kernel can read them (see [`operand_ok`]).
+pub(crate) fn operands_ok(k: &Tensor, v: &Tensor, head_dim: usize) -> bool {
+    operand_ok(k, head_dim) && operand_ok(v, head_dim)
+}
+
+/// The CDNA variant for a problem on `arch`, or `None` when the kernel does not cover it
+/// (the router's rule; K and V must also pass [`operands_ok`]).
+pub(crate) fn forward_variant(arch: &Arch, p: &Problem) -> Option<CdnaFwdVariant> {
+    let fits = arch_ok(arch, p.dtype, p.head_dim)
+        && p.q_len <= i32::MAX as usize
+        && p.k_len <= i32::MAX as usize;
+    fits.then_some(CdnaFwdVariant {
+        dtype: p.dtype,
+        head_dim: p.head_dim,
+    })
+}
+
+/// Launches `variant` on the tensors with the argument list of the other forwards.
+pub(crate) fn launch_forward(
     dev: &Device,
     p: &Problem,
     params: &AttentionParams,
+    variant: CdnaFwdVariant,
     [q, k, v, o, lse]: [&Tensor; 5],
     varlen: Option<[&Tensor; 2]>,
-) -> Option<Result<()>> {
-    if !arch_ok(dev.arch(), p.dtype, p.head_dim)
-        || !operand_ok(k, p.head_dim)
-        || !operand_ok(v, p.head_dim)
-        || p.q_len > i32::MAX as usize
-        || p.k_len > i32::MAX as usize
-    {
-        return None;
-    }
-    let gpu = match common::launcher(dev) {
-        Ok(gpu) => gpu,
-        Err(e) => return Some(Err(e)),
-    };
-    let variant = CdnaFwdVariant {
-        dtype: p.dtype,
-        head_dim: p.head_dim,
-    };
-    let config = match common::grid(p.q_len, BLOCK_ROWS, p.q_heads, p.batch, THREADS, 0) {
-        Ok(c) => c,
-        Err(e) => return Some(Err(e)),
-    };
+) -> Result<()> {
+    let gpu = common::launcher(dev)?;
+    let config = common::grid(p.q_len, BLOCK_ROWS, p.q_heads, p.batch, THREADS, 0)?;
     let mut args = ArgList::new();
     for t in [q, k, v, o] {
         args.extend(common::operand(t));
@@ -133,7 +132,7 @@ pub(crate) fn try_forward(
     args.extend(common::lse_strides(p, varlen.is_some()));
     args.extend(common::offsets_args(varlen));
     args.extend(common::params_args(p, params));
-    Some(gpu.launch_variant(&variant, &config, args.as_slice()))
+    gpu.launch_variant(&variant, &config, args.as_slice())
 }
 
 /// Every variant, for `calico compile --op attention` and the compile checks (CDNA only).

@@ -703,6 +703,56 @@ fn launch(
     }
 }
 
+/// The kernels a decode call of one query token per sequence over caches of `context`
+/// tokens (`page_size`: paged, a block table of whole pages; else contiguous) takes on `arch`, through the launch's own
+/// [`plan`]: the main kernel, then the combiner when the call splits (for `ops::plan`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn planned_kernels(
+    arch: &Arch,
+    dtype: DType,
+    batch: usize,
+    hq: usize,
+    hkv: usize,
+    dim: usize,
+    context: usize,
+    page_size: Option<usize>,
+) -> Vec<(String, DecodeKernel)> {
+    let capacity = page_size.map_or(context, |ps| context.div_ceil(ps) * ps);
+    let p = Problem {
+        dtype,
+        batch,
+        hq,
+        hkv,
+        nq: 1,
+        dim,
+        capacity,
+        page_size: page_size.unwrap_or(capacity),
+        num_pages: page_size.map_or(batch, |ps| batch * capacity.div_ceil(ps)),
+        mask: calico_cpu::DecodeMask {
+            scale: 1.0 / (dim as f32).sqrt(),
+            causal: false,
+            window: None,
+            softcap: None,
+        },
+    };
+    let plan = plan(arch, &p, page_size.is_some());
+    let mut out = vec![match plan.kernel {
+        MainKernel::Lanes(v) => (format!("decode lanes {v:?}"), DecodeKernel::Decode(v)),
+        MainKernel::Mma(v) => (format!("decode mma {v:?}"), DecodeKernel::Mma(v)),
+    }];
+    if plan.splits > 1 {
+        let v = CombineVariant {
+            dtype,
+            head_dim: dim,
+        };
+        out.push((
+            format!("decode combine {dtype} d{dim} ({} splits)", plan.splits),
+            DecodeKernel::Combine(v),
+        ));
+    }
+    out
+}
+
 /// Representative variants for `calico compile` and the offline compile checks.
 pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
     let mut out: Vec<(String, DecodeKernel)> = Vec::new();

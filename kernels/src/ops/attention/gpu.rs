@@ -261,25 +261,42 @@ pub(crate) fn forward(
     [q, k, v, o, lse]: [&Tensor; 5],
     varlen: Option<[&Tensor; 2]>,
 ) -> Result<()> {
-    if let Some(done) = super::hopper::try_forward(dev, p, params, [q, k, v, o, lse], varlen) {
-        return done;
-    }
-    if let Some(done) = super::cdna::try_forward(dev, p, params, [q, k, v, o, lse], varlen) {
-        return done;
-    }
-    let gpu = launcher(dev)?;
-    let kernel = if tile_kernels(dev.arch(), p.dtype, p.head_dim, false) {
-        Kernel::Forward {
-            aligned: rows_aligned(k) && rows_aligned(v),
+    let arch = dev.arch();
+    let tensors = [q, k, v, o, lse];
+    let facts = ForwardFacts {
+        varlen: varlen.is_some(),
+        kv_rows_aligned: rows_aligned(k) && rows_aligned(v),
+        cdna_operands: super::cdna::operands_ok(k, v, p.head_dim),
+        tma_views: true,
+    };
+    let route = match route_forward(arch, p, params, &facts) {
+        ForwardRoute::Hopper(variant) => {
+            match super::hopper::try_forward(dev, p, params, variant, tensors) {
+                Some(done) => return done,
+                None => {
+                    let facts = ForwardFacts {
+                        tma_views: false,
+                        ..facts
+                    };
+                    route_forward(arch, p, params, &facts)
+                }
+            }
         }
-    } else {
-        Kernel::PortableForward
+        route => route,
     };
-    let variant = AttentionVariant {
-        kernel,
-        dtype: p.dtype,
-        head_dim: p.head_dim,
+    let variant = match route {
+        ForwardRoute::Cdna(variant) => {
+            return super::cdna::launch_forward(dev, p, params, variant, tensors, varlen)
+        }
+        ForwardRoute::Tile(variant) => variant,
+        ForwardRoute::Hopper(_) => {
+            return Err(Error::unsupported(
+                "the Hopper forward was routed without TMA views",
+            ))
+        }
     };
+    let kernel = variant.kernel;
+    let gpu = launcher(dev)?;
     let config = match kernel {
         Kernel::PortableForward => grid(
             p.q_len,
@@ -321,23 +338,41 @@ pub(crate) fn backward(
     tensors: [&Tensor; 9],
     varlen: Option<[&Tensor; 2]>,
 ) -> Result<()> {
-    if let Some(done) =
-        super::hopper_bwd::try_backward(dev, p, params, deterministic, tensors, varlen)
-    {
-        return done;
-    }
     let [q, k, v, o, lse, d_o, dq, dk, dv] = tensors;
-    let gpu = launcher(dev)?;
-    let tile = tile_kernels(dev.arch(), p.dtype, p.head_dim, true);
-    let aligned = [q, k, v, o, d_o].iter().all(|t| rows_aligned(t));
-    let (dq_kernel, dkdv_kernel) = if tile {
-        (
-            Kernel::BackwardDq { aligned },
-            Kernel::BackwardDkDv { aligned },
-        )
-    } else {
-        (Kernel::PortableDq, Kernel::PortableDkDv)
+    let arch = dev.arch();
+    let facts = BackwardFacts {
+        varlen: varlen.is_some(),
+        deterministic,
+        rows_aligned: [q, k, v, o, d_o].iter().all(|t| rows_aligned(t)),
+        tma_views: true,
     };
+    let route = match route_backward(arch, p, params, &facts) {
+        BackwardRoute::Hopper(main) => {
+            match super::hopper_bwd::try_backward(dev, p, params, main, tensors) {
+                Some(done) => return done,
+                None => {
+                    let facts = BackwardFacts {
+                        tma_views: false,
+                        ..facts
+                    };
+                    route_backward(arch, p, params, &facts)
+                }
+            }
+        }
+        route => route,
+    };
+    let BackwardRoute::Tile {
+        dq: dq_variant,
+        dkdv: dkdv_variant,
+    } = route
+    else {
+        return Err(Error::unsupported(
+            "the Hopper backward was routed without TMA views",
+        ));
+    };
+    let (dq_kernel, dkdv_kernel) = (dq_variant.kernel, dkdv_variant.kernel);
+    let tile = !matches!(dq_kernel, Kernel::PortableDq);
+    let gpu = launcher(dev)?;
     let mut common = ArgList::new();
     for t in [q, k, v, o, d_o] {
         common.extend(operand(t));
@@ -394,6 +429,115 @@ pub(crate) fn backward(
         gpu.with_workspace(lse.numel().max(1) * 4, &mut |addr| run(Some(addr)))
     } else {
         run(None)
+    }
+}
+
+/// What the forward router needs to know of the operands besides the problem.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ForwardFacts {
+    pub varlen: bool,
+    /// K and V rows 16-byte aligned (the tile kernel's cp.async).
+    pub kv_rows_aligned: bool,
+    /// K and V as the CDNA kernel reads them (`cdna::operands_ok`).
+    pub cdna_operands: bool,
+    /// Q, K and V can be TMA views (false once `view_map` declined them).
+    pub tma_views: bool,
+}
+
+/// The kernel a forward takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ForwardRoute {
+    Hopper(super::hopper::HopperFwdVariant),
+    Cdna(super::cdna::CdnaFwdVariant),
+    /// The tile forward or the portable one.
+    Tile(AttentionVariant),
+}
+
+/// The forward router (shared by the launch and `ops::plan`): the Hopper kernel, then the
+/// CDNA kernel, where they apply; else the tile kernel on NVIDIA sm_80+, else the portable.
+pub(crate) fn route_forward(
+    arch: &Arch,
+    p: &Problem,
+    params: &AttentionParams,
+    f: &ForwardFacts,
+) -> ForwardRoute {
+    if f.tma_views {
+        if let Some(v) = super::hopper::forward_variant(arch, p, params, f.varlen) {
+            return ForwardRoute::Hopper(v);
+        }
+    }
+    if f.cdna_operands {
+        if let Some(v) = super::cdna::forward_variant(arch, p) {
+            return ForwardRoute::Cdna(v);
+        }
+    }
+    let kernel = if tile_kernels(arch, p.dtype, p.head_dim, false) {
+        Kernel::Forward {
+            aligned: f.kv_rows_aligned,
+        }
+    } else {
+        Kernel::PortableForward
+    };
+    ForwardRoute::Tile(AttentionVariant {
+        kernel,
+        dtype: p.dtype,
+        head_dim: p.head_dim,
+    })
+}
+
+/// What the backward router needs to know besides the problem.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BackwardFacts {
+    pub varlen: bool,
+    pub deterministic: bool,
+    /// Q, K, V, O and dO rows 16-byte aligned.
+    pub rows_aligned: bool,
+    /// Q, K, V and dO can be TMA views (false once `view_map` declined them).
+    pub tma_views: bool,
+}
+
+/// The kernels a backward takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BackwardRoute {
+    /// The Hopper kernels (prepare, this main kernel, finish).
+    Hopper(super::hopper_bwd::HopperBwdVariant),
+    /// dQ, then dK and dV, on the tile kernels or the portable ones.
+    Tile {
+        dq: AttentionVariant,
+        dkdv: AttentionVariant,
+    },
+}
+
+/// The backward router (shared by the launch and `ops::plan`).
+pub(crate) fn route_backward(
+    arch: &Arch,
+    p: &Problem,
+    params: &AttentionParams,
+    f: &BackwardFacts,
+) -> BackwardRoute {
+    if f.tma_views {
+        let main = super::hopper_bwd::backward_variant(arch, p, params, f.deterministic, f.varlen);
+        if let Some(main) = main {
+            return BackwardRoute::Hopper(main);
+        }
+    }
+    let aligned = f.rows_aligned;
+    let (dq, dkdv) = if tile_kernels(arch, p.dtype, p.head_dim, true) {
+        (
+            Kernel::BackwardDq { aligned },
+            Kernel::BackwardDkDv { aligned },
+        )
+    } else {
+        (Kernel::PortableDq, Kernel::PortableDkDv)
+    };
+    let variant = |kernel| AttentionVariant {
+        kernel,
+        dtype: p.dtype,
+        head_dim: p.head_dim,
+    };
+    BackwardRoute::Tile {
+        dq: variant(dq),
+        dkdv: variant(dkdv),
     }
 }
 

@@ -99,7 +99,7 @@ impl HopperFwdVariant {
         1024 + BM * d * 2 + 2 * self.stages * self.block_n * d * 2 + (4 * self.stages + 2) * 8
     }
 
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!(
             "hopper fwd {} d={} bn={} stages={} softcap={} {:?}",
             self.dtype, self.head_dim, self.block_n, self.stages, self.softcap, self.schedule
@@ -262,21 +262,18 @@ fn heads_per_chunk(arch: &Arch, p: &Problem) -> usize {
     ((budget / kv_bytes).max(1) * group).clamp(1, p.batch * p.q_heads)
 }
 
-/// Runs the forward on the Hopper kernel when it supports the problem on this device:
-/// `None` when it does not (the caller takes the portable path), else the launch's result.
-pub(crate) fn try_forward(
-    dev: &Device,
+/// The Hopper variant for a problem on `arch`, or `None` when the kernel does not cover it
+/// (the router's rule; the operands must also be TMA views, see [`try_forward`]).
+pub(crate) fn forward_variant(
+    arch: &Arch,
     p: &Problem,
     params: &AttentionParams,
-    t: [&Tensor; 5],
-    varlen: Option<[&Tensor; 2]>,
-) -> Option<Result<()>> {
-    let [q, k, v, o, lse] = t;
-    let arch = dev.arch();
+    varlen: bool,
+) -> Option<HopperFwdVariant> {
     // The kernel takes the row max before scaling (hopper_fwd.cu): the factor from scores to
     // base-2 units must be positive. A cap makes it cap * log2(e); else it is the scale.
     let scale_positive = params.softcap.is_some() || params.scale > 0.0;
-    let fits = varlen.is_none()
+    let fits = !varlen
         && hopper_enabled()
         && scale_positive
         && arch_ok(arch)
@@ -288,14 +285,27 @@ pub(crate) fn try_forward(
     if !fits {
         return None;
     }
-    let gpu = dev.as_gpu()?;
-    let variant = HopperFwdVariant::new(
+    HopperFwdVariant::new(
         arch,
         p.dtype,
         p.head_dim,
         params.softcap.is_some(),
         Schedule::chosen(),
-    )?;
+    )
+}
+
+/// Runs `variant` on the tensors: `None` when TMA cannot express Q, K or V (the caller
+/// routes again without the Hopper kernel), else the launch's result.
+pub(crate) fn try_forward(
+    dev: &Device,
+    p: &Problem,
+    params: &AttentionParams,
+    variant: HopperFwdVariant,
+    t: [&Tensor; 5],
+) -> Option<Result<()>> {
+    let [q, k, v, o, lse] = t;
+    let arch = dev.arch();
+    let gpu = dev.as_gpu()?;
     let map_q = view_map(q, BM)?;
     let map_k = view_map(k, variant.block_n)?;
     let map_v = view_map(v, variant.block_n)?;

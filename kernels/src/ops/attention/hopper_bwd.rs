@@ -109,7 +109,7 @@ impl HopperBwdVariant {
         }
     }
 
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!(
             "hopper bwd {:?} {} d={} stages={} softcap={}",
             self.kernel, self.dtype, self.head_dim, self.stages, self.softcap
@@ -220,20 +220,18 @@ fn pairs_ok(t: &Tensor) -> bool {
     t.device_ptr().unwrap_or(0) % 4 == 0 && (0..3).all(|i| t.shape()[i] <= 1 || s[i] % 2 == 0)
 }
 
-/// Runs the backward on the Hopper kernels when they support the call on this device:
-/// `None` when they do not (the caller takes the tile kernels), else the launches' result.
-pub(crate) fn try_backward(
-    dev: &Device,
+/// The Hopper backward's main variant for a problem on `arch`, or `None` when the kernels
+/// do not cover it (the router's rule; the operands must also be TMA views, see
+/// [`try_backward`]).
+pub(crate) fn backward_variant(
+    arch: &Arch,
     p: &Problem,
     params: &AttentionParams,
     deterministic: bool,
-    t: [&Tensor; 9],
-    varlen: Option<[&Tensor; 2]>,
-) -> Option<Result<()>> {
-    let [q, k, v, _o, _lse, d_o, _dq, _dk, _dv] = t;
-    let arch = dev.arch();
+    varlen: bool,
+) -> Option<HopperBwdVariant> {
     // Deterministic calls keep the tile kernels: the dQ reductions here add in timing order.
-    let fits = varlen.is_none()
+    let fits = !varlen
         && !deterministic
         && enabled()
         && arch_ok(arch)
@@ -241,12 +239,25 @@ pub(crate) fn try_backward(
         && matches!(p.head_dim, 64 | 128)
         && (1..=MAX_LEN).contains(&p.q_len)
         && (1..=MAX_LEN).contains(&p.k_len)
-        && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize;
+        && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize
+        && Workspace::new(p).rows.div_ceil(ROWS_PER_BLOCK) <= u32::MAX as usize;
     if !fits {
         return None;
     }
+    HopperBwdVariant::main(arch, p.dtype, p.head_dim, params.softcap.is_some())
+}
+
+/// Runs the backward with `main` on the tensors: `None` when TMA cannot express Q, K, V or
+/// dO (the caller routes again without the Hopper kernels), else the launches' result.
+pub(crate) fn try_backward(
+    dev: &Device,
+    p: &Problem,
+    params: &AttentionParams,
+    main: HopperBwdVariant,
+    t: [&Tensor; 9],
+) -> Option<Result<()>> {
+    let [q, k, v, _o, _lse, d_o, _dq, _dk, _dv] = t;
     let gpu = dev.as_gpu()?;
-    let main = HopperBwdVariant::main(arch, p.dtype, p.head_dim, params.softcap.is_some())?;
     let bq = block_q(p.head_dim);
     let maps = [
         view_map(q, bq)?,
@@ -255,9 +266,6 @@ pub(crate) fn try_backward(
         view_map(d_o, bq)?,
     ];
     let ws = Workspace::new(p);
-    if ws.rows.div_ceil(ROWS_PER_BLOCK) > u32::MAX as usize {
-        return None;
-    }
     Some(gpu.with_workspace(ws.bytes, &mut |base| {
         launch(gpu, p, params, main, maps, t, ws, base)
     }))

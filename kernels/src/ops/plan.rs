@@ -1,0 +1,456 @@
+//! What the routers would run for an op on a compile target, with no device (for
+//! `calico bench --dry-run`): each planner feeds the router's own decision function (the one
+//! the launch calls) with dense, contiguous operands at 256-byte aligned addresses, as the
+//! benchmark allocates them, and returns the kernels it picks and, on AMD targets, their
+//! sources to compile offline.
+
+use super::attention::{check::Problem, decode, gpu as attn, AttentionOptions};
+use super::{norm, rope, softmax, RopeMode};
+use calico_core::{Arch, DType, Error, KernelSource, KernelVariant, Result, Vendor};
+
+/// One kernel an op would launch.
+#[derive(Debug, Clone)]
+pub struct PlannedKernel {
+    /// What the router chose, in words.
+    pub label: String,
+    /// The variant's source on AMD targets; `None` on NVIDIA (see `calico compile`).
+    pub source: Option<KernelSource>,
+}
+
+/// The kernels one call of an op would launch, in order.
+#[derive(Debug, Clone)]
+pub struct OpPlan {
+    pub kernels: Vec<PlannedKernel>,
+}
+
+/// The row ops (memory-bound, one row or one head at a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RowOp {
+    RmsNorm,
+    AddRmsNorm,
+    /// With a weight and a bias.
+    LayerNorm,
+    /// With a weight and a bias.
+    AddLayerNorm,
+    Softmax,
+    /// Half-split rope with f32 cos/sin tables of S positions.
+    Rope,
+}
+
+/// One attention forward or backward: Q `[B, Hq, N, D]`, K and V `[B, Hkv, N, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionCase {
+    pub dtype: DType,
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub seq: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub backward: bool,
+}
+
+/// One decode call: one query token per sequence over a cache of `context` tokens each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeCase {
+    pub dtype: DType,
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub context: usize,
+    /// Tokens per page; `None` for a contiguous `[B, Hkv, N, D]` cache.
+    pub page_size: Option<usize>,
+}
+
+/// Where the planner places operands: far apart, 256-byte aligned.
+const BASE: u64 = 1 << 40;
+
+fn arch_for(target: &str) -> Result<Arch> {
+    Arch::for_target(target).ok_or_else(|| Error::unsupported(format!("unknown target `{target}`")))
+}
+
+fn planned<V: KernelVariant>(arch: &Arch, label: String, variant: &V) -> Result<PlannedKernel> {
+    let source = match arch.vendor {
+        Vendor::Amd => Some(variant.source(calico_hip::hip_headers())?),
+        _ => None,
+    };
+    Ok(PlannedKernel { label, source })
+}
+
+/// The kernel a row op's router picks (one of the three routers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowChoice {
+    Norm(norm::NormKernel),
+    Softmax(softmax::SoftmaxKernel),
+    Rope(rope::RopeVariant),
+}
+
+/// The router's choice for `op` on dense operands of `shape` (`[rows, cols]`, or
+/// `[B, S, H, D]` for rope).
+pub(crate) fn row_choice(
+    arch: &Arch,
+    op: RowOp,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<RowChoice> {
+    let operand = |i: u64| BASE * (i + 1);
+    if op == RowOp::Rope {
+        let &[b, s, h, d] = shape else {
+            return Err(Error::shape(format!(
+                "rope takes [B, S, H, D], got {shape:?}"
+            )));
+        };
+        if d % 2 != 0 {
+            return Err(Error::shape(format!(
+                "rope needs an even head dimension, got {d}"
+            )));
+        }
+        let strides = [s * h * d, h * d, d];
+        let table_bytes = s * (d / 2) * 4;
+        let addresses = [operand(0), operand(1), operand(2), operand(3)];
+        return Ok(RowChoice::Rope(rope::choose(
+            arch,
+            dtype,
+            RopeMode::HalfSplit,
+            [b, s, h, d],
+            [strides, strides],
+            addresses,
+            table_bytes,
+        )));
+    }
+    let &[rows, cols] = shape else {
+        return Err(Error::shape(format!(
+            "{op:?} takes [rows, cols], got {shape:?}"
+        )));
+    };
+    let row = |i: u64| (operand(i), cols);
+    if op == RowOp::Softmax {
+        return Ok(RowChoice::Softmax(softmax::choose(
+            arch,
+            dtype,
+            rows,
+            cols,
+            row(0),
+            row(1),
+        )));
+    }
+    let layer = matches!(op, RowOp::LayerNorm | RowOp::AddLayerNorm);
+    let add = matches!(op, RowOp::AddRmsNorm | RowOp::AddLayerNorm);
+    let geometry = norm::NormGeometry {
+        rows,
+        cols,
+        x: row(0),
+        residual: add.then(|| row(1)),
+        y: row(2),
+        sum: add.then(|| row(3)),
+        weight: Some(operand(4)),
+        bias: layer.then(|| operand(5)),
+    };
+    Ok(RowChoice::Norm(norm::choose(arch, dtype, layer, &geometry)))
+}
+
+/// The kernel `op` would run on `target` for dense, contiguous operands of `shape`
+/// (`[rows, cols]`, or `[B, S, H, D]` for rope) and `dtype`.
+pub fn plan_row_op(target: &str, op: RowOp, shape: &[usize], dtype: DType) -> Result<OpPlan> {
+    let arch = arch_for(target)?;
+    let kernel = match row_choice(&arch, op, shape, dtype)? {
+        RowChoice::Norm(norm::NormKernel::Cdna(v)) => {
+            planned(&arch, format!("norm cdna {v:?}"), &v)
+        }
+        RowChoice::Norm(norm::NormKernel::Portable(v)) => {
+            planned(&arch, format!("norm portable {v:?}"), &v)
+        }
+        RowChoice::Softmax(softmax::SoftmaxKernel::Cdna(v)) => {
+            planned(&arch, format!("softmax cdna {v:?}"), &v)
+        }
+        RowChoice::Softmax(softmax::SoftmaxKernel::Portable(v)) => {
+            planned(&arch, format!("softmax portable {v:?}"), &v)
+        }
+        RowChoice::Rope(v) => planned(&arch, format!("rope {v:?}"), &v),
+    }?;
+    Ok(OpPlan {
+        kernels: vec![kernel],
+    })
+}
+
+/// The problem and the facts the attention routers see for dense, contiguous `[B, H, N, D]`
+/// operands at aligned addresses.
+fn attention_problem(c: &AttentionCase) -> Result<(Problem, bool, bool)> {
+    if c.kv_heads == 0 || c.q_heads % c.kv_heads != 0 {
+        return Err(Error::shape(format!(
+            "{} query heads do not group over {} KV heads",
+            c.q_heads, c.kv_heads
+        )));
+    }
+    let p = Problem {
+        dtype: c.dtype,
+        batch: c.batch,
+        q_heads: c.q_heads,
+        kv_heads: c.kv_heads,
+        q_len: c.seq,
+        k_len: c.seq,
+        head_dim: c.head_dim,
+    };
+    // Row strides of D elements: 16-byte rows (cp.async, TMA, buffer loads) when D is a
+    // multiple of 8; the CDNA kernel also needs each of K and V under 2 GiB.
+    let rows_aligned = c.head_dim % 8 == 0;
+    let kv_bytes = c.batch * c.kv_heads * c.seq * c.head_dim * c.dtype.size_bytes();
+    let cdna_operands = rows_aligned && kv_bytes < 1 << 31;
+    Ok((p, rows_aligned, cdna_operands))
+}
+
+/// The router's choice for an attention forward or backward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AttentionChoice {
+    Forward(attn::ForwardRoute),
+    Backward(attn::BackwardRoute),
+}
+
+pub(crate) fn attention_choice(arch: &Arch, c: &AttentionCase) -> Result<AttentionChoice> {
+    let (p, rows_aligned, cdna_operands) = attention_problem(c)?;
+    let opts = AttentionOptions {
+        causal: c.causal,
+        ..Default::default()
+    };
+    let params = super::attention::check::params(&opts, c.head_dim)?;
+    Ok(if c.backward {
+        let facts = attn::BackwardFacts {
+            varlen: false,
+            deterministic: false,
+            rows_aligned,
+            tma_views: rows_aligned,
+        };
+        AttentionChoice::Backward(attn::route_backward(arch, &p, &params, &facts))
+    } else {
+        let facts = attn::ForwardFacts {
+            varlen: false,
+            kv_rows_aligned: rows_aligned,
+            cdna_operands,
+            tma_views: rows_aligned,
+        };
+        AttentionChoice::Forward(attn::route_forward(arch, &p, &params, &facts))
+    })
+}
+
+/// The kernels an attention forward or backward would run on `target`.
+pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
+    let arch = arch_for(target)?;
+    let tile = |v: attn::AttentionVariant| planned(&arch, v.label(), &v);
+    let kernels = match attention_choice(&arch, case)? {
+        AttentionChoice::Forward(attn::ForwardRoute::Hopper(v)) => vec![PlannedKernel {
+            label: format!("hopper fwd {}", v.label()),
+            source: None,
+        }],
+        AttentionChoice::Forward(attn::ForwardRoute::Cdna(v)) => {
+            vec![planned(&arch, v.label(), &v)?]
+        }
+        AttentionChoice::Forward(attn::ForwardRoute::Tile(v)) => vec![tile(v)?],
+        AttentionChoice::Backward(attn::BackwardRoute::Hopper(v)) => vec![PlannedKernel {
+            label: format!("hopper bwd prepare, {}, finish", v.label()),
+            source: None,
+        }],
+        AttentionChoice::Backward(attn::BackwardRoute::Tile { dq, dkdv }) => {
+            vec![tile(dq)?, tile(dkdv)?]
+        }
+    };
+    Ok(OpPlan { kernels })
+}
+
+/// The kernels a decode call would run on `target`: the main kernel, and the split combiner
+/// when the call splits the cache.
+pub fn plan_attention_decode(target: &str, case: &DecodeCase) -> Result<OpPlan> {
+    let arch = arch_for(target)?;
+    if case.kv_heads == 0 || case.q_heads % case.kv_heads != 0 || case.context == 0 {
+        return Err(Error::shape(format!("no decode problem: {case:?}")));
+    }
+    if !matches!(case.head_dim, 64 | 128 | 256) {
+        return Err(Error::unsupported(format!(
+            "attention_decode supports head_dim 64, 128 and 256, got {}",
+            case.head_dim
+        )));
+    }
+    let kernels = decode::planned_kernels(
+        &arch,
+        case.dtype,
+        case.batch,
+        case.q_heads,
+        case.kv_heads,
+        case.head_dim,
+        case.context,
+        case.page_size,
+    )
+    .into_iter()
+    .map(|(label, kernel)| {
+        let source = match arch.vendor {
+            Vendor::Amd => Some(kernel.source(calico_hip::hip_headers())?),
+            _ => None,
+        };
+        Ok(PlannedKernel { label, source })
+    })
+    .collect::<Result<Vec<_>>>()?;
+    Ok(OpPlan { kernels })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::attention::gpu::{BackwardRoute, ForwardRoute, Kernel};
+
+    fn arch(target: &str) -> Arch {
+        Arch::for_target(target).unwrap()
+    }
+
+    #[test]
+    fn row_ops_take_the_cdna_kernels_on_gfx9_and_the_portable_ones_elsewhere() {
+        let bf = DType::BF16;
+        for target in ["gfx942", "gfx90a"] {
+            let a = arch(target);
+            for op in [RowOp::RmsNorm, RowOp::AddLayerNorm] {
+                let RowChoice::Norm(norm::NormKernel::Cdna(v)) =
+                    row_choice(&a, op, &[65536, 4096], bf).unwrap()
+                else {
+                    panic!("{target} {op:?}: not the CDNA norm");
+                };
+                assert_eq!((v.plan.bytes, v.plan.group), (16, 128), "{v:?}");
+                assert_eq!(v.layer, op == RowOp::AddLayerNorm);
+            }
+            let softmax = row_choice(&a, RowOp::Softmax, &[65536, 4096], bf).unwrap();
+            assert!(matches!(
+                softmax,
+                RowChoice::Softmax(softmax::SoftmaxKernel::Cdna(_))
+            ));
+            let RowChoice::Rope(r) = row_choice(&a, RowOp::Rope, &[16, 1024, 32, 128], bf).unwrap()
+            else {
+                panic!("rope");
+            };
+            assert!(r.cdna && r.pairs == 8, "{r:?}");
+            let plan = plan_row_op(target, RowOp::LayerNorm, &[64, 1024], bf).unwrap();
+            assert!(plan.kernels[0].source.is_some());
+        }
+        let sm90 = arch("sm_90a");
+        let RowChoice::Softmax(softmax::SoftmaxKernel::Portable(v)) =
+            row_choice(&sm90, RowOp::Softmax, &[65536, 4096], bf).unwrap()
+        else {
+            panic!("sm_90a softmax");
+        };
+        assert_eq!((v.vec, v.align_body), (8, false));
+        let RowChoice::Rope(r) = row_choice(&sm90, RowOp::Rope, &[16, 1024, 32, 128], bf).unwrap()
+        else {
+            panic!("rope");
+        };
+        assert!(!r.cdna);
+        let plan = plan_row_op("sm_90a", RowOp::RmsNorm, &[64, 1024], bf).unwrap();
+        assert!(plan.kernels[0].source.is_none());
+    }
+
+    /// Rows of 4097 bf16 are not whole dwords: the CDNA kernels decline them and the portable
+    /// kernel reads each row's aligned body (x and y misaligned alike).
+    #[test]
+    fn odd_rows_take_the_portable_aligned_body_kernel_on_gfx942() {
+        let a = arch("gfx942");
+        for op in [RowOp::Softmax, RowOp::RmsNorm] {
+            match row_choice(&a, op, &[4097, 4097], DType::BF16).unwrap() {
+                RowChoice::Softmax(softmax::SoftmaxKernel::Portable(v)) => {
+                    assert!(v.align_body && v.vec == 8)
+                }
+                RowChoice::Norm(norm::NormKernel::Portable(v)) => {
+                    assert!(v.align_body && v.vec == 8)
+                }
+                other => panic!("{op:?}: {other:?}"),
+            }
+        }
+        assert!(row_choice(&a, RowOp::Rope, &[1, 2, 3], DType::BF16).is_err());
+        assert!(plan_row_op("tpu_v5", RowOp::Softmax, &[1, 8], DType::BF16).is_err());
+    }
+
+    fn case(backward: bool, head_dim: usize) -> AttentionCase {
+        AttentionCase {
+            dtype: DType::BF16,
+            batch: 4,
+            q_heads: 2048 / head_dim,
+            kv_heads: 2048 / head_dim,
+            seq: 4096,
+            head_dim,
+            causal: true,
+            backward,
+        }
+    }
+
+    #[test]
+    fn attention_routes_per_target() {
+        let fwd = |t: &str, d| attention_choice(&arch(t), &case(false, d)).unwrap();
+        let bwd = |t: &str, d| attention_choice(&arch(t), &case(true, d)).unwrap();
+        for t in ["gfx942", "gfx90a"] {
+            assert!(matches!(
+                fwd(t, 128),
+                AttentionChoice::Forward(ForwardRoute::Cdna(_))
+            ));
+            let AttentionChoice::Backward(BackwardRoute::Tile { dq, dkdv }) = bwd(t, 64) else {
+                panic!("{t} backward");
+            };
+            assert_eq!(
+                (dq.kernel, dkdv.kernel),
+                (Kernel::PortableDq, Kernel::PortableDkDv)
+            );
+        }
+        assert!(matches!(
+            fwd("sm_90a", 128),
+            AttentionChoice::Forward(ForwardRoute::Hopper(_))
+        ));
+        assert!(matches!(
+            bwd("sm_90a", 64),
+            AttentionChoice::Backward(BackwardRoute::Hopper(_))
+        ));
+        // No wgmma on sm_80 or sm_100a: the tile kernels, K and V rows aligned.
+        for t in ["sm_80", "sm_100a"] {
+            let AttentionChoice::Forward(ForwardRoute::Tile(v)) = fwd(t, 128) else {
+                panic!("{t} forward");
+            };
+            assert_eq!(v.kernel, Kernel::Forward { aligned: true });
+        }
+    }
+
+    /// The launch routes again without the Hopper kernel when TMA declines the views: the
+    /// same router then picks the tile kernels.
+    #[test]
+    fn hopper_falls_back_to_the_tile_kernels_without_tma_views() {
+        let a = arch("sm_90a");
+        let c = case(false, 128);
+        let (p, _, _) = attention_problem(&c).unwrap();
+        let params =
+            super::super::attention::check::params(&AttentionOptions::default(), 128).unwrap();
+        let facts = attn::ForwardFacts {
+            varlen: false,
+            kv_rows_aligned: true,
+            cdna_operands: true,
+            tma_views: false,
+        };
+        let ForwardRoute::Tile(v) = attn::route_forward(&a, &p, &params, &facts) else {
+            panic!("not the tile forward");
+        };
+        assert_eq!(v.kernel, Kernel::Forward { aligned: true });
+    }
+
+    #[test]
+    fn decode_plans_name_the_main_kernel_and_the_combiner_when_split() {
+        let c = DecodeCase {
+            dtype: DType::BF16,
+            batch: 1,
+            q_heads: 32,
+            kv_heads: 8,
+            head_dim: 128,
+            context: 32768,
+            page_size: Some(16),
+        };
+        let amd = plan_attention_decode("gfx942", &c).unwrap();
+        assert!(amd.kernels[0].label.starts_with("decode lanes"), "{amd:?}");
+        assert!(amd.kernels.iter().all(|k| k.source.is_some()));
+        assert_eq!(amd.kernels.len(), 2, "one sequence of 32k tokens is split");
+        let nv = plan_attention_decode("sm_90a", &c).unwrap();
+        assert!(nv.kernels[0].label.starts_with("decode mma"), "{nv:?}");
+        assert!(nv.kernels.iter().all(|k| k.source.is_none()));
+        let bad = DecodeCase { head_dim: 96, ..c };
+        assert!(plan_attention_decode("sm_90a", &bad).is_err());
+    }
+}
