@@ -87,8 +87,9 @@ pub struct BenchArgs {
     /// Exit (code 3) if no case finishes for this many seconds: a hung kernel.
     #[arg(long, default_value_t = 180)]
     pub stall_s: u64,
-    /// No device: list the GEMM cases' kernels on this compile target (e.g. gfx942) with, on
-    /// AMD targets, their registers, LDS and occupancy. Nothing is timed or written.
+    /// No device: list the kernels every case (GEMM, row ops, attention, decode) would take on
+    /// this compile target (e.g. gfx942) with, on AMD targets, their registers, LDS and
+    /// occupancy (an error if any spills to scratch). Nothing is timed or written.
     #[arg(long, value_name = "TARGET")]
     pub dry_run: Option<String>,
 }

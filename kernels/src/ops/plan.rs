@@ -155,23 +155,66 @@ pub(crate) fn row_choice(
 pub fn plan_row_op(target: &str, op: RowOp, shape: &[usize], dtype: DType) -> Result<OpPlan> {
     let arch = arch_for(target)?;
     let kernel = match row_choice(&arch, op, shape, dtype)? {
-        RowChoice::Norm(norm::NormKernel::Cdna(v)) => {
-            planned(&arch, format!("norm cdna {v:?}"), &v)
+        RowChoice::Norm(norm::NormKernel::Cdna(v)) => planned(
+            &arch,
+            format!("norm cdna, {}", cdna_rows_label(&v.plan)),
+            &v,
+        ),
+        RowChoice::Norm(norm::NormKernel::Portable(v)) => planned(
+            &arch,
+            format!(
+                "norm portable, {}",
+                rows_label(v.vec, &v.plan, v.align_body)
+            ),
+            &v,
+        ),
+        RowChoice::Softmax(softmax::SoftmaxKernel::Cdna(v)) => planned(
+            &arch,
+            format!("softmax cdna, {}", cdna_rows_label(&v.plan)),
+            &v,
+        ),
+        RowChoice::Softmax(softmax::SoftmaxKernel::Portable(v)) => planned(
+            &arch,
+            format!(
+                "softmax portable, {}",
+                rows_label(v.vec, &v.plan, v.align_body)
+            ),
+            &v,
+        ),
+        RowChoice::Rope(v) => {
+            let kind = if v.cdna { "cdna" } else { "portable" };
+            let label = format!(
+                "rope {kind}, {} pairs a thread, {} elements an access",
+                v.pairs, v.x_width
+            );
+            planned(&arch, label, &v)
         }
-        RowChoice::Norm(norm::NormKernel::Portable(v)) => {
-            planned(&arch, format!("norm portable {v:?}"), &v)
-        }
-        RowChoice::Softmax(softmax::SoftmaxKernel::Cdna(v)) => {
-            planned(&arch, format!("softmax cdna {v:?}"), &v)
-        }
-        RowChoice::Softmax(softmax::SoftmaxKernel::Portable(v)) => {
-            planned(&arch, format!("softmax portable {v:?}"), &v)
-        }
-        RowChoice::Rope(v) => planned(&arch, format!("rope {v:?}"), &v),
     }?;
     Ok(OpPlan {
         kernels: vec![kernel],
     })
+}
+
+fn cdna_rows_label(p: &crate::gpu::cdna_rows::CdnaRowPlan) -> String {
+    format!(
+        "{}-byte buffer loads x{} a lane, {} lanes a row, {} threads",
+        p.bytes, p.chunks_per_lane, p.group, p.threads
+    )
+}
+
+fn rows_label(vec: usize, p: &crate::gpu::rows::RowPlan, align_body: bool) -> String {
+    let body = if align_body { ", aligned body" } else { "" };
+    if p.streaming {
+        format!(
+            "{vec}-element vectors streamed, {} threads{body}",
+            p.threads
+        )
+    } else {
+        format!(
+            "{vec}-element vectors x{} a thread, {} threads{body}",
+            p.vectors_per_thread, p.threads
+        )
+    }
 }
 
 /// The problem and the facts the attention routers see for dense, contiguous `[B, H, N, D]`
@@ -239,7 +282,7 @@ pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
     let tile = |v: attn::AttentionVariant| planned(&arch, v.label(), &v);
     let kernels = match attention_choice(&arch, case)? {
         AttentionChoice::Forward(attn::ForwardRoute::Hopper(v)) => vec![PlannedKernel {
-            label: format!("hopper fwd {}", v.label()),
+            label: v.label(),
             source: None,
         }],
         AttentionChoice::Forward(attn::ForwardRoute::Cdna(v)) => {
@@ -247,7 +290,7 @@ pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
         }
         AttentionChoice::Forward(attn::ForwardRoute::Tile(v)) => vec![tile(v)?],
         AttentionChoice::Backward(attn::BackwardRoute::Hopper(v)) => vec![PlannedKernel {
-            label: format!("hopper bwd prepare, {}, finish", v.label()),
+            label: format!("{}, between its prepare and finish kernels", v.label()),
             source: None,
         }],
         AttentionChoice::Backward(attn::BackwardRoute::Tile { dq, dkdv }) => {

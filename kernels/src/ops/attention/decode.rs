@@ -737,8 +737,20 @@ pub(crate) fn planned_kernels(
     };
     let plan = plan(arch, &p, page_size.is_some());
     let mut out = vec![match plan.kernel {
-        MainKernel::Lanes(v) => (format!("decode lanes {v:?}"), DecodeKernel::Decode(v)),
-        MainKernel::Mma(v) => (format!("decode mma {v:?}"), DecodeKernel::Mma(v)),
+        MainKernel::Lanes(v) => (
+            format!(
+                "decode lanes {dtype} d{dim}, {} rows a block, unroll {}, pipe {}",
+                v.rows, v.unroll, v.pipe
+            ),
+            DecodeKernel::Decode(v),
+        ),
+        MainKernel::Mma(v) => (
+            format!(
+                "decode mma {dtype} d{dim}, {} warps, {} stages",
+                v.warps, v.stages
+            ),
+            DecodeKernel::Mma(v),
+        ),
     }];
     if plan.splits > 1 {
         let v = CombineVariant {
