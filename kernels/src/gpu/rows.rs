@@ -1,6 +1,6 @@
 //! Launch shapes for the row kernels (norms, softmax): one block per row, the row in registers.
 
-use calico_core::{Arch, LaunchConfig};
+use calico_core::{Arch, LaunchConfig, Result, Tensor};
 
 /// How a row kernel covers a row of `cols` elements read `vec` at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -54,6 +54,15 @@ pub(crate) fn same_misalignment(
     let bases = x.0 % 16 == y.0 % 16;
     let strides = rows <= 1 || (x.1 * elem) % 16 == (y.1 * elem) % 16;
     elem_ok && bases && strides
+}
+
+/// A row operand as the routers see it: device address (1, misaligned, when unknown) and row
+/// stride in elements.
+pub(crate) fn operand(t: &Tensor) -> Result<(u64, usize)> {
+    Ok((
+        t.device_ptr().unwrap_or(1),
+        t.layout().as_rows()?.row_stride,
+    ))
 }
 
 /// A grid of one block per row, capped (the kernels loop over rows).

@@ -202,22 +202,7 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
             None => 0,
         })
     };
-    let operand = |t: Option<&Tensor>| -> Result<Option<RowOperand>> {
-        Ok(match t {
-            Some(t) => Some((t.device_ptr().unwrap_or(1), stride(Some(t))?)),
-            None => None,
-        })
-    };
-    let geometry = NormGeometry {
-        rows: xr.rows,
-        cols: xr.cols,
-        x: (c.x.device_ptr().unwrap_or(1), xr.row_stride),
-        residual: operand(c.residual)?,
-        y: (c.y.device_ptr().unwrap_or(1), yr.row_stride),
-        sum: operand(c.sum)?,
-        weight: c.weight.map(|t| t.device_ptr().unwrap_or(1)),
-        bias: c.bias.map(|t| t.device_ptr().unwrap_or(1)),
-    };
+    let geometry = NormGeometry::of(c.x, c.residual, c.weight, c.bias, c.y, c.sum)?;
     let args = norm_args(
         c,
         &ptr,
@@ -247,6 +232,31 @@ pub(crate) struct NormGeometry {
     pub sum: Option<RowOperand>,
     pub weight: Option<u64>,
     pub bias: Option<u64>,
+}
+
+impl NormGeometry {
+    /// The geometry of the tensors of a call (the launch's; `ops::plan` tests compare it).
+    pub(crate) fn of(
+        x: &Tensor,
+        residual: Option<&Tensor>,
+        weight: Option<&Tensor>,
+        bias: Option<&Tensor>,
+        y: &Tensor,
+        sum: Option<&Tensor>,
+    ) -> Result<NormGeometry> {
+        let xr = x.layout().as_rows()?;
+        let optional = |t: Option<&Tensor>| t.map(rows::operand).transpose();
+        Ok(NormGeometry {
+            rows: xr.rows,
+            cols: xr.cols,
+            x: rows::operand(x)?,
+            residual: optional(residual)?,
+            y: rows::operand(y)?,
+            sum: optional(sum)?,
+            weight: weight.map(|t| t.device_ptr().unwrap_or(1)),
+            bias: bias.map(|t| t.device_ptr().unwrap_or(1)),
+        })
+    }
 }
 
 /// The kernel a norm takes.

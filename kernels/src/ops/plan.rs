@@ -107,16 +107,17 @@ pub(crate) fn row_choice(
             )));
         }
         let strides = [s * h * d, h * d, d];
-        let table_bytes = s * (d / 2) * 4;
-        let addresses = [operand(0), operand(1), operand(2), operand(3)];
+        let g = rope::RopeGeometry {
+            dims: [b, s, h, d],
+            strides: [strides, strides],
+            addresses: [operand(0), operand(1), operand(2), operand(3)],
+            table_bytes: s * (d / 2) * 4,
+        };
         return Ok(RowChoice::Rope(rope::choose(
             arch,
             dtype,
             RopeMode::HalfSplit,
-            [b, s, h, d],
-            [strides, strides],
-            addresses,
-            table_bytes,
+            &g,
         )));
     }
     let &[rows, cols] = shape else {
@@ -217,9 +218,11 @@ fn rows_label(vec: usize, p: &crate::gpu::rows::RowPlan, align_body: bool) -> St
     }
 }
 
-/// The problem and the facts the attention routers see for dense, contiguous `[B, H, N, D]`
-/// operands at aligned addresses.
-fn attention_problem(c: &AttentionCase) -> Result<(Problem, bool, bool)> {
+/// What the attention routers see for dense, contiguous `[B, H, N, D]` operands at aligned
+/// addresses: the problem and the facts of the forward and of the backward.
+fn attention_facts(
+    c: &AttentionCase,
+) -> Result<(Problem, attn::ForwardFacts, attn::BackwardFacts)> {
     if c.kv_heads == 0 || c.q_heads % c.kv_heads != 0 {
         return Err(Error::shape(format!(
             "{} query heads do not group over {} KV heads",
@@ -236,11 +239,23 @@ fn attention_problem(c: &AttentionCase) -> Result<(Problem, bool, bool)> {
         head_dim: c.head_dim,
     };
     // Row strides of D elements: 16-byte rows (cp.async, TMA, buffer loads) when D is a
-    // multiple of 8; the CDNA kernel also needs each of K and V under 2 GiB.
+    // multiple of 8 (TMA also needs them to express the views); the CDNA kernel also needs
+    // each of K and V under 2 GiB.
     let rows_aligned = c.head_dim % 8 == 0;
     let kv_bytes = c.batch * c.kv_heads * c.seq * c.head_dim * c.dtype.size_bytes();
-    let cdna_operands = rows_aligned && kv_bytes < 1 << 31;
-    Ok((p, rows_aligned, cdna_operands))
+    let forward = attn::ForwardFacts {
+        varlen: false,
+        kv_rows_aligned: rows_aligned,
+        cdna_operands: rows_aligned && kv_bytes < 1 << 31,
+        tma_views: rows_aligned,
+    };
+    let backward = attn::BackwardFacts {
+        varlen: false,
+        deterministic: false,
+        rows_aligned,
+        tma_views: rows_aligned,
+    };
+    Ok((p, forward, backward))
 }
 
 /// The router's choice for an attention forward or backward.
@@ -251,28 +266,16 @@ pub(crate) enum AttentionChoice {
 }
 
 pub(crate) fn attention_choice(arch: &Arch, c: &AttentionCase) -> Result<AttentionChoice> {
-    let (p, rows_aligned, cdna_operands) = attention_problem(c)?;
+    let (p, forward, backward) = attention_facts(c)?;
     let opts = AttentionOptions {
         causal: c.causal,
         ..Default::default()
     };
     let params = super::attention::check::params(&opts, c.head_dim)?;
     Ok(if c.backward {
-        let facts = attn::BackwardFacts {
-            varlen: false,
-            deterministic: false,
-            rows_aligned,
-            tma_views: rows_aligned,
-        };
-        AttentionChoice::Backward(attn::route_backward(arch, &p, &params, &facts))
+        AttentionChoice::Backward(attn::route_backward(arch, &p, &params, &backward))
     } else {
-        let facts = attn::ForwardFacts {
-            varlen: false,
-            kv_rows_aligned: rows_aligned,
-            cdna_operands,
-            tma_views: rows_aligned,
-        };
-        AttentionChoice::Forward(attn::route_forward(arch, &p, &params, &facts))
+        AttentionChoice::Forward(attn::route_forward(arch, &p, &params, &forward))
     })
 }
 
@@ -460,7 +463,7 @@ mod tests {
     fn hopper_falls_back_to_the_tile_kernels_without_tma_views() {
         let a = arch("sm_90a");
         let c = case(false, 128);
-        let (p, _, _) = attention_problem(&c).unwrap();
+        let (p, _, _) = attention_facts(&c).unwrap();
         let params =
             super::super::attention::check::params(&AttentionOptions::default(), 128).unwrap();
         let facts = attn::ForwardFacts {
@@ -495,5 +498,134 @@ mod tests {
         assert!(nv.kernels.iter().all(|k| k.source.is_none()));
         let bad = DecodeCase { head_dim: 96, ..c };
         assert!(plan_attention_decode("sm_90a", &bad).is_err());
+    }
+
+    /// A device buffer at a fixed address (nothing behind it: only the routers look).
+    #[derive(Debug)]
+    struct At(u64, usize);
+
+    impl calico_core::Storage for At {
+        fn device_id(&self) -> calico_core::DeviceId {
+            calico_core::DeviceId {
+                kind: calico_core::BackendKind::Hip,
+                ordinal: 0,
+            }
+        }
+        fn size_bytes(&self) -> usize {
+            self.1
+        }
+        fn write_bytes(&self, _: usize, _: &[u8]) -> Result<()> {
+            Ok(())
+        }
+        fn read_bytes(&self, _: usize, _: &mut [u8]) -> Result<()> {
+            Ok(())
+        }
+        fn device_address(&self) -> Option<u64> {
+            Some(self.0)
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    /// The `i`-th buffer of a call, contiguous, at a 256-byte aligned address other than the
+    /// planner's (as an allocator hands them out).
+    fn tensor(i: u64, shape: &[usize], dtype: DType) -> calico_core::Tensor {
+        let bytes = shape.iter().product::<usize>() * dtype.size_bytes();
+        let storage = std::sync::Arc::new(At(0x7f00_0000_0000 + i * 0x1_0000_0100, bytes));
+        calico_core::Tensor::from_storage(storage, dtype, calico_core::Layout::contiguous(shape))
+            .unwrap()
+    }
+
+    /// The planner's choice equals the one the launch makes from the geometry of a call's
+    /// tensors (the same `choose`, fed through `NormGeometry::of`, `RopeGeometry::of` and
+    /// `rows::operand`), on every target and for the bench's shapes and odd ones.
+    #[test]
+    fn row_plans_match_the_launch_geometry_of_real_tensors() {
+        let bf = DType::BF16;
+        for target in ["gfx942", "gfx90a", "sm_90a", "sm_80", "sm_100a"] {
+            let a = arch(target);
+            for shape in [[65536usize, 4096], [4097, 4097], [64, 1000], [8, 100_000]] {
+                let [_, cols] = shape;
+                let x = tensor(0, &shape, bf);
+                let residual = tensor(1, &shape, bf);
+                let (weight, bias) = (tensor(2, &[cols], bf), tensor(3, &[cols], bf));
+                let (y, sum) = (tensor(4, &shape, bf), tensor(5, &shape, bf));
+                for op in [
+                    RowOp::RmsNorm,
+                    RowOp::AddRmsNorm,
+                    RowOp::LayerNorm,
+                    RowOp::AddLayerNorm,
+                ] {
+                    let layer = matches!(op, RowOp::LayerNorm | RowOp::AddLayerNorm);
+                    let add = matches!(op, RowOp::AddRmsNorm | RowOp::AddLayerNorm);
+                    let g = norm::NormGeometry::of(
+                        &x,
+                        add.then_some(&residual),
+                        Some(&weight),
+                        layer.then_some(&bias),
+                        &y,
+                        add.then_some(&sum),
+                    )
+                    .unwrap();
+                    let launched = RowChoice::Norm(norm::choose(&a, bf, layer, &g));
+                    let planned = row_choice(&a, op, &shape, bf).unwrap();
+                    assert_eq!(planned, launched, "{target} {op:?} {shape:?}");
+                }
+                let (xs, ys) = (
+                    crate::gpu::rows::operand(&x).unwrap(),
+                    crate::gpu::rows::operand(&y).unwrap(),
+                );
+                let launched = RowChoice::Softmax(softmax::choose(&a, bf, shape[0], cols, xs, ys));
+                let planned = row_choice(&a, RowOp::Softmax, &shape, bf).unwrap();
+                assert_eq!(planned, launched, "{target} softmax {shape:?}");
+            }
+            for dims in [[16usize, 1024, 32, 128], [1, 7, 3, 6], [2, 5, 4, 64]] {
+                let [_, s, _, d] = dims;
+                let x = tensor(0, &dims, bf);
+                let table = [s, d / 2];
+                let (cos, sin) = (tensor(1, &table, DType::F32), tensor(2, &table, DType::F32));
+                let y = tensor(3, &dims, bf);
+                let g = rope::RopeGeometry::of(&x, &cos, &sin, &y).unwrap();
+                let launched = RowChoice::Rope(rope::choose(&a, bf, RopeMode::HalfSplit, &g));
+                let planned = row_choice(&a, RowOp::Rope, &dims, bf).unwrap();
+                assert_eq!(planned, launched, "{target} rope {dims:?}");
+            }
+        }
+    }
+
+    /// The attention planner sees the facts the launch derives from a call's tensors (TMA
+    /// views aside: the launch presumes them and asks `view_map`, which needs the driver).
+    #[test]
+    fn attention_facts_match_the_launch_facts_of_real_tensors() {
+        for d in [64usize, 128, 96, 36] {
+            let c = AttentionCase {
+                head_dim: d,
+                q_heads: 8,
+                kv_heads: 2,
+                ..case(false, 64)
+            };
+            let (p, forward, backward) = attention_facts(&c).unwrap();
+            let q_shape = [c.batch, c.q_heads, c.seq, d];
+            let kv_shape = [c.batch, c.kv_heads, c.seq, d];
+            let (q, o, d_o) = (
+                tensor(0, &q_shape, c.dtype),
+                tensor(1, &q_shape, c.dtype),
+                tensor(2, &q_shape, c.dtype),
+            );
+            let (k, v) = (tensor(3, &kv_shape, c.dtype), tensor(4, &kv_shape, c.dtype));
+            let launched = attn::ForwardFacts::of(&p, &k, &v, false);
+            let presumed = attn::ForwardFacts {
+                tma_views: true,
+                ..forward
+            };
+            assert_eq!(presumed, launched, "d{d}");
+            let launched = attn::BackwardFacts::of([&q, &k, &v, &o, &d_o], false, false);
+            let presumed = attn::BackwardFacts {
+                tma_views: true,
+                ..backward
+            };
+            assert_eq!(presumed, launched, "d{d}");
+        }
     }
 }

@@ -75,24 +75,9 @@ pub fn rope(
             .as_gpu()
             .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?,
     };
-    let xs = bshd_strides(x);
-    let ys = bshd_strides(y);
-    let (xp, yp, cp, sp) = (
-        x.device_ptr().unwrap_or(1),
-        y.device_ptr().unwrap_or(1),
-        cos.device_ptr().unwrap_or(1),
-        sin.device_ptr().unwrap_or(1),
-    );
-    let table_bytes = cos.numel().saturating_mul(4);
-    let variant = choose(
-        dev.arch(),
-        dtype,
-        mode,
-        dims,
-        [xs, ys],
-        [xp, yp, cp, sp],
-        table_bytes,
-    );
+    let g = RopeGeometry::of(x, cos, sin, y)?;
+    let variant = choose(dev.arch(), dtype, mode, &g);
+    let ([xs, ys], [xp, yp, cp, sp], table_bytes) = (g.strides, g.addresses, g.table_bytes);
     let esz = dtype.size_bytes();
     let [batch, seq, heads, dim] = dims;
     let (half, pairs, cdna) = (dim / 2, variant.pairs, variant.cdna);
@@ -136,18 +121,37 @@ fn span_bytes([batch, seq, heads, dim]: [usize; 4], s: [usize; 3], esz: usize) -
         .saturating_mul(esz)
 }
 
+/// What the rope router sees of a call's tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RopeGeometry {
+    /// [B, S, H, D].
+    pub dims: [usize; 4],
+    /// Element strides (batch, position, head) of x and y.
+    pub strides: [[usize; 3]; 2],
+    /// Addresses of x, y, cos and sin (1, misaligned, when unknown).
+    pub addresses: [u64; 4],
+    /// Bytes of the cos table.
+    pub table_bytes: usize,
+}
+
+impl RopeGeometry {
+    /// The geometry of a call's tensors (the launch's; `ops::plan` tests compare it).
+    pub(crate) fn of(x: &Tensor, cos: &Tensor, sin: &Tensor, y: &Tensor) -> Result<Self> {
+        let address = |t: &Tensor| t.device_ptr().unwrap_or(1);
+        Ok(RopeGeometry {
+            dims: bshd(x)?,
+            strides: [bshd_strides(x), bshd_strides(y)],
+            addresses: [address(x), address(y), address(cos), address(sin)],
+            table_bytes: cos.numel().saturating_mul(4),
+        })
+    }
+}
+
 /// The router for a [B, S, H, D] rope over x and y (element strides of batch, position and
 /// head) with the addresses of x, y, cos and sin: pairs per thread, x's access width, and the
 /// CDNA kernel where it applies (shared by the launch and `ops::plan`).
-pub(crate) fn choose(
-    arch: &Arch,
-    dtype: DType,
-    mode: RopeMode,
-    dims: [usize; 4],
-    [xs, ys]: [[usize; 3]; 2],
-    [xp, yp, cp, sp]: [u64; 4],
-    table_bytes: usize,
-) -> RopeVariant {
+pub(crate) fn choose(arch: &Arch, dtype: DType, mode: RopeMode, g: &RopeGeometry) -> RopeVariant {
+    let (dims, [xs, ys], [xp, yp, cp, sp]) = (g.dims, g.strides, g.addresses);
     let interleaved = mode == RopeMode::Interleaved;
     let dim = dims[3];
     let half = dim / 2;
@@ -186,7 +190,7 @@ pub(crate) fn choose(
         && [
             span_bytes(dims, xs, esz),
             span_bytes(dims, ys, esz),
-            table_bytes,
+            g.table_bytes,
         ]
         .iter()
         .all(|&b| b < MAX_BUFFER_BYTES);

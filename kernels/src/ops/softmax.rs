@@ -37,14 +37,8 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         KernelArg::I64(xr.rows as i64),
         KernelArg::I64(xr.cols as i64),
     ];
-    match choose(
-        dev.arch(),
-        dtype,
-        xr.rows,
-        xr.cols,
-        (xp, xr.row_stride),
-        (yp, yr.row_stride),
-    ) {
+    let (x_at, y_at) = (rows::operand(x)?, rows::operand(y)?);
+    match choose(dev.arch(), dtype, xr.rows, xr.cols, x_at, y_at) {
         SoftmaxKernel::Cdna(v) => {
             gpu.launch_variant(&v, &cdna_rows::config(xr.rows, v.plan), &args)
         }

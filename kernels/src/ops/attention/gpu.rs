@@ -263,12 +263,7 @@ pub(crate) fn forward(
 ) -> Result<()> {
     let arch = dev.arch();
     let tensors = [q, k, v, o, lse];
-    let facts = ForwardFacts {
-        varlen: varlen.is_some(),
-        kv_rows_aligned: rows_aligned(k) && rows_aligned(v),
-        cdna_operands: super::cdna::operands_ok(k, v, p.head_dim),
-        tma_views: true,
-    };
+    let facts = ForwardFacts::of(p, k, v, varlen.is_some());
     let route = match route_forward(arch, p, params, &facts) {
         ForwardRoute::Hopper(variant) => {
             match super::hopper::try_forward(dev, p, params, variant, tensors) {
@@ -340,12 +335,7 @@ pub(crate) fn backward(
 ) -> Result<()> {
     let [q, k, v, o, lse, d_o, dq, dk, dv] = tensors;
     let arch = dev.arch();
-    let facts = BackwardFacts {
-        varlen: varlen.is_some(),
-        deterministic,
-        rows_aligned: [q, k, v, o, d_o].iter().all(|t| rows_aligned(t)),
-        tma_views: true,
-    };
+    let facts = BackwardFacts::of([q, k, v, o, d_o], deterministic, varlen.is_some());
     let route = match route_backward(arch, p, params, &facts) {
         BackwardRoute::Hopper(main) => {
             match super::hopper_bwd::try_backward(dev, p, params, main, tensors) {
@@ -433,7 +423,7 @@ pub(crate) fn backward(
 }
 
 /// What the forward router needs to know of the operands besides the problem.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ForwardFacts {
     pub varlen: bool,
     /// K and V rows 16-byte aligned (the tile kernel's cp.async).
@@ -442,6 +432,19 @@ pub(crate) struct ForwardFacts {
     pub cdna_operands: bool,
     /// Q, K and V can be TMA views (false once `view_map` declined them).
     pub tma_views: bool,
+}
+
+impl ForwardFacts {
+    /// The facts of a call's K and V (the launch's; `ops::plan` tests compare them). TMA
+    /// views are presumed until `view_map` declines them.
+    pub(crate) fn of(p: &Problem, k: &Tensor, v: &Tensor, varlen: bool) -> Self {
+        ForwardFacts {
+            varlen,
+            kv_rows_aligned: rows_aligned(k) && rows_aligned(v),
+            cdna_operands: super::cdna::operands_ok(k, v, p.head_dim),
+            tma_views: true,
+        }
+    }
 }
 
 /// The kernel a forward takes.
@@ -486,7 +489,7 @@ pub(crate) fn route_forward(
 }
 
 /// What the backward router needs to know besides the problem.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BackwardFacts {
     pub varlen: bool,
     pub deterministic: bool,
@@ -494,6 +497,18 @@ pub(crate) struct BackwardFacts {
     pub rows_aligned: bool,
     /// Q, K, V and dO can be TMA views (false once `view_map` declined them).
     pub tma_views: bool,
+}
+
+impl BackwardFacts {
+    /// The facts of a call's Q, K, V, O and dO (the launch's; `ops::plan` tests compare them).
+    pub(crate) fn of(operands: [&Tensor; 5], deterministic: bool, varlen: bool) -> Self {
+        BackwardFacts {
+            varlen,
+            deterministic,
+            rows_aligned: operands.iter().all(|t| rows_aligned(t)),
+            tma_views: true,
+        }
+    }
 }
 
 /// The kernels a backward takes.
