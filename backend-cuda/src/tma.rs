@@ -81,7 +81,7 @@ impl<const R: usize> TiledMap<R> {
                 "tensor maps have rank 1..=5, not {R}"
             )));
         }
-        if self.address % 16 != 0 {
+        if !self.address.is_multiple_of(16) {
             return Err(Error::Alignment(format!(
                 "TMA needs a 16-byte aligned base address, got {:#x}",
                 self.address
@@ -111,7 +111,7 @@ impl<const R: usize> TiledMap<R> {
             }
         }
         let inner_bytes = self.box_dims[0] as u64 * elem;
-        if inner_bytes % 16 != 0 {
+        if !inner_bytes.is_multiple_of(16) {
             return Err(Error::unsupported(format!(
                 "TMA inner box extent is {inner_bytes} bytes; it must be a multiple of 16"
             )));

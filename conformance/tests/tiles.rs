@@ -477,7 +477,7 @@ fn launch(
         && grid.0 <= 1024
         && grid.1 <= 1024
         && grid.2 <= 64
-        && threads % 32 == 0
+        && threads.is_multiple_of(32)
         && (32..=1024).contains(&threads);
     if !ok {
         return Err(format!(
@@ -1332,7 +1332,7 @@ fn st_offset(rows: usize, cols: usize, elem: usize, r: usize, c: usize) -> usize
     let row_bytes = cols * elem;
     let width = [128, 64, 32]
         .into_iter()
-        .find(|w| row_bytes % w == 0)
+        .find(|w| row_bytes.is_multiple_of(*w))
         .unwrap();
     let chunk_cols = width / elem;
     let linear = (c / chunk_cols) * rows * width + r * width + (c % chunk_cols) * elem;

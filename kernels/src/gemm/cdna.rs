@@ -88,9 +88,9 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
                 .and_then(|x| x.checked_add(cols))
                 .and_then(|x| x.checked_mul(esize));
             unit == 1
-                && stride % 8 == 0
-                && (p.batch <= 1 || batch_stride % 8 == 0)
-                && ptr % 16 == 0
+                && stride.is_multiple_of(8)
+                && (p.batch <= 1 || batch_stride.is_multiple_of(8))
+                && ptr.is_multiple_of(16)
                 && extent.is_some_and(|e| e < MAX_OPERAND_BYTES)
         };
     let a_ok = operand_ok(

@@ -161,9 +161,9 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
 
 /// Rows 16-byte aligned (or never stepped over): the vector-load variant applies.
 fn vector_loads_ok(p: &GemmProblem) -> bool {
-    let rows_ok = |stride: usize, extent: usize| extent <= 1 || stride % 8 == 0;
-    p.a.ptr % 16 == 0
-        && p.b.ptr % 16 == 0
+    let rows_ok = |stride: usize, extent: usize| extent <= 1 || stride.is_multiple_of(8);
+    p.a.ptr.is_multiple_of(16)
+        && p.b.ptr.is_multiple_of(16)
         && rows_ok(p.a.row_stride, p.m)
         && rows_ok(p.b.col_stride, p.n)
 }

@@ -201,11 +201,11 @@ pub(super) fn b_k_major(p: &GemmProblem) -> Option<bool> {
 
 /// An outer stride TMA accepts: 16-byte multiples (8 elements), or irrelevant (extent <= 1).
 fn row_stride_ok(stride: usize, extent: usize) -> bool {
-    extent <= 1 || (stride % 8 == 0 && stride > 0)
+    extent <= 1 || (stride.is_multiple_of(8) && stride > 0)
 }
 
 fn batch_stride_ok(x: &MatrixArg, batch: usize) -> bool {
-    batch <= 1 || x.batch_stride == 0 || x.batch_stride % 8 == 0
+    batch <= 1 || x.batch_stride == 0 || x.batch_stride.is_multiple_of(8)
 }
 
 fn output_fits(x: &MatrixArg, n: usize) -> bool {
@@ -229,7 +229,7 @@ fn config_for(arch: &Arch, p: &GemmProblem, d_tma: bool) -> Option<TileConfig> {
         && matches!(p.out_dtype, DType::BF16 | DType::F16 | DType::F32);
     let sizes_ok =
         p.m <= MAX_EXTENT && p.n <= MAX_EXTENT && p.k <= MAX_EXTENT && p.batch <= MAX_EXTENT;
-    let aligned = p.a.ptr % 16 == 0 && p.b.ptr % 16 == 0;
+    let aligned = p.a.ptr.is_multiple_of(16) && p.b.ptr.is_multiple_of(16);
     let outputs_ok = output_fits(&p.d, p.n) && p.c.as_ref().is_none_or(|c| output_fits(c, p.n));
     let b_kmajor = b_k_major(p)?;
     (arch_ok && dtypes_ok && sizes_ok && aligned && outputs_ok && a_fits(p))
@@ -249,7 +249,7 @@ pub(crate) fn tiles(arch: &Arch, p: &GemmProblem) -> Option<usize> {
 pub(super) fn d_tma_ok(p: &GemmProblem) -> bool {
     // TMA stores may write a row's last 16-byte chunk whole: with N * elem not a multiple of
     // 16, a view's neighbouring columns could be overwritten, so those take the register path.
-    (p.n * p.out_dtype.size_bytes()) % 16 == 0 && d_rows_aligned(p)
+    (p.n * p.out_dtype.size_bytes()).is_multiple_of(16) && d_rows_aligned(p)
 }
 
 /// [`d_tma_ok`] for a D whose rows may be written past N (a padded buffer).
@@ -257,19 +257,19 @@ fn d_rows_aligned(p: &GemmProblem) -> bool {
     let elem = p.out_dtype.size_bytes();
     let d = &p.d;
     matches!(p.out_dtype, DType::BF16 | DType::F16)
-        && d.ptr % 16 == 0
+        && d.ptr.is_multiple_of(16)
         && (d.col_stride == 1 || p.n <= 1)
-        && (p.m <= 1 || (d.row_stride > 0 && (d.row_stride * elem) % 16 == 0))
-        && (p.batch <= 1 || (d.batch_stride > 0 && (d.batch_stride * elem) % 16 == 0))
+        && (p.m <= 1 || (d.row_stride > 0 && (d.row_stride * elem).is_multiple_of(16)))
+        && (p.batch <= 1 || (d.batch_stride > 0 && (d.batch_stride * elem).is_multiple_of(16)))
 }
 
 /// True when a 2-CTA cluster can split the B slot: halves of a K-major box stay
 /// 1024-aligned, N-major B has an even number of 64-column chunks.
 fn cluster_splits_b(bn: usize, b_kmajor: bool) -> bool {
     if b_kmajor {
-        (bn / 2) * BK * 2 % 1024 == 0
+        ((bn / 2) * BK * 2).is_multiple_of(1024)
     } else {
-        (bn / N_CHUNK) % 2 == 0
+        (bn / N_CHUNK).is_multiple_of(2)
     }
 }
 

@@ -136,11 +136,11 @@ struct Plan {
 }
 
 fn a_ready(p: &GemmProblem) -> bool {
-    hopper::a_fits(p) && p.a.ptr % 16 == 0
+    hopper::a_fits(p) && p.a.ptr.is_multiple_of(16)
 }
 
 fn b_ready(p: &GemmProblem) -> bool {
-    hopper::b_k_major(p).is_some() && p.b.ptr % 16 == 0
+    hopper::b_k_major(p).is_some() && p.b.ptr.is_multiple_of(16)
 }
 
 /// The padding plan for `p` on `arch`, or `None` when the Hopper kernel runs `p` as it is, or

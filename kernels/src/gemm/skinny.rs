@@ -141,7 +141,7 @@ fn arch_ok(arch: &Arch, dtype: DType) -> bool {
 
 /// A stride between 16-byte aligned rows (8 elements), or one that is never used.
 fn row_stride_ok(stride: usize, extent: usize) -> bool {
-    extent <= 1 || stride % 8 == 0
+    extent <= 1 || stride.is_multiple_of(8)
 }
 
 /// True when the skinny kernel can run `p` on `arch`: sm_90, one matrix, 1 <= M <= 64, 16-bit
@@ -156,12 +156,14 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
         && p.n.div_ceil(BN) <= MAX_GRID_Y
         && i64::try_from(p.k).is_ok();
     let a = &p.a;
-    let a_ok =
-        (a.col_stride == 1 || p.k <= 1) && row_stride_ok(a.row_stride, p.m) && a.ptr % 16 == 0;
+    let a_ok = (a.col_stride == 1 || p.k <= 1)
+        && row_stride_ok(a.row_stride, p.m)
+        && a.ptr.is_multiple_of(16);
     let b = &p.b;
     // B is K x N with K contiguous: row n of the weight starts at n * col_stride.
-    let b_ok =
-        (b.row_stride == 1 || p.k <= 1) && row_stride_ok(b.col_stride, p.n) && b.ptr % 16 == 0;
+    let b_ok = (b.row_stride == 1 || p.k <= 1)
+        && row_stride_ok(b.col_stride, p.n)
+        && b.ptr.is_multiple_of(16);
     arch_ok(arch, p.in_dtype) && dtypes && shape && a_ok && b_ok
 }
 

@@ -29,7 +29,7 @@ pub(crate) fn vector_width(
         let bytes = (width * elem_bytes) as u64;
         let ok = addresses.iter().all(|a| a % bytes == 0)
             && strides.iter().all(|s| s % width == 0)
-            && len % width == 0;
+            && len.is_multiple_of(width);
         if ok {
             break;
         }

@@ -50,7 +50,7 @@ pub(crate) fn same_misalignment(
     y: (u64, usize),
     rows: usize,
 ) -> bool {
-    let elem_ok = elem > 0 && x.0 % elem as u64 == 0 && y.0 % elem as u64 == 0;
+    let elem_ok = elem > 0 && x.0.is_multiple_of(elem as u64) && y.0.is_multiple_of(elem as u64);
     let bases = x.0 % 16 == y.0 % 16;
     let strides = rows <= 1 || (x.1 * elem) % 16 == (y.1 * elem) % 16;
     elem_ok && bases && strides
@@ -81,7 +81,7 @@ mod tests {
         for cols in [1usize, 7, 64, 1000, 4096, 8192, 65536, 1 << 20] {
             for vec in [1usize, 2, 4, 8] {
                 let p = plan(cols, vec, &arch);
-                assert!(p.threads % 32 == 0 && p.threads <= 1024);
+                assert!(p.threads.is_multiple_of(32) && p.threads <= 1024);
                 if !p.streaming {
                     assert!(
                         p.threads as usize * p.vectors_per_thread as usize * vec >= cols,

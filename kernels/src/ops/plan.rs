@@ -223,7 +223,7 @@ fn rows_label(vec: usize, p: &crate::gpu::rows::RowPlan, align_body: bool) -> St
 fn attention_facts(
     c: &AttentionCase,
 ) -> Result<(Problem, attn::ForwardFacts, attn::BackwardFacts)> {
-    if c.kv_heads == 0 || c.q_heads % c.kv_heads != 0 {
+    if c.kv_heads == 0 || !c.q_heads.is_multiple_of(c.kv_heads) {
         return Err(Error::shape(format!(
             "{} query heads do not group over {} KV heads",
             c.q_heads, c.kv_heads
@@ -241,7 +241,7 @@ fn attention_facts(
     // Row strides of D elements: 16-byte rows (cp.async, TMA, buffer loads) when D is a
     // multiple of 8 (TMA also needs them to express the views); the CDNA kernel also needs
     // each of K and V under 2 GiB.
-    let rows_aligned = c.head_dim % 8 == 0;
+    let rows_aligned = c.head_dim.is_multiple_of(8);
     let kv_bytes = c.batch * c.kv_heads * c.seq * c.head_dim * c.dtype.size_bytes();
     let forward = attn::ForwardFacts {
         varlen: false,
@@ -307,7 +307,7 @@ pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
 /// when the call splits the cache.
 pub fn plan_attention_decode(target: &str, case: &DecodeCase) -> Result<OpPlan> {
     let arch = arch_for(target)?;
-    if case.kv_heads == 0 || case.q_heads % case.kv_heads != 0 || case.context == 0 {
+    if case.kv_heads == 0 || !case.q_heads.is_multiple_of(case.kv_heads) || case.context == 0 {
         return Err(Error::shape(format!("no decode problem: {case:?}")));
     }
     if !matches!(case.head_dim, 64 | 128 | 256) {

@@ -229,7 +229,7 @@ impl KernelVariant for RopeVariant {
 const MAX_BUFFER_BYTES: usize = 1 << 31;
 
 fn aligned(addresses: &[u64], bytes: u64, row_bytes: usize) -> bool {
-    addresses.iter().all(|a| a % bytes == 0) && row_bytes as u64 % bytes == 0
+    addresses.iter().all(|a| a % bytes == 0) && (row_bytes as u64).is_multiple_of(bytes)
 }
 
 /// [B, S, H, D] of a rank-3 or rank-4 tensor (B = 1 for rank 3).

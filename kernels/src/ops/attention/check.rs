@@ -59,7 +59,7 @@ pub(crate) fn ranked<'a>(
 
 /// Heads divide, the head dimension is in range.
 pub(crate) fn heads_and_dim(q_heads: usize, kv_heads: usize, head_dim: usize) -> Result<()> {
-    if kv_heads == 0 || q_heads % kv_heads != 0 {
+    if kv_heads == 0 || !q_heads.is_multiple_of(kv_heads) {
         return Err(Error::shape(format!(
             "query heads ({q_heads}) must be a multiple of key/value heads ({kv_heads})"
         )));

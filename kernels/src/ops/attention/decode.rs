@@ -524,7 +524,7 @@ fn i32_of(v: usize, what: &str) -> Result<i32> {
 /// A device address that a 16-byte vector access may use, with strides of whole vectors.
 fn vector_ready(name: &str, t: &Tensor, strides: &[usize]) -> Result<()> {
     let addr = t.device_ptr().unwrap_or(0);
-    if addr % 16 != 0 || strides.iter().any(|s| s % 8 != 0) {
+    if !addr.is_multiple_of(16) || strides.iter().any(|s| s % 8 != 0) {
         return Err(Error::stride(format!(
             "`{name}` must start 16-byte aligned with strides that are multiples of 8 elements \
              on GPUs (strides {:?})",

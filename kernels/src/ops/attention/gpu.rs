@@ -151,7 +151,7 @@ pub(super) fn operand(t: &Tensor) -> [KernelArg; 4] {
 
 /// Rows of `t` start on 16-byte boundaries (cp.async moves 16 bytes).
 pub(super) fn rows_aligned(t: &Tensor) -> bool {
-    ptr(t) % 16 == 0 && strides(t).iter().all(|s| s % 8 == 0)
+    ptr(t).is_multiple_of(16) && strides(t).iter().all(|s| s % 8 == 0)
 }
 
 pub(super) fn params_args(p: &Problem, params: &AttentionParams) -> [KernelArg; 9] {

@@ -174,10 +174,10 @@ pub(crate) fn hopper_enabled() -> bool {
 /// even, else one element at a time. `vector`: whether 16-byte stores may be used.
 fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool) -> i32 {
     let used = |i: usize| shape[i] > 1;
-    let all_multiple = |m: usize| (0..3).all(|i| !used(i) || strides[i] % m == 0);
-    if vector && ptr % 16 == 0 && all_multiple(8) {
+    let all_multiple = |m: usize| (0..3).all(|i| !used(i) || strides[i].is_multiple_of(m));
+    if vector && ptr.is_multiple_of(16) && all_multiple(8) {
         2
-    } else if ptr % 4 == 0 && all_multiple(2) {
+    } else if ptr.is_multiple_of(4) && all_multiple(2) {
         1
     } else {
         0
@@ -222,7 +222,7 @@ fn tma_stride(stride: usize, extent: usize, fallback_bytes: u64) -> Option<u64> 
         Some(fallback_bytes.div_ceil(16).max(1) * 16)
     } else {
         let bytes = (stride * 2) as u64;
-        (bytes % 16 == 0 && bytes > 0).then_some(bytes)
+        (bytes.is_multiple_of(16) && bytes > 0).then_some(bytes)
     }
 }
 

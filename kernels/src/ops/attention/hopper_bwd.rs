@@ -217,7 +217,8 @@ fn strides3(t: &Tensor) -> [i64; 3] {
 /// 2-element stores need every used stride and the base even (in elements).
 fn pairs_ok(t: &Tensor) -> bool {
     let s = t.strides();
-    t.device_ptr().unwrap_or(0) % 4 == 0 && (0..3).all(|i| t.shape()[i] <= 1 || s[i] % 2 == 0)
+    t.device_ptr().unwrap_or(0).is_multiple_of(4)
+        && (0..3).all(|i| t.shape()[i] <= 1 || s[i].is_multiple_of(2))
 }
 
 /// The Hopper backward's main variant for a problem on `arch`, or `None` when the kernels
