@@ -245,6 +245,52 @@ fn cdna_gemm_uses_mfma_and_buffer_loads_without_scratch() {
     }
 }
 
+/// The CDNA decode GEMV streams the weight only through buffer_load_dwordx4 (no flat or global
+/// loads but the epilogue's C and bias), uses no scratch and keeps at least four waves per SIMD, on gfx90a and gfx942.
+#[test]
+fn cdna_gemv_streams_buffer_loads_without_scratch() {
+    if !toolchain_or_skip("gfx90a/gfx942", clang_available()) {
+        return;
+    }
+    for target in ["gfx90a", "gfx942"] {
+        let entries: Vec<_> = catalog::entries(target, Some("gemm"))
+            .expect("catalog assembles")
+            .into_iter()
+            .filter(|e| e.label.starts_with("cdna gemv"))
+            .collect();
+        assert!(entries.len() >= 4, "{target}: CDNA GEMV variants missing");
+        for e in &entries {
+            let what = format!("{target} {}", e.label);
+            let code = catalog::compile(target, &e.source).expect("compiles");
+            let asm = catalog::disassemble(target, &code).expect("disassembles");
+            let buffer_loads = asm.matches("buffer_load_dwordx4").count();
+            assert!(buffer_loads > 0, "{what}: no buffer_load_dwordx4");
+            // W and A are read only by buffer loads: any global/flat load is the epilogue's C or
+            // bias, after the stream's last buffer load.
+            let last_buffer_load = asm.rfind("buffer_load_dwordx4").unwrap_or(0);
+            for generic in ["global_load", "flat_load"] {
+                if let Some(at) = asm.find(generic) {
+                    assert!(
+                        at > last_buffer_load
+                            && (e.label.contains("c=true") || e.label.contains("bias=true")),
+                        "{what}: {generic} in the weight stream"
+                    );
+                }
+            }
+            let kernels = catalog::resources(target, &code)
+                .expect("metadata")
+                .expect("AMD");
+            let k = &kernels[0];
+            println!(
+                "{what}: {buffer_loads} buffer_load_dwordx4; {}",
+                k.summary()
+            );
+            assert!(!k.uses_scratch(), "{what}: scratch: {}", k.summary());
+            assert!(k.occupancy() >= 4, "{what}: {}", k.summary());
+        }
+    }
+}
+
 /// The CDNA row kernels (norms, softmax, rope) move their rows only through buffer resources
 /// (loads past a row's end read zeros, stores past it are dropped), use no scratch, and keep
 /// at least four waves per SIMD, on gfx90a and gfx942.

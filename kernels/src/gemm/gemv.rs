@@ -130,7 +130,8 @@ impl Tune {
     }
 }
 
-fn enabled() -> bool {
+/// False when `CALICO_GEMV=off` (or 0/false/no) turns the GEMV paths off (NVIDIA and CDNA).
+pub(crate) fn enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         let v = std::env::var("CALICO_GEMV").unwrap_or_default();

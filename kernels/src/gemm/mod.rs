@@ -1,13 +1,14 @@
 //! Matrix multiplication: `D = alpha * A @ B + beta * C (+ bias)`, then an optional epilogue.
 //!
 //! `ops::gemm` validates and describes the problem as a [`GemmProblem`]; the variant for the
-//! device is chosen here: GEMV (M <= 16 against a K-major weight, any alignment), skinny
-//! (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA + wgmma), padded Hopper
-//! (operands with strides TMA cannot read, copied aligned first), sm_80 (mma.sync +
+//! device is chosen here: GEMV (M <= 16 against a K-major weight; on NVIDIA any alignment, on
+//! CDNA K even), skinny (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA + wgmma),
+//! padded Hopper (operands with strides TMA cannot read, copied aligned first), sm_80 (mma.sync +
 //! cp.async), CDNA (MFMA ping-pong on gfx90a/gfx94x), or the portable tile kernel (other GPUs
 //! and layouts); the CPU backend has its own implementation.
 
 mod cdna;
+mod cdna_gemv;
 mod gemv;
 mod hopper;
 mod padded;
@@ -121,6 +122,8 @@ pub fn gemm(
 pub enum GemmKernel {
     /// Decode GEMV, M <= 16 against a K-major weight (gemv.cu).
     Gemv,
+    /// Decode GEMV on gfx90a/gfx94x, M <= 16 against a K-major weight (cdna_gemv.cu).
+    CdnaGemv,
     /// Split-K over a thread-block cluster, M <= 64 (skinny.cu).
     Skinny,
     /// TMA + wgmma, sm_90a (hopper.cu).
@@ -139,6 +142,9 @@ pub enum GemmKernel {
 fn route(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
     if gemv::supports(arch, p) {
         return Ok(GemmKernel::Gemv);
+    }
+    if cdna_gemv::supports(arch, p) {
+        return Ok(GemmKernel::CdnaGemv);
     }
     // The Hopper kernel's tile count, if it runs `p`: the skinny router weighs it too.
     let hopper_tiles = hopper::tiles(arch, p);
@@ -169,6 +175,7 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
     match route_on(gpu.arch(), p)? {
         GemmKernel::Gemv => gemv::launch(gpu, p),
+        GemmKernel::CdnaGemv => cdna_gemv::launch(gpu, p),
         GemmKernel::Skinny => skinny::launch(gpu, p),
         GemmKernel::Padded => padded::launch(gpu, p),
         GemmKernel::Hopper => hopper::launch(gpu, p),
@@ -371,6 +378,7 @@ pub(crate) fn catalog(
     vendor: calico_core::HeaderSet,
 ) -> Result<Vec<crate::catalog::CatalogEntry>> {
     let mut out = gemv::catalog(arch, vendor)?;
+    out.extend(cdna_gemv::catalog(arch, vendor)?);
     out.extend(skinny::catalog(arch, vendor)?);
     if arch.has_mma(calico_core::MmaKind::Wgmma, DType::BF16) && arch.target.ends_with('a') {
         out.extend(hopper::catalog(vendor)?);

@@ -2,7 +2,7 @@
 //! (for `calico bench --dry-run` and the router's tests), and `CALICO_GEMM_ROUTE_AS`, which
 //! routes on the GPU at hand as another target would (e.g. sm_100a's path on an H100).
 
-use super::{cdna, portable, route, Epilogue, GemmKernel, GemmProblem, MatrixArg};
+use super::{cdna, cdna_gemv, portable, route, Epilogue, GemmKernel, GemmProblem, MatrixArg};
 use calico_core::{Arch, DType, Error, KernelSource, KernelVariant, Result, Vendor};
 use std::sync::OnceLock;
 
@@ -77,6 +77,9 @@ pub fn plan_dense(
     };
     let kernel = route(&arch, &p)?;
     let source = match (arch.vendor, kernel) {
+        (Vendor::Amd, GemmKernel::CdnaGemv) => {
+            Some(cdna_gemv::planned(&p).source(calico_hip::hip_headers())?)
+        }
         (Vendor::Amd, GemmKernel::Cdna) => {
             Some(cdna::Variant::for_problem(&p).source(calico_hip::hip_headers())?)
         }
