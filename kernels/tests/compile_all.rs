@@ -256,7 +256,7 @@ fn cdna_gemv_streams_buffer_loads_without_scratch() {
         let entries: Vec<_> = catalog::entries(target, Some("gemm"))
             .expect("catalog assembles")
             .into_iter()
-            .filter(|e| e.label.starts_with("cdna gemv"))
+            .filter(|e| e.label.starts_with("gemv cdna"))
             .collect();
         assert!(entries.len() >= 4, "{target}: CDNA GEMV variants missing");
         for e in &entries {

@@ -44,7 +44,7 @@ pub(crate) struct Variant {
 impl Variant {
     fn label(self) -> String {
         format!(
-            "cdna gemv {}->{} mt{} rows{} waves{} {:?} c={} bias={}",
+            "gemv cdna {}->{} mt{} rows{} waves{} {:?} c={} bias={}",
             self.in_dtype,
             self.out_dtype,
             self.mt,
