@@ -172,7 +172,7 @@ pub(crate) fn hopper_enabled() -> bool {
 /// The epilogue's widest O store (hopper_fwd.cu, O_STORE_*): 16 bytes when the base is
 /// 16-byte aligned and every used stride a multiple of 8 elements, 4 bytes when both are
 /// even, else one element at a time. `vector`: whether 16-byte stores may be used.
-fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool) -> i32 {
+pub(crate) fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool) -> i32 {
     let used = |i: usize| shape[i] > 1;
     let all_multiple = |m: usize| (0..3).all(|i| !used(i) || strides[i].is_multiple_of(m));
     if vector && ptr.is_multiple_of(16) && all_multiple(8) {

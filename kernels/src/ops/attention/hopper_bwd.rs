@@ -210,15 +210,13 @@ impl Workspace {
 
 /// Element strides (batch, head, position) of a `[B, H, N, D]` tensor.
 fn strides3(t: &Tensor) -> [i64; 3] {
-    let s = t.strides();
-    [s[0] as i64, s[1] as i64, s[2] as i64]
+    super::gpu::strides(t).map(|s| s as i64)
 }
 
-/// 2-element stores need every used stride and the base even (in elements).
+/// 2-element stores need every used stride and the base even (in elements): the forward's
+/// rule for its 4-byte O stores.
 fn pairs_ok(t: &Tensor) -> bool {
-    let s = t.strides();
-    t.device_ptr().unwrap_or(0).is_multiple_of(4)
-        && (0..3).all(|i| t.shape()[i] <= 1 || s[i].is_multiple_of(2))
+    super::hopper::o_store(t.shape(), t.strides(), t.device_ptr().unwrap_or(0), false) >= 1
 }
 
 /// The Hopper backward's main variant for a problem on `arch`, or `None` when the kernels
