@@ -35,8 +35,8 @@
 //   CALICO_GEMV_PREFETCH 1: weight loads ask L2 for the whole 256-byte block (longer DRAM bursts)
 //   and the epilogue defines of gemm/epilogue.cuh.
 #include "calico/calico.h"
+#include "calico/mma_sync.cuh"
 #include "gemm/epilogue.cuh"
-#include "gemm/sm80_helpers.cuh"
 
 #ifndef CALICO_GEMM_IN
 #define CALICO_GEMM_IN bf16
@@ -165,8 +165,8 @@ CALICO_DEVICE void step(float (&acc)[NB][4], const In* const (&wrow)[NB], const 
         const unsigned f1[4] = {alo[u].z, ahi[u].z, alo[u].w, ahi[u].w};
 #pragma unroll
         for (int j = 0; j < NB; ++j) {
-            sm80::mma_16816<In>(acc[j], f0, wv[j][u].x, wv[j][u].y);
-            sm80::mma_16816<In>(acc[j], f1, wv[j][u].z, wv[j][u].w);
+            mma_16816<In>(acc[j], f0, wv[j][u].x, wv[j][u].y);
+            mma_16816<In>(acc[j], f1, wv[j][u].z, wv[j][u].w);
         }
     }
 }

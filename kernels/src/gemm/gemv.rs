@@ -15,11 +15,6 @@ use calico_core::{
 
 const SOURCE: &str = include_str!("../../device/gemm/gemv.cu");
 const ENTRY: &str = "calico_gemv";
-/// The inline-PTX helpers shared with the sm_80 kernel (mma.sync).
-const HELPERS: HeaderSet = &[(
-    "gemm/sm80_helpers.cuh",
-    include_str!("../../device/gemm/sm80_helpers.cuh"),
-)];
 /// The largest M the kernel takes (one m16 tile of A rows).
 pub(crate) const MAX_M: usize = 16;
 /// Warps per SM the K split aims for.
@@ -87,7 +82,7 @@ impl Variant {
 
 impl KernelVariant for Variant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS, HELPERS];
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
 }

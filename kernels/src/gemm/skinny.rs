@@ -16,11 +16,6 @@ use calico_core::{
 
 const SOURCE: &str = include_str!("../../device/gemm/skinny.cu");
 const ENTRY: &str = "calico_gemm_skinny";
-/// The inline-PTX helpers shared with the sm_80 kernel (cp.async, ldmatrix, mma.sync).
-const HELPERS: HeaderSet = &[(
-    "gemm/sm80_helpers.cuh",
-    include_str!("../../device/gemm/sm80_helpers.cuh"),
-)];
 const THREADS: u32 = 128;
 /// Output columns per cluster.
 const BN: usize = 64;
@@ -79,7 +74,7 @@ impl Variant {
 
 impl KernelVariant for Variant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS, HELPERS];
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
 }

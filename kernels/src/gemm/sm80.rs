@@ -13,11 +13,6 @@ use calico_core::{
 
 const SOURCE: &str = include_str!("../../device/gemm/sm80.cu");
 const ENTRY: &str = "calico_gemm_sm80";
-/// The kernel's inline-PTX helpers (cp.async, ldmatrix, mma.sync).
-const SM80_HEADERS: HeaderSet = &[(
-    "gemm/sm80_helpers.cuh",
-    include_str!("../../device/gemm/sm80_helpers.cuh"),
-)];
 /// Eight warps, 2 (M) x 4 (N), each 64 x 32.
 const THREADS: u32 = 256;
 const BM: usize = 128;
@@ -62,12 +57,7 @@ impl Variant {
 
 impl KernelVariant for Variant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        let sets = [
-            vendor,
-            calico_core::device_headers(),
-            GEMM_HEADERS,
-            SM80_HEADERS,
-        ];
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
 }
