@@ -82,6 +82,7 @@
 #include "calico/warpgroup.cuh"
 #include "calico/wgmma.cuh"
 #include "gemm/epilogue.cuh"
+#include "gemm/params.cuh"
 
 #ifndef CALICO_GEMM_TMA_STORE
 #define CALICO_GEMM_TMA_STORE 0
@@ -183,7 +184,13 @@ constexpr int A_OFFSET = 0;
 constexpr int B_OFFSET = STAGES * A_STAGE_BYTES;
 constexpr int STAGING_OFFSET = B_OFFSET + STAGES * B_STAGE_BYTES;
 constexpr int BAR_OFFSET = STAGING_OFFSET + STAGING_BYTES;
-// The host allocates SMEM_BYTES = 1024 (alignment slack) + BAR_OFFSET + 2 * STAGES * 8.
+// What the host allocates (its TileConfig::smem_bytes, emitted as CALICO_GEMM_SMEM_BYTES):
+// 1024 bytes of alignment slack, the slots, the staging boxes and the ring's barriers.
+static_assert(CALICO_GEMM_SMEM_BYTES == 1024 + BAR_OFFSET + (int)sizeof(ring_t), "the host allocates this kernel's shared memory");
+
+// The kernel's parameters after the tensor maps (params.rs: HopperParams).
+typedef calico::gemm::hopper_params<out_t> params;
+CALICO_CHECK_PARAMS(CALICO_HOPPER_FIELDS, in_t, out_t, CALICO_HOPPER_PARAMS, params);
 
 struct tile_coord {
     int m, n, batch;
@@ -349,12 +356,13 @@ CALICO_DEVICE void load_operand(TILE& dst, const calico::tensor_map& map, calico
 
 }  // namespace gemm_hopper
 
-// Parameters (in order; the host builds them in kernels/src/gemm/hopper.rs):
+// Parameters (the host builds them in kernels/src/gemm/hopper.rs):
 //  map_a: 3-D tensor map over A {K, M, batch}, box {64, BM, 1}, 128B swizzle.
 //  map_b: B K-major: {K, N, batch}, box {64, BN / CLUSTER, 1}; N-major: {N, K, batch}, box {64, 64, 1}.
 //  map_d: with TMA_STORE, D {N, M, batch}, box {64, 64, 1}, 128B swizzle; unused otherwise.
-//  d, c, bias: output, optional C (may equal d), optional bias[N]; element strides for d/c rows
-//  and batches; a/b_batch_step: 1, or 0 to broadcast an operand over batches.
+//  p (gemm/params.cuh): d, c, bias: output, optional C (may equal d), optional bias[N];
+//  element strides for d/c rows and batches; a/b_batch_step: 1, or 0 to broadcast an operand
+//  over batches; group_m; alpha, beta.
 // CLUSTER = 2: CTAs 2i and 2i + 1 form a cluster and take row tiles 2p and 2p + 1 of the same
 // column tile; each loads its own A and half of the shared B slot, multicast to both.
 #if CALICO_GEMM_CLUSTER > 1
@@ -364,11 +372,16 @@ CALICO_DEVICE void load_operand(TILE& dst, const calico::tensor_map& map, calico
 #endif
 CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTER_DIMS
     calico_gemm_hopper(const __grid_constant__ calico::tensor_map map_a, const __grid_constant__ calico::tensor_map map_b,
-                       const __grid_constant__ calico::tensor_map map_d, gemm_hopper::out_t* d, const gemm_hopper::out_t* c,
-                       const gemm_hopper::out_t* __restrict__ bias, int m, int n, int k, int batch, long long d_row_stride,
-                       long long d_batch_stride, long long c_row_stride, long long c_batch_stride, int a_batch_step, int b_batch_step,
-                       int group_m, float alpha, float beta) {
+                       const __grid_constant__ calico::tensor_map map_d, const gemm_hopper::params p) {
     using namespace gemm_hopper;
+    out_t* const d = p.d;
+    const out_t* const c = p.c;
+    const out_t* __restrict__ const bias = p.bias;
+    const int m = p.m, n = p.n, k = p.k, batch = p.batch;
+    const long long d_row_stride = p.d_row_stride, d_batch_stride = p.d_batch_stride;
+    const long long c_row_stride = p.c_row_stride, c_batch_stride = p.c_batch_stride;
+    const int a_batch_step = p.a_batch_step, b_batch_step = p.b_batch_step, group_m = p.group_m;
+    const float alpha = p.alpha, beta = p.beta;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // Dynamic shared memory is only guaranteed 16-byte alignment; 128B swizzle needs 1024.
     // (The padding is the same in every CTA of a cluster: same kernel, same static layout.)

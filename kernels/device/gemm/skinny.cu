@@ -45,6 +45,7 @@
 #include "calico/cluster.cuh"
 #include "calico/tile_ops.cuh"
 #include "gemm/epilogue.cuh"
+#include "gemm/params.cuh"
 
 #ifndef CALICO_GEMM_IN
 #define CALICO_GEMM_IN bf16
@@ -97,6 +98,12 @@ static_assert(SPLIT == 1 || SPLIT == 2 || SPLIT == 4 || SPLIT == 8, "CALICO_SKIN
 static_assert(MP * OUT_PITCH * 4 <= STAGES * STAGE_BYTES, "the partial tile must fit in the pipeline's memory");
 static_assert(A_CHUNKS * THREADS == MP * ROW_CHUNKS && W_CHUNKS * THREADS == BN * ROW_CHUNKS, "whole chunks per thread");
 static_assert(sizeof(In) == 2, "16-bit inputs only");
+// The launch the host (kernels/src/gemm/skinny.rs) makes: its column tile, block and shared memory.
+static_assert(CALICO_GEMM_TILE_N == BN && CALICO_GEMM_THREADS == THREADS, "the host's grid and block");
+static_assert(CALICO_GEMM_SMEM_BYTES == STAGES * STAGE_BYTES, "the host allocates this kernel's shared memory");
+
+typedef gemm::weight_params<In, Out> params;
+CALICO_CHECK_PARAMS(CALICO_WEIGHT_FIELDS, In, Out, CALICO_WEIGHT_PARAMS, params);
 
 // A stage holds A as an MP x 64 and W as a 64 x 64 shared tile (tile.cuh's st<>: 128-byte
 // rows, 16-byte chunk c of row r at c ^ (r % 8)), so the 8 rows one ldmatrix matrix reads
@@ -290,14 +297,13 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
 }  // namespace gemm_skinny
 }  // namespace calico
 
-// Strides in elements. A is M x K with K contiguous (a_rs: its row stride); W is the N x K
-// weight with K contiguous (w_rs: its row stride, i.e. B's column stride); C and D take any
-// strides. A, W and their row strides must be 16-byte aligned. Grid (SPLIT, ceil(N / 64)).
-CALICO_KERNEL void __cluster_dims__(CALICO_SKINNY_SPLIT, 1, 1) __launch_bounds__(128, 4) calico_gemm_skinny(
-    const CALICO_GEMM_IN* __restrict__ a, long long a_rs, const CALICO_GEMM_IN* __restrict__ w, long long w_rs,
-    const CALICO_GEMM_OUT* c, long long c_rs, long long c_cs, CALICO_GEMM_OUT* d, long long d_rs, long long d_cs,
-    const CALICO_GEMM_OUT* __restrict__ bias, long long m, long long n, long long k, float alpha, float beta) {
+// One parameter struct (gemm/params.cuh, strides in elements). A is M x K with K contiguous
+// (a_rs: its row stride); W is the N x K weight with K contiguous (w_rs: its row stride, i.e.
+// B's column stride); C and D take any strides. A, W and their row strides must be 16-byte
+// aligned. Grid (SPLIT, ceil(N / 64)).
+CALICO_KERNEL void __cluster_dims__(CALICO_SKINNY_SPLIT, 1, 1) __launch_bounds__(128, 4)
+    calico_gemm_skinny(const calico::gemm_skinny::params p) {
     extern __shared__ __align__(128) unsigned char calico_gemm_smem[];
-    calico::gemm_skinny::run(a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k, alpha, beta,
-                             calico_gemm_smem);
+    calico::gemm_skinny::run(p.a, p.a_rs, p.w, p.w_rs, p.c, p.c_rs, p.c_cs, p.d, p.d_rs, p.d_cs, p.bias, p.m, p.n, p.k, p.alpha,
+                             p.beta, calico_gemm_smem);
 }

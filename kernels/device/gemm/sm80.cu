@@ -18,6 +18,7 @@
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "gemm/epilogue.cuh"
+#include "gemm/params.cuh"
 
 #ifndef CALICO_GEMM_IN
 #define CALICO_GEMM_IN bf16
@@ -59,6 +60,12 @@ constexpr int OUT_PITCH = BN + 8;
 static_assert(STAGES >= 3 && STAGES <= 5, "CALICO_GEMM_STAGES must be 3..5");
 static_assert(WARP_M * OUT_PITCH * 4 <= STAGES * STAGE_BYTES, "epilogue staging must fit");
 static_assert(sizeof(In) == 2, "16-bit inputs only");
+// The launch the host (kernels/src/gemm/sm80.rs) makes: its tile, block and shared memory.
+static_assert(CALICO_GEMM_TILE_M == BM && CALICO_GEMM_TILE_N == BN && CALICO_GEMM_THREADS == THREADS, "the host's grid and block");
+static_assert(CALICO_GEMM_SMEM_BYTES == STAGES * STAGE_BYTES, "the host allocates this kernel's shared memory");
+
+typedef gemm::sm80_params<In, Out> params;
+CALICO_CHECK_PARAMS(CALICO_SM80_FIELDS, In, Out, CALICO_SM80_PARAMS, params);
 
 // The stage's shared tiles, swizzled as tile.cuh's st<> lays them out: A as BM x BK and a
 // K-major B as BN x BK (64-byte rows, 64B swizzle), an N-major B as BK x BN (two 128-byte
@@ -266,22 +273,19 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
 }  // namespace gemm_sm80
 }  // namespace calico
 
-// Same parameters as calico_gemm_portable (strides in elements); a_cs must be 1, and b_rs
+// One parameter struct (gemm/params.cuh, strides in elements); a_cs must be 1, and b_rs
 // (B_KMAJOR) or b_cs (otherwise) must be 1. Block (x, y) computes D[y*128.., x*128..] of
 // batches z, z + grid_z, ...
-CALICO_KERNEL void __launch_bounds__(256, 2) calico_gemm_sm80(
-    const CALICO_GEMM_IN* __restrict__ a, long long a_rs, long long a_cs, long long a_bs,
-    const CALICO_GEMM_IN* __restrict__ b, long long b_rs, long long b_cs, long long b_bs,
-    const CALICO_GEMM_OUT* __restrict__ c, long long c_rs, long long c_cs, long long c_bs,
-    CALICO_GEMM_OUT* __restrict__ d, long long d_rs, long long d_cs, long long d_bs,
-    const CALICO_GEMM_OUT* __restrict__ bias, long long m, long long n, long long k, long long batch,
-    long long grid_z, float alpha, float beta) {
+CALICO_KERNEL void __launch_bounds__(256, 2) calico_gemm_sm80(const calico::gemm_sm80::params p) {
     using namespace calico::gemm_sm80;
     extern __shared__ __align__(128) unsigned char calico_gemm_smem[];
-    (void)a_cs;
-    for (i64 z = calico::block_z(); z < batch; z += grid_z) {
-        const CALICO_GEMM_OUT* cz = CALICO_GEMM_HAS_C ? c + z * c_bs : nullptr;
-        tile(a + z * a_bs, a_rs, b + z * b_bs, b_rs, b_cs, cz, c_rs, c_cs, d + z * d_bs, d_rs, d_cs, bias, m, n, k, alpha,
-             beta, calico_gemm_smem);
+    const In* __restrict__ a = p.a;
+    const In* __restrict__ b = p.b;
+    const Out* __restrict__ c = p.c;
+    Out* __restrict__ d = p.d;
+    for (i64 z = calico::block_z(); z < p.batch; z += p.grid_z) {
+        const Out* cz = CALICO_GEMM_HAS_C ? c + z * p.c_bs : nullptr;
+        tile(a + z * p.a_bs, p.a_rs, b + z * p.b_bs, p.b_rs, p.b_cs, cz, p.c_rs, p.c_cs, d + z * p.d_bs, p.d_rs, p.d_cs, p.bias, p.m,
+             p.n, p.k, p.alpha, p.beta, calico_gemm_smem);
     }
 }
