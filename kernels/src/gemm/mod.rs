@@ -218,6 +218,34 @@ pub(crate) fn as_i64(v: usize, what: &str) -> Result<i64> {
     })
 }
 
+/// The same values as [`weight_params`], as the positional argument list of the HIP CDNA GEMV
+/// (cdna_gemv.cu), which has not moved to a parameter struct yet.
+pub(crate) fn weight_args(p: &GemmProblem, has_c: bool) -> Result<[calico_core::KernelArg; 16]> {
+    use calico_core::KernelArg;
+    let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {
+        Some(c) => (c.ptr, c.row_stride, c.col_stride),
+        None => (0, 0, 0),
+    };
+    Ok([
+        KernelArg::Ptr(p.a.ptr),
+        KernelArg::I64(as_i64(p.a.row_stride, "A row stride")?),
+        KernelArg::Ptr(p.b.ptr),
+        KernelArg::I64(as_i64(p.b.col_stride, "B column stride")?),
+        KernelArg::Ptr(c_ptr),
+        KernelArg::I64(as_i64(c_rs, "C row stride")?),
+        KernelArg::I64(as_i64(c_cs, "C column stride")?),
+        KernelArg::Ptr(p.d.ptr),
+        KernelArg::I64(as_i64(p.d.row_stride, "D row stride")?),
+        KernelArg::I64(as_i64(p.d.col_stride, "D column stride")?),
+        KernelArg::Ptr(p.bias.unwrap_or(0)),
+        KernelArg::I64(as_i64(p.m, "M")?),
+        KernelArg::I64(as_i64(p.n, "N")?),
+        KernelArg::I64(as_i64(p.k, "K")?),
+        KernelArg::F32(p.alpha),
+        KernelArg::F32(p.beta),
+    ])
+}
+
 /// The parameters of the small-M kernels that stream a K-major weight (skinny and GEMV):
 /// C only when it is read; strides in elements.
 pub(crate) fn weight_params(p: &GemmProblem, has_c: bool) -> Result<params::WeightParams> {
