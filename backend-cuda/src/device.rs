@@ -606,5 +606,6 @@ fn arg_pointer(arg: &KernelArg) -> *mut c_void {
         KernelArg::I64(v) => v as *const i64 as *mut c_void,
         KernelArg::F32(v) => v as *const f32 as *mut c_void,
         KernelArg::Opaque128(v) => v as *const calico_core::OpaqueParam128 as *mut c_void,
+        KernelArg::Params(v) => v.as_bytes().as_ptr() as *mut c_void,
     }
 }

@@ -8,7 +8,8 @@ use std::ffi::c_void;
 
 /// One `void*` per argument, pointing at the argument's bytes inside `args` (which the
 /// caller keeps borrowed across the launch). HIP reads each value's size from the kernel's
-/// metadata; an `Opaque128` is passed as a pointer to its 128 bytes.
+/// metadata; an `Opaque128` is passed as a pointer to its 128 bytes, `Params` as a pointer to
+/// the struct's bytes.
 pub fn marshal(args: &[KernelArg]) -> Vec<*mut c_void> {
     args.iter()
         .map(|arg| {
@@ -19,6 +20,7 @@ pub fn marshal(args: &[KernelArg]) -> Vec<*mut c_void> {
                 KernelArg::I64(v) => (v as *const i64).cast(),
                 KernelArg::F32(v) => (v as *const f32).cast(),
                 KernelArg::Opaque128(v) => v.0.as_ptr().cast(),
+                KernelArg::Params(v) => v.as_bytes().as_ptr().cast(),
             };
             p.cast_mut()
         })

@@ -128,6 +128,73 @@ impl fmt::Debug for OpaqueParam128 {
     }
 }
 
+/// Capacity of a [`ParamBlock`]: the largest parameter struct a kernel takes by value.
+pub const PARAM_BLOCK_BYTES: usize = 192;
+
+/// A `#[repr(C)]` struct a kernel takes by value as one parameter, mirrored by a device struct
+/// of the same layout.
+///
+/// # Safety
+/// Implement it only for `#[repr(C)]` structs made of integers, floats and device addresses
+/// (`u64`) with no padding bytes, so that every byte of a value is initialised and the bytes
+/// mean the same to the device. The device side checks the size and field offsets against
+/// constants the host emits (see `calico::gemm::params`), not this trait.
+pub unsafe trait KernelParams: Copy + 'static {}
+
+/// The bytes of one [`KernelParams`] value, passed to the kernel as a single by-value
+/// parameter (the driver copies as many bytes as the kernel's parameter is long; the device
+/// checks that length against `size_of` at compile time).
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(C, align(8))]
+pub struct ParamBlock {
+    bytes: [u8; PARAM_BLOCK_BYTES],
+    len: u32,
+}
+
+impl ParamBlock {
+    /// Checked when `new::<T>` is instantiated: `T` fits the block.
+    const fn fits<T>() -> bool {
+        std::mem::size_of::<T>() <= PARAM_BLOCK_BYTES
+    }
+
+    /// Copies `value`'s bytes.
+    pub fn new<T: KernelParams>(value: &T) -> ParamBlock {
+        const {
+            assert!(
+                Self::fits::<T>(),
+                "parameter struct larger than PARAM_BLOCK_BYTES"
+            )
+        };
+        let len = std::mem::size_of::<T>();
+        let mut bytes = [0u8; PARAM_BLOCK_BYTES];
+        // SAFETY: `T: KernelParams` promises a #[repr(C)] struct without padding, so all `len`
+        // bytes behind `value` are initialised; `bytes` holds at least `len` bytes (the const
+        // assertion above) and is a separate local, so the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (value as *const T).cast::<u8>(),
+                bytes.as_mut_ptr(),
+                len,
+            );
+        }
+        ParamBlock {
+            bytes,
+            len: len as u32,
+        }
+    }
+
+    /// The struct's bytes (what the kernel receives).
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+}
+
+impl fmt::Debug for ParamBlock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ParamBlock({} bytes)", self.len)
+    }
+}
+
 /// One kernel argument, in the order of the kernel's parameter list.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum KernelArg {
@@ -140,6 +207,8 @@ pub enum KernelArg {
     F32(f32),
     /// A 128-byte opaque struct (a TMA descriptor).
     Opaque128(OpaqueParam128),
+    /// A parameter struct passed by value ([`KernelParams`]).
+    Params(ParamBlock),
 }
 
 /// The compiler a GPU backend uses at run time.

@@ -22,7 +22,7 @@ pub mod variant;
 pub use arch::{Arch, AsyncCopy, Fp8Flavour, MmaAtom, MmaKind, Vendor};
 pub use backend::{
     check_byte_range, Backend, BackendKind, CompilerInfo, DeviceId, GpuBackend, KernelArg,
-    LaunchConfig, OpaqueParam128, Storage,
+    KernelParams, LaunchConfig, OpaqueParam128, ParamBlock, Storage, PARAM_BLOCK_BYTES,
 };
 pub use cache::DiskCache;
 pub use dtype::{DType, Element};

@@ -24,6 +24,22 @@ CALICO_DEVICE void mma_16816<f16>(float (&d)[4], const uint32_t (&a)[4], const u
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 }
 
+// d += a * b for one m16n8k16 step on raw fragments (a from ldmatrix, b0/b1 one n8 half of a
+// col_l base tile): the form kernels use when they stream fragments instead of whole tiles.
+template <class T>
+CALICO_DEVICE void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    const uint32_t b[2] = {b0, b1};
+    mma_16816<T>(d, a, b, d);
+}
+
+// The four f32 accumulators of mma.sync's C/D fragment for the 8-column half h of base tile
+// (i, j) of a float row_l tile: regs 2h (row g) and 2h + 1 (row g + 8), each a pair along the
+// row, are c0 c1 and c2 c3 in that order (see the register mapping below).
+template <int R, int C>
+CALICO_DEVICE float (&mma_half(rt<float, R, C, row_l>& t, int i, int j, int h))[4] {
+    return *reinterpret_cast<float(*)[4]>(&t.data[i][j][2 * h]);
+}
+
 // D = A * B + C on register tiles: A M x K (row_l), B K x N (col_l), C and D M x N float row_l.
 // Register mapping per base tile: our reg order (g,2t), (g+8,2t), (g,2t+8), (g+8,2t+8) is
 // exactly the instruction's a0a1, a2a3, a4a5, a6a7; an 8-column half h of the C/D tile is

@@ -16,6 +16,7 @@
 // The producer's first pass over a fresh ring waits on `empty` with parity 1, which a fresh
 // barrier reports as complete: the ring starts empty without any arrivals.
 #pragma once
+#include "calico/cluster.cuh"
 #include "calico/mbarrier.cuh"
 #include "calico/warpgroup.cuh"
 
@@ -28,6 +29,8 @@ struct cursor {
     CALICO_DEVICE int slot() const { return static_cast<int>(count % STAGES); }
     CALICO_DEVICE uint32_t parity() const { return (count / STAGES) & 1u; }
     CALICO_DEVICE void advance() { ++count; }
+    // Passes over `n` stages another consumer takes (ping-pong schedules).
+    CALICO_DEVICE void skip(uint32_t n) { count += n; }
 };
 
 template <int STAGES>
@@ -57,6 +60,20 @@ struct ring {
 
     // Consumer: one of the `releases` arrivals that hand the slot back.
     CALICO_DEVICE void release(const cursor<STAGES>& c) { calico::arrive(empty[c.slot()]); }
+
+    // Consumer, thread-block clusters whose producers multicast into every CTA's slot: one
+    // arrival on the slot's empty barrier in each of the CLUSTER CTAs (init with `releases`
+    // counting every CTA's consumers), so no producer refills a slot a peer still reads.
+    template <int CLUSTER>
+    CALICO_DEVICE void release_cluster(const cursor<STAGES>& c) {
+        if constexpr (CLUSTER == 1) {
+            release(c);
+        } else {
+            const uint32_t addr = smem_addr(&empty[c.slot()]);
+#pragma unroll
+            for (int r = 0; r < CLUSTER; ++r) cluster::arrive_remote(cluster::map_shared(addr, r));
+        }
+    }
 };
 
 template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume>

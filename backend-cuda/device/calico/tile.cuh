@@ -127,11 +127,15 @@ struct st {
     alignas(1024) unsigned char raw[bytes];
 
     // Byte offset of element (r, c) from the tile base.
+    // The swizzle XORs address bits 4.. with bits 7..; chunks are whole 8-row blocks and a
+    // byte within a row never carries into bit 7 of r * W, so the XOR term depends on the row
+    // alone and only touches the byte within the row (kept apart so the compiler sees that).
     static CALICO_DEVICE uint32_t offset(int r, int c) {
         const int chunk = c / chunk_cols;
-        const uint32_t linear = chunk * chunk_bytes + r * swizzle_bytes + (c % chunk_cols) * (int)sizeof(T);
+        const uint32_t in_row = (c % chunk_cols) * (int)sizeof(T);
         constexpr uint32_t mask = swizzle_bytes / 16 - 1;
-        return linear ^ (((linear >> 7) & mask) << 4);
+        const uint32_t phase = ((uint32_t)(r * swizzle_bytes) >> 7) & mask;
+        return chunk * chunk_bytes + r * swizzle_bytes + (in_row ^ (phase << 4));
     }
     CALICO_DEVICE T* ptr(int r, int c) { return reinterpret_cast<T*>(raw + offset(r, c)); }
     CALICO_DEVICE const T* ptr(int r, int c) const { return reinterpret_cast<const T*>(raw + offset(r, c)); }

@@ -285,6 +285,24 @@ CALICO_DEVICE void store(st<T, SR, SC>& dst, const rt<S, R, C, row_l>& src, int 
             }
 }
 
+// A plain row-major f32 array (shared or global; `pitch` floats per row, e.g. padded against
+// bank conflicts) <- registers, element pairs at (row0 + r, col0 + c); `dst` and the pitch must
+// keep pairs 8-byte aligned.
+template <int R, int C>
+CALICO_DEVICE void store_rows(float* dst, int pitch, const rt<float, R, C, row_l>& src, int row0 = 0, int col0 = 0) {
+    const int lane = thread_x() % 32;
+#pragma unroll
+    for (int i = 0; i < R / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < C / 16; ++j)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                int r, c;
+                base_coord<row_l>(lane, k, r, c);
+                *reinterpret_cast<float2*>(&dst[(row0 + 16 * i + r) * pitch + col0 + 16 * j + c]) = src.data[i][j][k];
+            }
+}
+
 // Shared <- global with cp.async, by all `threads` threads of the caller (16 bytes each per
 // step); out-of-bounds 16-byte pieces are zero-filled. Rows of `src` must be 16-byte aligned
 // and cols a multiple of 16 / sizeof(T) for the partial-row check to be exact.
@@ -309,6 +327,27 @@ CALICO_DEVICE void load_tma(st<T, R, C>& dst, const tensor_map& map, coord tc, m
     for (int chunk = 0; chunk < C / st<T, R, C>::chunk_cols; ++chunk)
         tma::load_3d(dst.raw + chunk * st<T, R, C>::chunk_bytes, map, tc.col * C + chunk * st<T, R, C>::chunk_cols, tc.row * R, tc.batch,
                      bar);
+}
+
+// load_tma with an L2 eviction policy (tma::policy_evict_*()).
+template <class T, int R, int C>
+CALICO_DEVICE void load_tma(st<T, R, C>& dst, const tensor_map& map, coord tc, mbarrier& bar, uint64_t policy) {
+#pragma unroll
+    for (int chunk = 0; chunk < C / st<T, R, C>::chunk_cols; ++chunk)
+        tma::load_3d_hint(dst.raw + chunk * st<T, R, C>::chunk_bytes, map, tc.col * C + chunk * st<T, R, C>::chunk_cols, tc.row * R,
+                          tc.batch, bar, policy);
+}
+
+// Global <- shared with TMA, one box per swizzle chunk, clipped at the tensor's end by the
+// copy engine (see tma.cuh for what that needs). Every thread that wrote `src` runs
+// fence_proxy_async() and a barrier first; then one thread issues this, and
+// tma::store_commit() / store_wait_read<> before `src` is written again. `tc` at element
+// (row0, col0) instead of a tile index: store boxes often sit at offsets inside an output tile.
+template <class T, int R, int C>
+CALICO_DEVICE void store_tma_at(const tensor_map& map, const st<T, R, C>& src, int batch, int row0, int col0) {
+#pragma unroll
+    for (int chunk = 0; chunk < C / st<T, R, C>::chunk_cols; ++chunk)
+        tma::store_3d(map, src.raw + chunk * st<T, R, C>::chunk_bytes, col0 + chunk * st<T, R, C>::chunk_cols, row0, batch);
 }
 
 }  // namespace calico

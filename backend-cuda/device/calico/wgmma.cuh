@@ -18,6 +18,7 @@
 //    reusing the shared memory the batch reads.
 #pragma once
 #include "calico/ptx.cuh"
+#include "calico/tile.cuh"
 
 namespace calico {
 namespace wgmma {
@@ -56,6 +57,37 @@ CALICO_DEVICE uint64_t desc_mnmajor_128b(uint32_t smem_addr, uint32_t k_rows) {
 
 // Adds a byte offset to a descriptor's start address (the start field is bits 0-13, >> 4).
 CALICO_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (uint64_t)(bytes >> 4); }
+
+// ---- descriptors from the shared-tile type (tile.cuh's st<>)
+// The swizzle mode, the 8-row group stride (8 rows of the swizzle width) and, for MN-major
+// operands, the distance between swizzle-width column chunks (st::chunk_bytes) all follow
+// from the tile type, so a kernel names tiles and element coordinates, never byte offsets.
+template <class ST>
+constexpr swizzle swizzle_of() {
+    return ST::swizzle_bytes == 128 ? swizzle::b128 : ST::swizzle_bytes == 64 ? swizzle::b64 : swizzle::b32;
+}
+
+// K-major operand: `ST` holds MN rows x K columns (K contiguous), at shared address `tile`.
+// The descriptor of the 8-row groups from row `row0` (a multiple of 8) at K column `k0` (a
+// multiple of 16): wgmma reads 16 K elements of every row from there.
+template <class ST>
+CALICO_DEVICE uint64_t desc_k(uint32_t tile, int row0, int k0) {
+    static_assert(sizeof(typename ST::dtype) == 2, "wgmma descriptors here are for 16-bit operands");
+    static_assert(ST::cols % 16 == 0 && ST::rows % 8 == 0, "K in steps of 16, rows in groups of 8");
+    const uint32_t at = tile + (k0 / ST::chunk_cols) * ST::chunk_bytes + row0 * ST::swizzle_bytes + (k0 % ST::chunk_cols) * 2;
+    return make_desc(at, 16, 8 * ST::swizzle_bytes, swizzle_of<ST>());
+}
+
+// MN-major operand: `ST` holds K rows x MN columns (MN contiguous). The descriptor at K row
+// `k0` (a multiple of 16) and column `col0` (a multiple of the chunk width): the 16 K rows
+// from there, over the chunks that follow.
+template <class ST>
+CALICO_DEVICE uint64_t desc_mn(uint32_t tile, int k0, int col0) {
+    static_assert(sizeof(typename ST::dtype) == 2, "wgmma descriptors here are for 16-bit operands");
+    static_assert(ST::rows % 16 == 0, "K in steps of 16");
+    const uint32_t at = tile + (col0 / ST::chunk_cols) * ST::chunk_bytes + k0 * ST::swizzle_bytes;
+    return make_desc(at, ST::chunk_bytes, 8 * ST::swizzle_bytes, swizzle_of<ST>());
+}
 
 // Makes register and shared-memory writes by this warpgroup visible to the next wgmma.
 CALICO_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
@@ -110,6 +142,24 @@ CALICO_WGMMA_DEFINE_ALL_N(f16, "f16")
 
 #undef CALICO_WGMMA_DEFINE_ALL_N
 #undef CALICO_WGMMA_DEFINE
+
+// ---- warpgroup MMA on shared tiles
+// acc[64 x N] (+)= A * B for one k16 step, both operands in shared tiles of one dtype:
+// A = rows a_row0..a_row0+63, K columns k0..k0+15 of SA (MN rows x K columns); B = rows
+// b_mn0..b_mn0+N-1 of SB holding N x K (B_KMAJOR, a torch Linear weight: acc += A B^T), or K
+// rows k0.. and columns b_mn0..b_mn0+N-1 of SB holding K x N. Shapes are checked here; the
+// offsets must stay inside the tiles.
+template <bool B_KMAJOR, int N, class SA, class SB>
+CALICO_DEVICE void mma_k16(float (&acc)[N / 2], uint32_t a, int a_row0, uint32_t b, int b_mn0, int k0) {
+    typedef typename SA::dtype T;
+    static_assert(same_type<T, typename SB::dtype>::value, "A and B share a dtype");
+    static_assert(SA::rows >= 64, "A gives 64 rows");
+    static_assert(B_KMAJOR ? (SB::rows >= N && SB::cols == SA::cols) : (SB::cols >= N && SB::rows == SA::cols),
+                  "B gives N columns over A's K");
+    const uint64_t da = desc_k<SA>(a, a_row0, k0);
+    const uint64_t db = B_KMAJOR ? desc_k<SB>(b, b_mn0, k0) : desc_mn<SB>(b, k0, b_mn0);
+    mma<T, N>::template ss<B_KMAJOR ? 0 : 1>(acc, da, db, 1);
+}
 
 }  // namespace wgmma
 }  // namespace calico

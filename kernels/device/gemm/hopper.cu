@@ -77,11 +77,12 @@
 //  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster).
 #include "calico/calico.h"
 #include "calico/cluster.cuh"
-#include "calico/mbarrier.cuh"
-#include "calico/tma.cuh"
+#include "calico/pipeline.cuh"
+#include "calico/tile_ops.cuh"
 #include "calico/warpgroup.cuh"
 #include "calico/wgmma.cuh"
 #include "gemm/epilogue.cuh"
+#include "gemm/params.cuh"
 
 #ifndef CALICO_GEMM_TMA_STORE
 #define CALICO_GEMM_TMA_STORE 0
@@ -156,12 +157,40 @@ static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
 static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHUNK) % CLUSTER == 0),
               "each CTA of a cluster loads a 1024-aligned part of B");
 
+// The shared tiles of one ring slot (tile.cuh's st<>, 128B swizzle, what TMA writes): A as
+// BM x BK; B as BN x BK (K-major) or BK x BN (N-major, 64-column chunks of BK rows); and a
+// TMA-store staging box of 64 x 64 outputs.
+using a_tile = calico::st<in_t, BM, BK>;
+template <bool KMAJOR>
+struct b_tile_of {
+    typedef calico::st<in_t, BN, BK> type;
+};
+template <>
+struct b_tile_of<false> {
+    typedef calico::st<in_t, BK, BN> type;
+};
+using b_tile = b_tile_of<B_KMAJOR>::type;
+using store_box = calico::st<out_t, STORE_ROWS, STORE_COLS>;
+using ring_t = calico::pipeline::ring<STAGES>;
+using cursor_t = calico::pipeline::cursor<STAGES>;
+static_assert(sizeof(a_tile) == A_STAGE_BYTES && sizeof(b_tile) == B_STAGE_BYTES, "a slot is one A and one B tile");
+static_assert(a_tile::swizzle_bytes == 128 && b_tile::swizzle_bytes == 128, "operand tiles use the 128B swizzle of the tensor maps");
+static_assert(B_KMAJOR || b_tile::chunk_bytes == N_CHUNK_BYTES, "N-major B: one TMA box per 64-column chunk");
+static_assert(!TMA_STORE || sizeof(store_box) == STORE_BOX_BYTES, "staging boxes are 64 x 64 16-bit outputs");
+static_assert(sizeof(ring_t) == 2 * STAGES * 8, "the ring is a full and an empty barrier per slot");
+
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int A_OFFSET = 0;
 constexpr int B_OFFSET = STAGES * A_STAGE_BYTES;
 constexpr int STAGING_OFFSET = B_OFFSET + STAGES * B_STAGE_BYTES;
 constexpr int BAR_OFFSET = STAGING_OFFSET + STAGING_BYTES;
-// The host allocates SMEM_BYTES = 1024 (alignment slack) + BAR_OFFSET + 2 * STAGES * 8.
+// What the host allocates (its TileConfig::smem_bytes, emitted as CALICO_GEMM_SMEM_BYTES):
+// 1024 bytes of alignment slack, the slots, the staging boxes and the ring's barriers.
+static_assert(CALICO_GEMM_SMEM_BYTES == 1024 + BAR_OFFSET + (int)sizeof(ring_t), "the host allocates this kernel's shared memory");
+
+// The kernel's parameters after the tensor maps (params.rs: HopperParams).
+typedef calico::gemm::hopper_params<out_t> params;
+CALICO_CHECK_PARAMS(CALICO_HOPPER_FIELDS, in_t, out_t, CALICO_HOPPER_PARAMS, params);
 
 struct tile_coord {
     int m, n, batch;
@@ -269,14 +298,14 @@ CALICO_DEVICE void st_shared_b32(uint32_t addr, uint32_t v) { asm volatile("st.s
 // waits (wait_group.read 0) for every store it issued before the named barrier that ends
 // box q - 1, and store q - 1 is only issued after that barrier; so once box q - 1's barrier is
 // passed, store q - 2 has finished reading.
-CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], const calico::tensor_map& map_d, unsigned char* staging,
+CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], const calico::tensor_map& map_d, store_box* staging,
                                   uint32_t& stores, int row_base, int col_base, int batch, int warp, int lane, int bar_id, bool leader) {
     const int g = lane / 4;
     const int t = lane % 4;
 #pragma unroll
     for (int q = 0; q < WG_N / STORE_COLS; ++q) {
-        unsigned char* buf = staging + (stores & 1) * STORE_BOX_BYTES;
-        const uint32_t buf_addr = calico::smem_addr(buf);
+        store_box& buf = staging[stores & 1];
+        const uint32_t buf_addr = calico::smem_addr(buf.raw);
 #pragma unroll
         for (int jj = 0; jj < STORE_COLS / 8; ++jj) {
             const int j = q * (STORE_COLS / 8) + jj;
@@ -297,15 +326,14 @@ CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], con
                 calico::vec<out_t, 2> dv;
                 dv.v[0] = calico::from_float<out_t>(v0);
                 dv.v[1] = calico::from_float<out_t>(v1);
-                // 128B swizzle: 16-byte chunk jj of row r sits at chunk jj ^ (r % 8).
-                st_shared_b32(buf_addr + r * 128 + ((jj ^ (r & 7)) << 4) + 4 * t, *reinterpret_cast<const uint32_t*>(&dv));
+                st_shared_b32(buf_addr + store_box::offset(r, 8 * jj + 2 * t), *reinterpret_cast<const uint32_t*>(&dv));
             }
         }
         calico::fence_proxy_async();
         if (leader) calico::tma::store_wait_read<0>();
         calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
         if (leader) {
-            calico::tma::store_3d(map_d, buf, col_base + q * STORE_COLS, row_base, batch);
+            calico::store_tma_at(map_d, buf, batch, row_base, col_base + q * STORE_COLS);
             calico::tma::store_commit();
         }
         ++stores;
@@ -316,36 +344,25 @@ CALICO_DEVICE uint64_t l2_policy(int hint) {
     return hint == 2 ? calico::tma::policy_evict_last() : calico::tma::policy_evict_first();
 }
 
-// An operand box load, with the L2 eviction hint HINT (0: none).
-template <int HINT>
-CALICO_DEVICE void load_operand(void* dst, const calico::tensor_map& map, int c0, int c1, int c2, calico::mbarrier& bar, uint64_t policy) {
+// An operand tile load (tile `tc`), with the L2 eviction hint HINT (0: none).
+template <int HINT, class TILE>
+CALICO_DEVICE void load_operand(TILE& dst, const calico::tensor_map& map, calico::coord tc, calico::mbarrier& bar, uint64_t policy) {
     if constexpr (HINT == 0) {
-        calico::tma::load_3d(dst, map, c0, c1, c2, bar);
+        calico::load_tma(dst, map, tc, bar);
     } else {
-        calico::tma::load_3d_hint(dst, map, c0, c1, c2, bar, policy);
-    }
-}
-
-// Frees a ring slot: one arrival per consumer warp on the slot's empty barrier of every CTA
-// of the cluster (their producers multicast into this CTA's slot too).
-CALICO_DEVICE void release(calico::mbarrier& bar) {
-    if constexpr (CLUSTER == 1) {
-        calico::arrive(bar);
-    } else {
-        const uint32_t addr = calico::smem_addr(&bar);
-#pragma unroll
-        for (int r = 0; r < CLUSTER; ++r) calico::cluster::arrive_remote(calico::cluster::map_shared(addr, r));
+        calico::load_tma(dst, map, tc, bar, policy);
     }
 }
 
 }  // namespace gemm_hopper
 
-// Parameters (in order; the host builds them in kernels/src/gemm/hopper.rs):
+// Parameters (the host builds them in kernels/src/gemm/hopper.rs):
 //  map_a: 3-D tensor map over A {K, M, batch}, box {64, BM, 1}, 128B swizzle.
 //  map_b: B K-major: {K, N, batch}, box {64, BN / CLUSTER, 1}; N-major: {N, K, batch}, box {64, 64, 1}.
 //  map_d: with TMA_STORE, D {N, M, batch}, box {64, 64, 1}, 128B swizzle; unused otherwise.
-//  d, c, bias: output, optional C (may equal d), optional bias[N]; element strides for d/c rows
-//  and batches; a/b_batch_step: 1, or 0 to broadcast an operand over batches.
+//  p (gemm/params.cuh): d, c, bias: output, optional C (may equal d), optional bias[N];
+//  element strides for d/c rows and batches; a/b_batch_step: 1, or 0 to broadcast an operand
+//  over batches; group_m; alpha, beta.
 // CLUSTER = 2: CTAs 2i and 2i + 1 form a cluster and take row tiles 2p and 2p + 1 of the same
 // column tile; each loads its own A and half of the shared B slot, multicast to both.
 #if CALICO_GEMM_CLUSTER > 1
@@ -355,17 +372,23 @@ CALICO_DEVICE void release(calico::mbarrier& bar) {
 #endif
 CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTER_DIMS
     calico_gemm_hopper(const __grid_constant__ calico::tensor_map map_a, const __grid_constant__ calico::tensor_map map_b,
-                       const __grid_constant__ calico::tensor_map map_d, gemm_hopper::out_t* d, const gemm_hopper::out_t* c,
-                       const gemm_hopper::out_t* __restrict__ bias, int m, int n, int k, int batch, long long d_row_stride,
-                       long long d_batch_stride, long long c_row_stride, long long c_batch_stride, int a_batch_step, int b_batch_step,
-                       int group_m, float alpha, float beta) {
+                       const __grid_constant__ calico::tensor_map map_d, const gemm_hopper::params p) {
     using namespace gemm_hopper;
+    out_t* const d = p.d;
+    const out_t* const c = p.c;
+    const out_t* __restrict__ const bias = p.bias;
+    const int m = p.m, n = p.n, k = p.k, batch = p.batch;
+    const long long d_row_stride = p.d_row_stride, d_batch_stride = p.d_batch_stride;
+    const long long c_row_stride = p.c_row_stride, c_batch_stride = p.c_batch_stride;
+    const int a_batch_step = p.a_batch_step, b_batch_step = p.b_batch_step, group_m = p.group_m;
+    const float alpha = p.alpha, beta = p.beta;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     // Dynamic shared memory is only guaranteed 16-byte alignment; 128B swizzle needs 1024.
     // (The padding is the same in every CTA of a cluster: same kernel, same static layout.)
     unsigned char* smem = smem_raw + ((1024 - (calico::smem_addr(smem_raw) & 1023)) & 1023);
-    calico::mbarrier* full = reinterpret_cast<calico::mbarrier*>(smem + BAR_OFFSET);
-    calico::mbarrier* empty = full + STAGES;
+    a_tile* a_slots = reinterpret_cast<a_tile*>(smem + A_OFFSET);
+    b_tile* b_slots = reinterpret_cast<b_tile*>(smem + B_OFFSET);
+    ring_t& ring = *reinterpret_cast<ring_t*>(smem + BAR_OFFSET);
 
     const int m_tiles = (m + BM - 1) / BM;
     const int n_tiles = (n + BN - 1) / BN;
@@ -380,11 +403,8 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     const int rank = CLUSTER > 1 ? static_cast<int>(calico::cluster::ctarank()) : 0;
 
     if (threadIdx.x == 0) {
-#pragma unroll
-        for (int s = 0; s < STAGES; ++s) {
-            calico::init(full[s], 1);
-            calico::init(empty[s], SLOT_READERS * calico::WARPGROUP_WARPS * CLUSTER);
-        }
+        // A slot is freed by lane 0 of every consumer warp reading it, in every CTA of the cluster.
+        ring.init(SLOT_READERS * calico::WARPGROUP_WARPS * CLUSTER);
         calico::fence_barrier_init();
     }
     __syncthreads();
@@ -399,44 +419,34 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             calico::tma::prefetch(map_b);
             const uint64_t policy_a = l2_policy(L2_HINT_A);
             const uint64_t policy_b = l2_policy(L2_HINT_B);
-            uint32_t it = 0;
+            cursor_t cur;
             for (int w = first_work; w < work; w += work_step) {
                 const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
                 const int tile_m = tc.m * CLUSTER + rank;
                 const int a_batch = tc.batch * a_batch_step;
                 const int b_batch = tc.batch * b_batch_step;
-                for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                    const int slot = it % STAGES;
-                    const uint32_t parity = (it / STAGES) & 1;
-                    calico::wait(empty[slot], parity ^ 1);
+                for (int kt = 0; kt < k_tiles; ++kt, cur.advance()) {
                     // With a cluster, the peer's half of B lands here too and completes its
                     // bytes on this barrier: STAGE_BYTES in all.
-                    calico::arrive_expect_tx(full[slot], STAGE_BYTES);
-                    unsigned char* a_dst = smem + A_OFFSET + slot * A_STAGE_BYTES;
-                    unsigned char* b_dst = smem + B_OFFSET + slot * B_STAGE_BYTES;
-                    load_operand<L2_HINT_A>(a_dst, map_a, kt * BK, tile_m * BM, a_batch, full[slot], policy_a);
+                    calico::mbarrier& full = ring.acquire(cur, STAGE_BYTES);
+                    const int slot = cur.slot();
+                    load_operand<L2_HINT_A>(a_slots[slot], map_a, {a_batch, tile_m, kt}, full, policy_a);
                     if constexpr (CLUSTER == 1) {
-                        if constexpr (B_KMAJOR) {
-                            load_operand<L2_HINT_B>(b_dst, map_b, kt * BK, tc.n * BN, b_batch, full[slot], policy_b);
-                        } else {
-#pragma unroll
-                            for (int chunk = 0; chunk < BN / N_CHUNK; ++chunk) {
-                                load_operand<L2_HINT_B>(b_dst + chunk * N_CHUNK_BYTES, map_b, tc.n * BN + chunk * N_CHUNK, kt * BK, b_batch,
-                                                        full[slot], policy_b);
-                            }
-                        }
+                        // K-major: tile (n, kt) of B's N x K view; N-major: tile (kt, n) of K x N.
+                        const calico::coord b_tc = B_KMAJOR ? calico::coord{b_batch, tc.n, kt} : calico::coord{b_batch, kt, tc.n};
+                        load_operand<L2_HINT_B>(b_slots[slot], map_b, b_tc, full, policy_b);
                     } else {
                         constexpr unsigned short mask = (1u << CLUSTER) - 1;
                         if constexpr (B_KMAJOR) {
-                            calico::cluster::load_3d_multicast(b_dst + rank * B_PART_BYTES, map_b, kt * BK, tc.n * BN + rank * (BN / CLUSTER),
-                                                               b_batch, full[slot], mask);
+                            calico::cluster::load_3d_multicast(b_slots[slot].ptr(rank * (BN / CLUSTER), 0), map_b, kt * BK, tc.n * BN + rank * (BN / CLUSTER),
+                                                               b_batch, full, mask);
                         } else {
                             constexpr int per_cta = BN / N_CHUNK / CLUSTER;
 #pragma unroll
                             for (int i = 0; i < per_cta; ++i) {
                                 const int chunk = rank * per_cta + i;
-                                calico::cluster::load_3d_multicast(b_dst + chunk * N_CHUNK_BYTES, map_b, tc.n * BN + chunk * N_CHUNK, kt * BK,
-                                                                   b_batch, full[slot], mask);
+                                calico::cluster::load_3d_multicast(b_slots[slot].ptr(0, chunk * N_CHUNK), map_b, tc.n * BN + chunk * N_CHUNK, kt * BK,
+                                                                   b_batch, full, mask);
                             }
                         }
                     }
@@ -448,12 +458,13 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         const int consumer = calico::warpgroup_id() - 1;
         const int warp = calico::warpgroup_warp();
         const int lane = threadIdx.x % 32;
-        // This warpgroup's corner of the slot, in bytes.
-        const uint32_t a_part = (SPLIT_N || PINGPONG) ? 0 : consumer * 64 * BK * 2;
-        const uint32_t b_part = !SPLIT_N ? 0 : (B_KMAJOR ? consumer * WG_N * BK * 2 : consumer * (WG_N / N_CHUNK) * N_CHUNK_BYTES);
-        const uint32_t a_base = calico::smem_addr(smem + A_OFFSET) + a_part;
-        const uint32_t b_base = calico::smem_addr(smem + B_OFFSET) + b_part;
-        unsigned char* staging = smem + STAGING_OFFSET + consumer * 2 * STORE_BOX_BYTES;
+        // This warpgroup's corner of the slot: its first A row, and its first B row (K-major)
+        // or column (N-major).
+        const int a_row0 = (SPLIT_N || PINGPONG) ? 0 : consumer * 64;
+        const int b_mn0 = SPLIT_N ? consumer * WG_N : 0;
+        const uint32_t a_base = calico::smem_addr(a_slots);
+        const uint32_t b_base = calico::smem_addr(b_slots);
+        store_box* staging = reinterpret_cast<store_box*>(smem + STAGING_OFFSET) + consumer * 2;
         const bool leader = warp == 0 && lane == 0;
         uint32_t stores = 0;
         if constexpr (TMA_STORE) {
@@ -472,11 +483,12 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
         e.c_pairs = CALICO_GEMM_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
 
         float acc[MI][ACC];
-        // Ping-pong: this warpgroup takes local tiles consumer, consumer + 2, ...; `it` still
-        // counts every k-tile of the CTA (the partner's are skipped), as the producer does.
+        // Ping-pong: this warpgroup takes local tiles consumer, consumer + 2, ...; the cursor
+        // still counts every k-tile of the CTA (the partner's are skipped), as the producer does.
         const int tile_step = PINGPONG ? 2 : 1;
         int local = PINGPONG ? consumer : 0;
-        uint32_t it = PINGPONG ? static_cast<uint32_t>(consumer) * k_tiles : 0;
+        cursor_t cur;
+        if constexpr (PINGPONG) cur.skip(static_cast<uint32_t>(consumer) * k_tiles);
         for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
             const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
             const int tile_m = tc.m * CLUSTER + rank;
@@ -489,38 +501,35 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
 #pragma unroll
                 for (int r = 0; r < ACC; ++r) acc[i][r] = 0.0f;
             }
-            int prev_slot = -1;
-            for (int kt = 0; kt < k_tiles; ++kt, ++it) {
-                const int slot = it % STAGES;
-                const uint32_t parity = (it / STAGES) & 1;
-                calico::wait(full[slot], parity);
-                const uint32_t a_slot = a_base + slot * A_STAGE_BYTES;
-                const uint32_t b_slot = b_base + slot * B_STAGE_BYTES;
+            cursor_t prev;  // the slot of the previous k-tile, once there is one
+            bool has_prev = false;
+            for (int kt = 0; kt < k_tiles; ++kt, cur.advance()) {
+                ring.wait_full(cur);
+                const uint32_t a_slot = a_base + cur.slot() * A_STAGE_BYTES;
+                const uint32_t b_slot = b_base + cur.slot() * B_STAGE_BYTES;
                 calico::wgmma::fence();
 #pragma unroll
                 for (int kk = 0; kk < BK / 16; ++kk) {
-                    const uint64_t desc_b = B_KMAJOR ? calico::wgmma::desc_kmajor_128b(b_slot + kk * 32)
-                                                     : calico::wgmma::desc_mnmajor_128b(b_slot + kk * 16 * 128, BK);
 #pragma unroll
                     for (int i = 0; i < MI; ++i) {
-                        const uint64_t desc_a = calico::wgmma::desc_kmajor_128b(a_slot + i * 64 * BK * 2 + kk * 32);
-                        calico::wgmma::mma<in_t, WG_N>::template ss<B_KMAJOR ? 0 : 1>(acc[i], desc_a, desc_b, 1);
+                        calico::wgmma::mma_k16<B_KMAJOR, WG_N, a_tile, b_tile>(acc[i], a_slot, a_row0 + i * 64, b_slot, b_mn0, kk * 16);
                     }
                 }
                 calico::wgmma::commit_group();
                 // Keep this k-tile's batch in flight; the previous one is done after this.
                 calico::wgmma::wait_group<1>();
-                if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
-                prev_slot = slot;
+                if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
+                prev = cur;
+                has_prev = true;
             }
             if constexpr (PINGPONG) {
                 // Every full[] wait of this tile has passed and its wgmma are issued: hand the
                 // tensor cores to the partner, if the CTA has a next tile (it is the partner's).
                 if (w < work - work_step) calico::named_barrier_arrive(ORDER_BAR + (1 - consumer), ORDER_THREADS);
-                it += k_tiles;  // the partner's tile
+                cur.skip(k_tiles);  // the partner's tile
             }
             calico::wgmma::wait_group<0>();
-            if (prev_slot >= 0 && lane == 0) release(empty[prev_slot]);
+            if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
 
             e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
             const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);

@@ -17,7 +17,7 @@
 //   * 4 warps, each 16 columns x all M rows (MT m16 tiles): mma.sync m16n8k16, f32
 //     accumulators, fragments by ldmatrix from XOR-swizzled 128-byte rows (conflict free).
 //     Rows of A at or past M, columns of W past N and K past the end are zero-filled
-//     (sm80::copy_chunk_16: whole chunks by cp.async, a K tail element by element, nothing
+//     (cp_async_16_tail: whole chunks by cp.async, a K tail element by element, nothing
 //     read outside the operands), so any M, N, K is exact.
 //   * The split-K partials are reduced through distributed shared memory instead of a
 //     global workspace and a second kernel: each CTA parks its MP x 64 f32 partial tile in its
@@ -43,8 +43,9 @@
 // Dynamic shared memory: STAGES * (MT * 16 + 64) * 128 bytes.
 #include "calico/calico.h"
 #include "calico/cluster.cuh"
+#include "calico/tile_ops.cuh"
 #include "gemm/epilogue.cuh"
-#include "gemm/sm80_helpers.cuh"
+#include "gemm/params.cuh"
 
 #ifndef CALICO_GEMM_IN
 #define CALICO_GEMM_IN bf16
@@ -97,11 +98,21 @@ static_assert(SPLIT == 1 || SPLIT == 2 || SPLIT == 4 || SPLIT == 8, "CALICO_SKIN
 static_assert(MP * OUT_PITCH * 4 <= STAGES * STAGE_BYTES, "the partial tile must fit in the pipeline's memory");
 static_assert(A_CHUNKS * THREADS == MP * ROW_CHUNKS && W_CHUNKS * THREADS == BN * ROW_CHUNKS, "whole chunks per thread");
 static_assert(sizeof(In) == 2, "16-bit inputs only");
+// The launch the host (kernels/src/gemm/skinny.rs) makes: its column tile, block and shared memory.
+static_assert(CALICO_GEMM_TILE_N == BN && CALICO_GEMM_THREADS == THREADS, "the host's grid and block");
+static_assert(CALICO_GEMM_SMEM_BYTES == STAGES * STAGE_BYTES, "the host allocates this kernel's shared memory");
 
-// Byte offset of 16-byte chunk `c` (0..7) of row `r` in a tile of 128-byte rows; the chunk is
-// XOR-ed with the row's low 3 bits, so the 8 rows one ldmatrix matrix reads (same logical
-// chunk) sit in 8 different 16-byte bank groups.
-CALICO_DEVICE unsigned swz(int r, int c) { return unsigned(r * 128 + ((c ^ (r & 7)) << 4)); }
+typedef gemm::weight_params<In, Out> params;
+CALICO_CHECK_PARAMS(CALICO_WEIGHT_FIELDS, In, Out, CALICO_WEIGHT_PARAMS, params);
+
+// A stage holds A as an MP x 64 and W as a 64 x 64 shared tile (tile.cuh's st<>: 128-byte
+// rows, 16-byte chunk c of row r at c ^ (r % 8)), so the 8 rows one ldmatrix matrix reads
+// (same logical chunk) sit in 8 different 16-byte bank groups.
+using a_tile = st<In, MP, BK>;
+using w_tile = st<In, BN, BK>;
+static_assert(a_tile::bytes == A_BYTES && w_tile::bytes == W_BYTES, "stage tiles fill the stage");
+// The warp's MP x 16 f32 accumulators: m16n8 tile (mi, ni) is half ni of base tile (mi, 0).
+using acc_tile = rt<float, MP, WARP_N, row_l>;
 
 // Bytes of a 16-byte chunk that lie inside a run of `left` elements (0..16).
 CALICO_DEVICE int chunk_bytes(i64 left) { return int(left <= 0 ? 0 : (left >= CHUNK ? CHUNK : left)) * 2; }
@@ -130,7 +141,7 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
     const int warp = tid / 32;
     const int rank = int(block_x());  // == %cluster_ctarank: the grid is one cluster wide
     const i64 n0 = i64(block_y()) * BN;
-    const unsigned base = sm80::smem_addr(smem);
+    const unsigned base = smem_addr(smem);
 
     const i64 k_tiles = (k + BK - 1) / BK;
     const i64 per = (k_tiles + SPLIT - 1) / SPLIT;
@@ -164,50 +175,45 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
 
     // Copies the next K tile (t0, t0 + 1, ... in order) into the stage at `st`. Chunks outside
     // the matrix read nothing and land as zeros; a chunk cut by the end of K reads only its
-    // elements inside K (copy_chunk_16), never 16 bytes past the end of a row.
+    // elements inside K (cp_async_16_tail), never 16 bytes past the end of a row.
     auto issue = [&](unsigned st) {
         const int bytes_k = chunk_bytes(k_left);
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const int r = (tid + i * THREADS) / ROW_CHUNKS;
             const int bytes = a_in[i] ? bytes_k : 0;
-            sm80::copy_chunk_16(st + swz(r, c_log), a_src[i], bytes);
+            cp_async_16_tail(st + a_tile::offset(r, kc), a_src[i], bytes);
             a_src[i] += BK;
         }
 #pragma unroll
         for (int i = 0; i < W_CHUNKS; ++i) {
             const int r = (tid + i * THREADS) / ROW_CHUNKS;
             const int bytes = w_in[i] ? bytes_k : 0;
-            sm80::copy_chunk_16(st + A_BYTES + swz(r, c_log), w_src[i], bytes);
+            cp_async_16_tail(st + A_BYTES + w_tile::offset(r, kc), w_src[i], bytes);
             w_src[i] += BK;
         }
         k_left -= BK;
     };
 
-    float acc[MT][2][4];
-#pragma unroll
-    for (int mi = 0; mi < MT; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < 2; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+    acc_tile acc;
+    zero(acc);
 
     // Prologue: STAGES - 1 tiles in flight; every slot commits a group (maybe empty) so the
     // wait counts stay uniform.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nt) issue(base + unsigned(s) * STAGE_BYTES);
-        sm80::cp_async_commit();
+        cp_async_commit();
     }
     int read_stage = 0;               // the stage tile j sits in: j % STAGES
     int write_stage = STAGES - 1;     // the stage tile j + STAGES - 1 goes to
     for (int j = 0; j < nt; ++j) {
-        sm80::cp_async_wait<STAGES - 2>();
+        cp_async_wait<STAGES - 2>();
         // Tile j has landed for every thread, and every warp is done with tile j - 1, whose
         // stage the next copy reuses.
         sync_threads();
         if (j + STAGES - 1 < nt) issue(base + unsigned(write_stage) * STAGE_BYTES);
-        sm80::cp_async_commit();
+        cp_async_commit();
         write_stage = write_stage == STAGES - 1 ? 0 : write_stage + 1;
         const unsigned st = base + unsigned(read_stage) * STAGE_BYTES;
         read_stage = read_stage == STAGES - 1 ? 0 : read_stage + 1;
@@ -219,7 +225,7 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
             {
                 const int r = warp * WARP_N + (lane & 7) + (lane >> 4) * 8;
                 const int cc = kk * 2 + ((lane >> 3) & 1);
-                sm80::ldmatrix_x4(bw, sw + swz(r, cc));
+                ldmatrix_x4(bw, sw + w_tile::offset(r, cc * CHUNK));
             }
 #pragma unroll
             for (int mi = 0; mi < MT; ++mi) {
@@ -227,19 +233,19 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
                 unsigned af[4];
                 const int r = mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
                 const int cc = kk * 2 + (lane >> 4);
-                sm80::ldmatrix_x4(af, st + swz(r, cc));
-                sm80::mma_16816<In>(acc[mi][0], af, bw[0], bw[1]);
-                sm80::mma_16816<In>(acc[mi][1], af, bw[2], bw[3]);
+                ldmatrix_x4(af, st + a_tile::offset(r, cc * CHUNK));
+                mma_16816<In>(mma_half(acc, mi, 0, 0), af, bw[0], bw[1]);
+                mma_16816<In>(mma_half(acc, mi, 0, 1), af, bw[2], bw[3]);
             }
         }
     }
-    sm80::cp_async_wait<0>();
+    cp_async_wait<0>();
     // Every warp is done reading the stages the partial tile overwrites.
     sync_threads();
 
     // Park the partial tile.
     float* part = reinterpret_cast<float*>(smem);
-    sm80::store_accumulators(part, OUT_PITCH, warp * WARP_N, acc, lane);
+    store_rows(part, OUT_PITCH, acc, 0, warp * WARP_N);
     // Release this CTA's partial tile to the cluster and acquire the others'.
     cluster::sync();
 
@@ -291,14 +297,13 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
 }  // namespace gemm_skinny
 }  // namespace calico
 
-// Strides in elements. A is M x K with K contiguous (a_rs: its row stride); W is the N x K
-// weight with K contiguous (w_rs: its row stride, i.e. B's column stride); C and D take any
-// strides. A, W and their row strides must be 16-byte aligned. Grid (SPLIT, ceil(N / 64)).
-CALICO_KERNEL void __cluster_dims__(CALICO_SKINNY_SPLIT, 1, 1) __launch_bounds__(128, 4) calico_gemm_skinny(
-    const CALICO_GEMM_IN* __restrict__ a, long long a_rs, const CALICO_GEMM_IN* __restrict__ w, long long w_rs,
-    const CALICO_GEMM_OUT* c, long long c_rs, long long c_cs, CALICO_GEMM_OUT* d, long long d_rs, long long d_cs,
-    const CALICO_GEMM_OUT* __restrict__ bias, long long m, long long n, long long k, float alpha, float beta) {
+// One parameter struct (gemm/params.cuh, strides in elements). A is M x K with K contiguous
+// (a_rs: its row stride); W is the N x K weight with K contiguous (w_rs: its row stride, i.e.
+// B's column stride); C and D take any strides. A, W and their row strides must be 16-byte
+// aligned. Grid (SPLIT, ceil(N / 64)).
+CALICO_KERNEL void __cluster_dims__(CALICO_SKINNY_SPLIT, 1, 1) __launch_bounds__(128, 4)
+    calico_gemm_skinny(const calico::gemm_skinny::params p) {
     extern __shared__ __align__(128) unsigned char calico_gemm_smem[];
-    calico::gemm_skinny::run(a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k, alpha, beta,
-                             calico_gemm_smem);
+    calico::gemm_skinny::run(p.a, p.a_rs, p.w, p.w_rs, p.c, p.c_rs, p.c_cs, p.d, p.d_rs, p.d_cs, p.bias, p.m, p.n, p.k, p.alpha,
+                             p.beta, calico_gemm_smem);
 }

@@ -6,7 +6,7 @@
 // row-major weight, CALICO_GEMM_B_KMAJOR=1) or N contiguous (K x N row-major, =0). Base pointers,
 // row strides and batch strides of A and B must be multiples of 16 bytes. C, D and bias take
 // any strides. Any M, N, K: out-of-range 16-byte chunks are zero-filled, and a chunk cut by a K
-// or N tail reads only its elements inside the matrix (sm80::copy_chunk_16).
+// or N tail reads only its elements inside the matrix (cp_async_16_tail).
 //
 // Defines:
 //   CALICO_GEMM_IN        bf16 | f16
@@ -16,8 +16,9 @@
 //   and the epilogue defines of gemm/epilogue.cuh.
 // Dynamic shared memory: CALICO_GEMM_STAGES * 16384 bytes.
 #include "calico/calico.h"
+#include "calico/tile_ops.cuh"
 #include "gemm/epilogue.cuh"
-#include "gemm/sm80_helpers.cuh"
+#include "gemm/params.cuh"
 
 #ifndef CALICO_GEMM_IN
 #define CALICO_GEMM_IN bf16
@@ -59,15 +60,31 @@ constexpr int OUT_PITCH = BN + 8;
 static_assert(STAGES >= 3 && STAGES <= 5, "CALICO_GEMM_STAGES must be 3..5");
 static_assert(WARP_M * OUT_PITCH * 4 <= STAGES * STAGE_BYTES, "epilogue staging must fit");
 static_assert(sizeof(In) == 2, "16-bit inputs only");
+// The launch the host (kernels/src/gemm/sm80.rs) makes: its tile, block and shared memory.
+static_assert(CALICO_GEMM_TILE_M == BM && CALICO_GEMM_TILE_N == BN && CALICO_GEMM_THREADS == THREADS, "the host's grid and block");
+static_assert(CALICO_GEMM_SMEM_BYTES == STAGES * STAGE_BYTES, "the host allocates this kernel's shared memory");
 
-// Byte offset of chunk `c` of row `r` in a tile whose rows are K-contiguous, 4 chunks (64
-// bytes) long. XOR-ing the chunk with bits 1-2 of the row puts the 8 rows one ldmatrix reads in
-// 8 different 16-byte bank groups.
-CALICO_DEVICE unsigned k_rows_offset(int r, int c) { return unsigned(r * 64 + ((c ^ ((r >> 1) & 3)) << 4)); }
+typedef gemm::sm80_params<In, Out> params;
+CALICO_CHECK_PARAMS(CALICO_SM80_FIELDS, In, Out, CALICO_SM80_PARAMS, params);
 
-// Byte offset of chunk `c` of row `k` in B stored K x N: 16 chunks (256 bytes) per row, chunk
-// XOR-ed with the row's low 3 bits for the same reason.
-CALICO_DEVICE unsigned n_rows_offset(int k, int c) { return unsigned(k * 256 + ((c ^ (k & 7)) << 4)); }
+// The stage's shared tiles, swizzled as tile.cuh's st<> lays them out: A as BM x BK and a
+// K-major B as BN x BK (64-byte rows, 64B swizzle), an N-major B as BK x BN (two 128-byte
+// column chunks, 128B swizzle). Either way the 8 rows one ldmatrix matrix reads sit in 8
+// different 16-byte bank groups. Offsets below are st<>::offset of (row, 16-byte chunk * 8).
+using a_tile = st<In, BM, BK>;
+template <bool KMAJOR>
+struct b_tile_of {
+    typedef st<In, BN, BK> type;
+};
+template <>
+struct b_tile_of<false> {
+    typedef st<In, BK, BN> type;
+};
+using b_tile = b_tile_of<B_KMAJOR>::type;
+static_assert(a_tile::bytes == A_BYTES && b_tile::bytes == B_BYTES, "stage tiles fill the stage");
+
+CALICO_DEVICE unsigned a_offset(int r, int c) { return a_tile::offset(r, c * CHUNK); }
+CALICO_DEVICE unsigned b_offset(int r, int c) { return b_tile::offset(r, c * CHUNK); }
 
 // Bytes of a 16-byte chunk that lie inside a run of `left` elements (0..16), without branches.
 CALICO_DEVICE int chunk_bytes(i64 left) { return int(left < 0 ? 0 : (left > CHUNK ? CHUNK : left)) * 2; }
@@ -97,7 +114,7 @@ struct Loader {
             const int c = id % (BK / CHUNK);
             a_in[i] = m0 + r < m;
             a_ptr[i] = a + (a_in[i] ? (m0 + r) * a_rs : 0) + c * CHUNK;
-            a_off[i] = k_rows_offset(r, c);
+            a_off[i] = a_offset(r, c);
             a_k[i] = c * CHUNK;
         }
         a_step = BK;
@@ -110,7 +127,7 @@ struct Loader {
                 const int c = id % (BK / CHUNK);
                 b_fixed[i] = n0 + r < n;
                 b_ptr[i] = b + (b_fixed[i] ? (n0 + r) * b_cs : 0) + c * CHUNK;
-                b_off[i] = A_BYTES + k_rows_offset(r, c);
+                b_off[i] = A_BYTES + b_offset(r, c);
                 b_k[i] = c * CHUNK;
             } else {
                 // B as K x N: 32 rows (k) x 16 chunks (n); b_cs == 1, b_rs is the row stride.
@@ -118,7 +135,7 @@ struct Loader {
                 const int c = id % (BN / CHUNK);
                 b_fixed[i] = chunk_bytes(n - (n0 + c * CHUNK));
                 b_ptr[i] = b + r * b_rs + (b_fixed[i] ? n0 + c * CHUNK : 0);
-                b_off[i] = A_BYTES + n_rows_offset(r, c);
+                b_off[i] = A_BYTES + b_offset(r, c);
                 b_k[i] = r;
             }
         }
@@ -133,21 +150,25 @@ struct Loader {
 #pragma unroll
         for (int i = 0; i < A_CHUNKS; ++i) {
             const int bytes = a_in[i] ? chunk_bytes(k - k0 - a_k[i]) : 0;
-            sm80::copy_chunk_16(st + a_off[i], a_ptr[i], bytes);
+            cp_async_16_tail(st + a_off[i], a_ptr[i], bytes);
             a_ptr[i] += a_step;
         }
 #pragma unroll
         for (int i = 0; i < B_CHUNKS; ++i) {
             const int bytes = B_KMAJOR ? (b_fixed[i] ? chunk_bytes(k - k0 - b_k[i]) : 0)
                                        : (k0 + b_k[i] < k ? b_fixed[i] : 0);
-            sm80::copy_chunk_16(st + b_off[i], b_ptr[i], bytes);
+            cp_async_16_tail(st + b_off[i], b_ptr[i], bytes);
             b_ptr[i] += b_step;
         }
     }
 };
 
 // One BK slice of the stage at `st`: 2 k16 steps of MI x NI mma tiles per warp.
-CALICO_DEVICE void compute_stage(float (&acc)[MI][NI][4], unsigned st, int wm, int wn, int lane) {
+// The warp's 64 x 32 f32 accumulators; m16n8 tile (mi, ni) is the ni % 2 half of base tile
+// (mi, ni / 2).
+using acc_tile = rt<float, WARP_M, WARP_N, row_l>;
+
+CALICO_DEVICE void compute_stage(acc_tile& acc, unsigned st, int wm, int wn, int lane) {
     const unsigned sb = st + A_BYTES;
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
@@ -158,7 +179,7 @@ CALICO_DEVICE void compute_stage(float (&acc)[MI][NI][4], unsigned st, int wm, i
         for (int mi = 0; mi < MI; ++mi) {
             const int r = wm * WARP_M + mi * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
             const int c = kk * 2 + (lane >> 4);
-            sm80::ldmatrix_x4(af[mi], st + k_rows_offset(r, c));
+            ldmatrix_x4(af[mi], st + a_offset(r, c));
         }
         // B: one x4 covers two n8 tiles: (n tile j, k 0-7), (j, k 8-15), (j+1, k 0-7), (j+1, k 8-15).
 #pragma unroll
@@ -167,11 +188,11 @@ CALICO_DEVICE void compute_stage(float (&acc)[MI][NI][4], unsigned st, int wm, i
             if (B_KMAJOR) {
                 const int r = wn * WARP_N + nj * 8 + (lane & 7) + (lane >> 4) * 8;
                 const int c = kk * 2 + ((lane >> 3) & 1);
-                sm80::ldmatrix_x4(r4, sb + k_rows_offset(r, c));
+                ldmatrix_x4(r4, sb + b_offset(r, c));
             } else {
                 const int kr = kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
                 const int c = (wn * WARP_N + nj * 8) / CHUNK + (lane >> 4);
-                sm80::ldmatrix_x4_trans(r4, sb + n_rows_offset(kr, c));
+                ldmatrix_x4_trans(r4, sb + b_offset(kr, c));
             }
             bf[nj][0] = r4[0];
             bf[nj][1] = r4[1];
@@ -181,7 +202,7 @@ CALICO_DEVICE void compute_stage(float (&acc)[MI][NI][4], unsigned st, int wm, i
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-            for (int ni = 0; ni < NI; ++ni) sm80::mma_16816<In>(acc[mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+            for (int ni = 0; ni < NI; ++ni) mma_16816<In>(mma_half(acc, mi, ni / 2, ni % 2), af[mi], bf[ni][0], bf[ni][1]);
     }
 }
 
@@ -195,15 +216,10 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
     const int wn = warp % (BN / WARP_N);
     const i64 m0 = i64(block_y()) * BM;
     const i64 n0 = i64(block_x()) * BN;
-    const unsigned base = sm80::smem_addr(smem);
+    const unsigned base = smem_addr(smem);
 
-    float acc[MI][NI][4];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+    acc_tile acc;
+    zero(acc);
 
     Loader ld;
     ld.init(a, a_rs, b, b_rs, b_cs, m0, n0, m, n, tid);
@@ -213,19 +229,19 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < k_tiles) ld.issue(base + s * STAGE_BYTES, k, s);
-        sm80::cp_async_commit();
+        cp_async_commit();
     }
     for (i64 t = 0; t < k_tiles; ++t) {
-        sm80::cp_async_wait<STAGES - 2>();
+        cp_async_wait<STAGES - 2>();
         // Tile t has landed for every thread, and every warp is done with tile t - 1, whose
         // stage the next load reuses.
         sync_threads();
         const i64 next = t + STAGES - 1;
         if (next < k_tiles) ld.issue(base + unsigned(next % STAGES) * STAGE_BYTES, k, next);
-        sm80::cp_async_commit();
+        cp_async_commit();
         compute_stage(acc, base + unsigned(t % STAGES) * STAGE_BYTES, wm, wn, lane);
     }
-    sm80::cp_async_wait<0>();
+    cp_async_wait<0>();
     // The next batch's prologue overwrites stages other warps may still be reading.
     sync_threads();
 
@@ -234,7 +250,7 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
     float* out = reinterpret_cast<float*>(smem);
 #pragma unroll
     for (int h = 0; h < BM / WARP_M; ++h) {
-        if (wm == h) sm80::store_accumulators(out, OUT_PITCH, wn * WARP_N, acc, lane);
+        if (wm == h) store_rows(out, OUT_PITCH, acc, 0, wn * WARP_N);
         sync_threads();
 #pragma unroll 4
         for (int q = 0; q < WARP_M * BN / THREADS; ++q) {
@@ -257,22 +273,19 @@ CALICO_DEVICE void tile(const In* a, i64 a_rs, const In* b, i64 b_rs, i64 b_cs, 
 }  // namespace gemm_sm80
 }  // namespace calico
 
-// Same parameters as calico_gemm_portable (strides in elements); a_cs must be 1, and b_rs
+// One parameter struct (gemm/params.cuh, strides in elements); a_cs must be 1, and b_rs
 // (B_KMAJOR) or b_cs (otherwise) must be 1. Block (x, y) computes D[y*128.., x*128..] of
 // batches z, z + grid_z, ...
-CALICO_KERNEL void __launch_bounds__(256, 2) calico_gemm_sm80(
-    const CALICO_GEMM_IN* __restrict__ a, long long a_rs, long long a_cs, long long a_bs,
-    const CALICO_GEMM_IN* __restrict__ b, long long b_rs, long long b_cs, long long b_bs,
-    const CALICO_GEMM_OUT* __restrict__ c, long long c_rs, long long c_cs, long long c_bs,
-    CALICO_GEMM_OUT* __restrict__ d, long long d_rs, long long d_cs, long long d_bs,
-    const CALICO_GEMM_OUT* __restrict__ bias, long long m, long long n, long long k, long long batch,
-    long long grid_z, float alpha, float beta) {
+CALICO_KERNEL void __launch_bounds__(256, 2) calico_gemm_sm80(const calico::gemm_sm80::params p) {
     using namespace calico::gemm_sm80;
     extern __shared__ __align__(128) unsigned char calico_gemm_smem[];
-    (void)a_cs;
-    for (i64 z = calico::block_z(); z < batch; z += grid_z) {
-        const CALICO_GEMM_OUT* cz = CALICO_GEMM_HAS_C ? c + z * c_bs : nullptr;
-        tile(a + z * a_bs, a_rs, b + z * b_bs, b_rs, b_cs, cz, c_rs, c_cs, d + z * d_bs, d_rs, d_cs, bias, m, n, k, alpha,
-             beta, calico_gemm_smem);
+    const In* __restrict__ a = p.a;
+    const In* __restrict__ b = p.b;
+    const Out* __restrict__ c = p.c;
+    Out* __restrict__ d = p.d;
+    for (i64 z = calico::block_z(); z < p.batch; z += p.grid_z) {
+        const Out* cz = CALICO_GEMM_HAS_C ? c + z * p.c_bs : nullptr;
+        tile(a + z * p.a_bs, p.a_rs, b + z * p.b_bs, p.b_rs, p.b_cs, cz, p.c_rs, p.c_cs, d + z * p.d_bs, p.d_rs, p.d_cs, p.bias, p.m,
+             p.n, p.k, p.alpha, p.beta, calico_gemm_smem);
     }
 }

@@ -5,6 +5,7 @@
 //! `CALICO_GEMV=off` disables the path; `CALICO_GEMV_TUNE=nb=2,warps=8,unroll=4` forces its
 //! shape (A/B runs).
 
+use super::params::WeightParams;
 use super::portable::GEMM_HEADERS;
 use super::{Epilogue, GemmProblem};
 use crate::catalog::CatalogEntry;
@@ -15,11 +16,6 @@ use calico_core::{
 
 const SOURCE: &str = include_str!("../../device/gemm/gemv.cu");
 const ENTRY: &str = "calico_gemv";
-/// The inline-PTX helpers shared with the sm_80 kernel (mma.sync).
-const HELPERS: HeaderSet = &[(
-    "gemm/sm80_helpers.cuh",
-    include_str!("../../device/gemm/sm80_helpers.cuh"),
-)];
 /// The largest M the kernel takes (one m16 tile of A rows).
 pub(crate) const MAX_M: usize = 16;
 /// Warps per SM the K split aims for.
@@ -52,7 +48,7 @@ pub(crate) struct Variant {
 
 impl Variant {
     fn defines(self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut defines = vec![
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
             ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
             ("CALICO_GEMV_NB", self.nb.to_string()),
@@ -64,7 +60,9 @@ impl Variant {
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
-        ]
+        ];
+        defines.extend(WeightParams::layout_defines());
+        defines
     }
 
     fn label(self) -> String {
@@ -87,7 +85,7 @@ impl Variant {
 
 impl KernelVariant for Variant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS, HELPERS];
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
 }
@@ -219,8 +217,8 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         block: (32 * v.warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let args = super::weight_args(p, v.has_c)?;
-    gpu.launch_variant(&v, &config, &args)
+    let params = super::weight_params(p, v.has_c)?;
+    gpu.launch_variant(&v, &config, &[params.arg()])
 }
 
 /// Representative variants, for `calico compile` and the offline compile checks.
@@ -283,7 +281,6 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
 mod tests {
     use super::*;
     use crate::gemm::portable::tests::problem;
-    use calico_core::KernelArg;
 
     fn h100() -> Arch {
         Arch::for_target("sm_90a").unwrap()
@@ -346,10 +343,10 @@ mod tests {
         let mut p = problem(10, 20, 32, true);
         p.c = Some(p.d);
         p.beta = 0.5;
-        let a = crate::gemm::weight_args(&p, true).unwrap();
-        assert_eq!(a[3], KernelArg::I64(32));
-        assert_eq!(a[4], KernelArg::Ptr(3 << 20));
-        assert_eq!(a[15], KernelArg::F32(0.5));
+        let a = crate::gemm::weight_params(&p, true).unwrap();
+        assert_eq!(a.w_rs, 32);
+        assert_eq!(a.c, 3 << 20);
+        assert_eq!(a.beta, 0.5);
         let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
         assert_eq!(entries.len(), 4);
         assert!(entries[1]

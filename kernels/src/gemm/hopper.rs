@@ -2,6 +2,7 @@
 //! (`kernels/device/gemm/hopper.cu` explains the kernel). This module decides when it applies,
 //! picks the tile shape, encodes the tensor maps and launches it.
 
+use super::params::HopperParams;
 use super::{GemmProblem, MatrixArg};
 use calico_core::{
     Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, KernelVariant,
@@ -58,8 +59,8 @@ impl TileConfig {
         }
     }
 
-    /// Must match hopper.cu: 1024 bytes of alignment slack, the slots, the staging boxes, two
-    /// mbarriers per slot.
+    /// 1024 bytes of alignment slack, the slots, the staging boxes, two mbarriers per slot
+    /// (emitted as CALICO_GEMM_SMEM_BYTES; hopper.cu static_asserts its own layout against it).
     fn smem_bytes(self) -> usize {
         1024 + self.stages * self.stage_bytes() + self.staging_bytes() + 2 * self.stages * 8
     }
@@ -468,7 +469,7 @@ impl Variant {
 
 impl KernelVariant for Variant {
     fn source(&self, vendor: calico_core::HeaderSet) -> Result<KernelSource> {
-        let defines = [
+        let mut defines = vec![
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
             ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
             ("CALICO_GEMM_BM", self.tile.bm.to_string()),
@@ -489,7 +490,10 @@ impl KernelVariant for Variant {
             ),
             ("CALICO_GEMM_L2_HINT_A", self.l2.0.define().to_string()),
             ("CALICO_GEMM_L2_HINT_B", self.l2.1.define().to_string()),
+            // Checked by the kernel against its own layout.
+            ("CALICO_GEMM_SMEM_BYTES", self.tile.smem_bytes().to_string()),
         ];
+        defines.extend(HopperParams::layout_defines());
         KernelSource::assemble(
             ENTRY,
             SOURCE,
@@ -766,26 +770,30 @@ fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> 
     let grid = (cfg.work(p).min(clusters) * cfg.cluster) as u32;
     let c = p.c.filter(|_| has_c);
     let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
+    let params = HopperParams {
+        d: p.d.ptr,
+        c: c.map_or(0, |c| c.ptr),
+        bias: p.bias.unwrap_or(0),
+        d_row_stride: as_i64(p.d.row_stride, "D row stride")?,
+        d_batch_stride: as_i64(batched(&p.d), "D batch stride")?,
+        c_row_stride: as_i64(c.map_or(0, |c| c.row_stride), "C row stride")?,
+        c_batch_stride: as_i64(c.map_or(0, |c| batched(&c)), "C batch stride")?,
+        m: as_i32(p.m, "M")?,
+        n: as_i32(p.n, "N")?,
+        k: as_i32(p.k, "K")?,
+        batch: as_i32(p.batch, "batch")?,
+        a_batch_step: a_step,
+        b_batch_step: b_step,
+        group_m: tune.group_m.unwrap_or(GROUP_M),
+        alpha: p.alpha,
+        beta: p.beta,
+        reserved: 0,
+    };
     let args = [
         KernelArg::Opaque128(map_a),
         KernelArg::Opaque128(map_b),
         KernelArg::Opaque128(map_d),
-        KernelArg::Ptr(p.d.ptr),
-        KernelArg::Ptr(c.map_or(0, |c| c.ptr)),
-        KernelArg::Ptr(p.bias.unwrap_or(0)),
-        KernelArg::I32(as_i32(p.m, "M")?),
-        KernelArg::I32(as_i32(p.n, "N")?),
-        KernelArg::I32(as_i32(p.k, "K")?),
-        KernelArg::I32(as_i32(p.batch, "batch")?),
-        KernelArg::I64(as_i64(p.d.row_stride, "D row stride")?),
-        KernelArg::I64(as_i64(batched(&p.d), "D batch stride")?),
-        KernelArg::I64(as_i64(c.map_or(0, |c| c.row_stride), "C row stride")?),
-        KernelArg::I64(as_i64(c.map_or(0, |c| batched(&c)), "C batch stride")?),
-        KernelArg::I32(a_step),
-        KernelArg::I32(b_step),
-        KernelArg::I32(tune.group_m.unwrap_or(GROUP_M)),
-        KernelArg::F32(p.alpha),
-        KernelArg::F32(p.beta),
+        params.arg(),
     ];
     let config = LaunchConfig::linear(grid, THREADS, cfg.smem_bytes() as u32);
     gpu.launch_variant(&variant, &config, &args)

@@ -12,6 +12,7 @@ mod cdna_gemv;
 mod gemv;
 mod hopper;
 mod padded;
+mod params;
 mod plan;
 mod portable;
 mod skinny;
@@ -20,7 +21,7 @@ mod sm80;
 use crate::ops_check as check;
 use crate::Device;
 pub use calico_core::Epilogue;
-use calico_core::{DType, Error, KernelArg, Result, Tensor};
+use calico_core::{DType, Error, Result, Tensor};
 pub use plan::{plan_dense, GemmPlan};
 
 /// One operand as the kernels see it: a device pointer and strides in elements.
@@ -217,10 +218,10 @@ pub(crate) fn as_i64(v: usize, what: &str) -> Result<i64> {
     })
 }
 
-/// The arguments of the small-M kernels that stream a K-major weight (skinny and GEMV), in
-/// their parameter order: a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k, alpha,
-/// beta (strides in elements).
-pub(crate) fn weight_args(p: &GemmProblem, has_c: bool) -> Result<[KernelArg; 16]> {
+/// The same values as [`weight_params`], as the positional argument list of the HIP CDNA GEMV
+/// (cdna_gemv.cu), which has not moved to a parameter struct yet.
+pub(crate) fn weight_args(p: &GemmProblem, has_c: bool) -> Result<[calico_core::KernelArg; 16]> {
+    use calico_core::KernelArg;
     let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {
         Some(c) => (c.ptr, c.row_stride, c.col_stride),
         None => (0, 0, 0),
@@ -243,6 +244,33 @@ pub(crate) fn weight_args(p: &GemmProblem, has_c: bool) -> Result<[KernelArg; 16
         KernelArg::F32(p.alpha),
         KernelArg::F32(p.beta),
     ])
+}
+
+/// The parameters of the small-M kernels that stream a K-major weight (skinny and GEMV):
+/// C only when it is read; strides in elements.
+pub(crate) fn weight_params(p: &GemmProblem, has_c: bool) -> Result<params::WeightParams> {
+    let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {
+        Some(c) => (c.ptr, c.row_stride, c.col_stride),
+        None => (0, 0, 0),
+    };
+    Ok(params::WeightParams {
+        a: p.a.ptr,
+        a_rs: as_i64(p.a.row_stride, "A row stride")?,
+        w: p.b.ptr,
+        w_rs: as_i64(p.b.col_stride, "B column stride")?,
+        c: c_ptr,
+        c_rs: as_i64(c_rs, "C row stride")?,
+        c_cs: as_i64(c_cs, "C column stride")?,
+        d: p.d.ptr,
+        d_rs: as_i64(p.d.row_stride, "D row stride")?,
+        d_cs: as_i64(p.d.col_stride, "D column stride")?,
+        bias: p.bias.unwrap_or(0),
+        m: as_i64(p.m, "M")?,
+        n: as_i64(p.n, "N")?,
+        k: as_i64(p.k, "K")?,
+        alpha: p.alpha,
+        beta: p.beta,
+    })
 }
 
 /// (batch, rows, cols, batch stride) of a rank-2 or rank-3 operand.

@@ -12,11 +12,18 @@ use calico_core::{
 const SOURCE: &str = include_str!("../../device/gemm/portable.cu");
 const ENTRY: &str = "calico_gemm_portable";
 
-/// Device headers of the GEMM kernels themselves (the epilogue they share).
-pub(crate) const GEMM_HEADERS: HeaderSet = &[(
-    "gemm/epilogue.cuh",
-    include_str!("../../device/gemm/epilogue.cuh"),
-)];
+/// Device headers of the GEMM kernels themselves (the epilogue they share, and the
+/// parameter structs of params.rs).
+pub(crate) const GEMM_HEADERS: HeaderSet = &[
+    (
+        "gemm/epilogue.cuh",
+        include_str!("../../device/gemm/epilogue.cuh"),
+    ),
+    (
+        "gemm/params.cuh",
+        include_str!("../../device/gemm/params.cuh"),
+    ),
+];
 
 /// Grid y and z limit on both vendors; grid z is folded (blocks loop over batches).
 const MAX_GRID_YZ: usize = 65_535;

@@ -6,6 +6,7 @@
 //! (narrow N); `CALICO_SKINNY=off` disables the path, `CALICO_SKINNY=all` routes every
 //! M <= 64 (A/B runs and tests).
 
+use super::params::WeightParams;
 use super::portable::GEMM_HEADERS;
 use super::{Epilogue, GemmProblem};
 use crate::catalog::CatalogEntry;
@@ -16,11 +17,6 @@ use calico_core::{
 
 const SOURCE: &str = include_str!("../../device/gemm/skinny.cu");
 const ENTRY: &str = "calico_gemm_skinny";
-/// The inline-PTX helpers shared with the sm_80 kernel (cp.async, ldmatrix, mma.sync).
-const HELPERS: HeaderSet = &[(
-    "gemm/sm80_helpers.cuh",
-    include_str!("../../device/gemm/sm80_helpers.cuh"),
-)];
 const THREADS: u32 = 128;
 /// Output columns per cluster.
 const BN: usize = 64;
@@ -64,7 +60,7 @@ impl Variant {
     }
 
     fn defines(self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut defines = vec![
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
             ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
             ("CALICO_SKINNY_MT", self.mt.to_string()),
@@ -73,13 +69,19 @@ impl Variant {
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
-        ]
+            // The launch, checked by the kernel against its own constants.
+            ("CALICO_GEMM_TILE_N", BN.to_string()),
+            ("CALICO_GEMM_THREADS", THREADS.to_string()),
+            ("CALICO_GEMM_SMEM_BYTES", self.smem_bytes().to_string()),
+        ];
+        defines.extend(WeightParams::layout_defines());
+        defines
     }
 }
 
 impl KernelVariant for Variant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS, HELPERS];
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
 }
@@ -212,8 +214,8 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         block: (THREADS, 1, 1),
         shared_mem_bytes: v.smem_bytes(),
     };
-    let args = super::weight_args(p, v.has_c)?;
-    gpu.launch_variant(&v, &config, &args)
+    let params = super::weight_params(p, v.has_c)?;
+    gpu.launch_variant(&v, &config, &[params.arg()])
 }
 
 /// Representative variants (every M tiling and split), for `calico compile` and the offline
@@ -256,7 +258,6 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
 mod tests {
     use super::*;
     use crate::gemm::portable::tests::problem;
-    use calico_core::KernelArg;
 
     fn h100() -> Arch {
         Arch::for_target("sm_90a").unwrap()
@@ -314,21 +315,17 @@ mod tests {
     }
 
     #[test]
-    fn args_follow_the_kernel_signature() {
+    fn params_carry_the_problem() {
         let mut p = problem(10, 20, 32, true);
         p.c = Some(p.d);
         p.beta = 0.5;
-        let a = crate::gemm::weight_args(&p, true).unwrap();
-        assert_eq!(a.len(), 16);
-        assert_eq!(a[1], KernelArg::I64(32));
-        assert_eq!(a[3], KernelArg::I64(32));
-        assert_eq!(a[4], KernelArg::Ptr(3 << 20));
-        assert_eq!(a[11], KernelArg::I64(10));
-        assert_eq!(a[15], KernelArg::F32(0.5));
-        assert_eq!(
-            crate::gemm::weight_args(&p, false).unwrap()[4],
-            KernelArg::Ptr(0)
-        );
+        let a = crate::gemm::weight_params(&p, true).unwrap();
+        assert_eq!(a.a_rs, 32);
+        assert_eq!(a.w_rs, 32);
+        assert_eq!(a.c, 3 << 20);
+        assert_eq!(a.m, 10);
+        assert_eq!(a.beta, 0.5);
+        assert_eq!(crate::gemm::weight_params(&p, false).unwrap().c, 0);
     }
 
     #[test]

@@ -3,21 +3,17 @@
 //! GPUs. It needs A with K contiguous and B with K or N contiguous, 16-byte aligned; other
 //! layouts go to the portable kernel.
 
-use super::portable::{args, GEMM_HEADERS};
-use super::{Epilogue, GemmProblem, MatrixArg};
+use super::params::Sm80Params;
+use super::portable::GEMM_HEADERS;
+use super::{as_i64, Epilogue, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
 use calico_core::{
-    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
+    Arch, AsyncCopy, DType, Error, GpuBackend, HeaderSet, KernelSource, KernelVariant,
     LaunchConfig, MmaKind, Result, Vendor,
 };
 
 const SOURCE: &str = include_str!("../../device/gemm/sm80.cu");
 const ENTRY: &str = "calico_gemm_sm80";
-/// The kernel's inline-PTX helpers (cp.async, ldmatrix, mma.sync).
-const SM80_HEADERS: HeaderSet = &[(
-    "gemm/sm80_helpers.cuh",
-    include_str!("../../device/gemm/sm80_helpers.cuh"),
-)];
 /// Eight warps, 2 (M) x 4 (N), each 64 x 32.
 const THREADS: u32 = 256;
 const BM: usize = 128;
@@ -48,7 +44,7 @@ impl Variant {
     }
 
     pub(crate) fn defines(self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut defines = vec![
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
             ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
             ("CALICO_GEMM_B_KMAJOR", u8::from(self.b_kmajor).to_string()),
@@ -56,18 +52,20 @@ impl Variant {
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
-        ]
+            // The launch below, checked by the kernel against its own constants.
+            ("CALICO_GEMM_TILE_M", BM.to_string()),
+            ("CALICO_GEMM_TILE_N", BN.to_string()),
+            ("CALICO_GEMM_THREADS", THREADS.to_string()),
+            ("CALICO_GEMM_SMEM_BYTES", self.smem_bytes().to_string()),
+        ];
+        defines.extend(Sm80Params::layout_defines());
+        defines
     }
 }
 
 impl KernelVariant for Variant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        let sets = [
-            vendor,
-            calico_core::device_headers(),
-            GEMM_HEADERS,
-            SM80_HEADERS,
-        ];
+        let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
     }
 }
@@ -146,6 +144,47 @@ fn variant(arch: &Arch, p: &GemmProblem) -> Result<Variant> {
     })
 }
 
+/// The kernel's parameters: C only when it is read, batch strides 0 for a single batch.
+fn params(p: &GemmProblem, has_c: bool, grid_z: u32) -> Result<Sm80Params> {
+    let zero = MatrixArg {
+        ptr: 0,
+        rows: 0,
+        cols: 0,
+        row_stride: 0,
+        col_stride: 0,
+        batch_stride: 0,
+    };
+    let c = p.c.filter(|_| has_c).unwrap_or(zero);
+    let bs =
+        |x: &MatrixArg, name: &str| as_i64(if p.batch <= 1 { 0 } else { x.batch_stride }, name);
+    Ok(Sm80Params {
+        a: p.a.ptr,
+        a_rs: as_i64(p.a.row_stride, "A row stride")?,
+        a_cs: as_i64(p.a.col_stride, "A column stride")?,
+        a_bs: bs(&p.a, "A batch stride")?,
+        b: p.b.ptr,
+        b_rs: as_i64(p.b.row_stride, "B row stride")?,
+        b_cs: as_i64(p.b.col_stride, "B column stride")?,
+        b_bs: bs(&p.b, "B batch stride")?,
+        c: c.ptr,
+        c_rs: as_i64(c.row_stride, "C row stride")?,
+        c_cs: as_i64(c.col_stride, "C column stride")?,
+        c_bs: bs(&c, "C batch stride")?,
+        d: p.d.ptr,
+        d_rs: as_i64(p.d.row_stride, "D row stride")?,
+        d_cs: as_i64(p.d.col_stride, "D column stride")?,
+        d_bs: bs(&p.d, "D batch stride")?,
+        bias: p.bias.unwrap_or(0),
+        m: as_i64(p.m, "M")?,
+        n: as_i64(p.n, "N")?,
+        k: as_i64(p.k, "K")?,
+        batch: as_i64(p.batch, "batch")?,
+        grid_z: i64::from(grid_z),
+        alpha: p.alpha,
+        beta: p.beta,
+    })
+}
+
 /// Launches the sm_80 GEMM for `p`.
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let arch = gpu.arch();
@@ -165,8 +204,8 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         block: (THREADS, 1, 1),
         shared_mem_bytes: v.smem_bytes(),
     };
-    let args: Vec<KernelArg> = args(p, v.has_c, config.grid.2)?;
-    gpu.launch_variant(&v, &config, &args)
+    let params = params(p, v.has_c, config.grid.2)?;
+    gpu.launch_variant(&v, &config, &[params.arg()])
 }
 
 /// Representative variants, for `calico compile` and the offline compile checks.
