@@ -37,7 +37,8 @@
 //    c = i + Nkv - Nq, c - left <= j (left bounded) and j <= c + right (right bounded).
 //
 // DEFINES (kernels/src/ops/attention/hopper_bwd.rs): CALICO_ATTN_KERNEL 0|1|2, CALICO_ATTN_T
-// bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1.
+// bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
+// CALICO_ATTN_SCHED 1 (serial, the default) | 2 (overlapped, see OVERLAP).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -52,7 +53,9 @@ using calico::uint64_t;
 using in_t = CALICO_ATTN_T;
 
 constexpr int D = CALICO_ATTN_D;
+#if CALICO_ATTN_KERNEL != 1
 constexpr int ROW_THREADS = 256;  // prepare / finish: one warp per row
+#endif
 
 static_assert(sizeof(in_t) == 2, "16-bit inputs");
 static_assert(D == 64 || D == 128, "head dim 64 or 128");
@@ -125,6 +128,9 @@ constexpr int BQ = D == 64 ? 128 : 64;  // query rows per streamed block
 constexpr int BKV = 128;                 // keys per CTA, 64 per consumer warpgroup
 constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
+// Schedule 1 (serial): each MMA batch is waited for before the next step of the block.
+// Schedule 2 (overlapped): P^T is computed while dP^T runs, and the dQ reductions while dK runs.
+constexpr bool OVERLAP = CALICO_ATTN_SCHED == 2;
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
 constexpr int CHUNKS = D / CHUNK;
 constexpr int Q_BYTES = BQ * D * 2;
@@ -168,14 +174,22 @@ struct barriers {
 
 struct params {
     int batch, q_heads, kv_heads, group, q_len, k_len, nq_pad, n_blocks;
-    int has_left, has_right;
+    int has_left, has_right, stagger;
     long long left, right;
 };
 
 struct unit {
     int b, hk, n0;
     int m_lo, m_hi;  // query blocks [m_lo, m_hi) of each head; none when m_hi <= m_lo
+    int rot;         // the walk over them starts at m_lo + rot and wraps around
 };
+
+// The query block of the unit's k-th step within a head.
+CALICO_DEVICE int block_at(const unit& u, int k) {
+    const int count = u.m_hi - u.m_lo;
+    const int r = k + u.rot;
+    return u.m_lo + (r >= count ? r - count : r);
+}
 
 CALICO_DEVICE unit unit_at(const params& p, int w) {
     unit u;
@@ -193,6 +207,9 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     i_hi = i_hi > p.q_len - 1 ? p.q_len - 1 : i_hi;
     u.m_lo = (int)(i_lo / BQ);
     u.m_hi = i_hi >= i_lo ? (int)(i_hi / BQ) + 1 : u.m_lo;
+    // Staggered: key blocks of a head start on different query blocks, so their dQ reductions
+    // do not all hit the same rows at the same time.
+    u.rot = p.stagger && u.m_hi > u.m_lo ? n % (u.m_hi - u.m_lo) : 0;
     return u;
 }
 
@@ -225,6 +242,19 @@ CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
 // Adds two adjacent floats to global memory (8-byte aligned), result unused.
 CALICO_DEVICE void red_add2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
+}
+
+// Adds a warpgroup's 64 x 64 dQ tile (accumulator layout) to the f32 accumulator at `tile`
+// (row stride D): exact f32 sums of every key block's share; rows past Nq land in the padding.
+CALICO_DEVICE void add_dq_tile(const float (&dq)[DQ_REGS], float* tile, int warp) {
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float* row = tile + (long long)(16 * warp + g + 8 * hh) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+    }
 }
 
 // Keeps 16-bit A fragments in their registers until the wgmma reading them has completed
@@ -272,6 +302,7 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 //  base and strides even (2-element stores).
 //  scale: the softmax scale (multiplies dK here, dQ in the finish kernel); score_scale and
 //  cap_log2 as the forward's. left/right: window sides (flags say whether each is bounded).
+//  stagger: 1 rotates each key block's walk over the query blocks (see unit_at).
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     calico_attention_hopper_bwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,
@@ -279,7 +310,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                 attn_hopper_bwd::in_t* dv, int batch, int q_heads, int group, int q_len, int k_len, int nq_pad,
                                 long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
                                 int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
-                                int has_right, long long right) {
+                                int has_right, long long right, int stagger) {
     using namespace attn_hopper_bwd;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -299,6 +330,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     p.has_right = has_right;
     p.left = left;
     p.right = right;
+    p.stagger = stagger;
     const int work = batch * p.kv_heads * p.n_blocks;
 
     if (threadIdx.x == 0) {
@@ -334,7 +366,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         for (int hq = 0; hq < p.group; ++hq) {
             const int h = u.hk * p.group + hq;
             const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
-            for (int m = u.m_lo; m < u.m_hi; ++m) {
+            for (int k = 0; k < u.m_hi - u.m_lo; ++k) {
+                const int m = block_at(u, k);
                 calico::mbarrier& qb = bars.q.acquire(qc, Q_BYTES + ROW_BYTES);
                 unsigned char* qd = smem + Q_OFFSET + qc.slot() * Q_BYTES;
 #pragma unroll
@@ -384,9 +417,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             for (int hq = 0; hq < p.group; ++hq) {
                 const int h = u.hk * p.group + hq;
                 const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
-                for (int m = u.m_lo; m < u.m_hi; ++m, ++step) {
-                    const int m0 = m * BQ;
-                    float s[S_REGS], dp[S_REGS];
+                for (int k = 0; k < u.m_hi - u.m_lo; ++k, ++step) {
+                    const int m0 = block_at(u, k) * BQ;
+                    float s[S_REGS], dp[S_REGS], dq[DQ_REGS];
                     // S^T = K Q^T.
                     bars.q.wait_full(qc);
                     const uint32_t q_slot = q_base + qc.slot() * Q_BYTES;
@@ -409,14 +442,45 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         calico::wgmma::mma<in_t, BQ>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
                     }
                     calico::wgmma::commit_group();
-                    calico::wgmma::wait_group<0>();
-                    calico::wgmma::fence_operands(s);
-                    calico::wgmma::fence_operands(dp);
 
                     // P^T and dS^T in place of S^T and dP^T. Columns are query rows.
                     const float* lse_s = reinterpret_cast<const float*>(smem + LSE_OFFSET + qc.slot() * ROW_BYTES);
                     const float* delta_s = reinterpret_cast<const float*>(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES);
                     const bool need_mask = !block_visible(p, m0, u.n0);
+                    if constexpr (OVERLAP && !SOFTCAP) {
+                        // P^T while dP^T is still being computed, then dS^T.
+                        calico::wgmma::wait_group<1>();
+                        calico::wgmma::fence_operands(s);
+#pragma unroll
+                        for (int j = 0; j < BQ / 8; ++j) {
+                            const int col = 8 * j + 2 * t;
+                            const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+#pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+                                for (int e = 0; e < 2; ++e) {
+                                    const int i = 4 * j + 2 * hh + e;
+                                    float pr = calico::exp2_approx(s[i] * score_scale - (e ? l.y : l.x));
+                                    if (need_mask && !visible(p, m0 + col + e, u.n0 + key_in_block + 8 * hh)) pr = 0.0f;
+                                    s[i] = pr;
+                                }
+                            }
+                        }
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(dp);
+#pragma unroll
+                        for (int j = 0; j < BQ / 8; ++j) {
+                            const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * j + 2 * t);
+#pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+                                dp[4 * j + 2 * hh] = s[4 * j + 2 * hh] * (dp[4 * j + 2 * hh] - dl.x);
+                                dp[4 * j + 2 * hh + 1] = s[4 * j + 2 * hh + 1] * (dp[4 * j + 2 * hh + 1] - dl.y);
+                            }
+                        }
+                    } else {
+                    calico::wgmma::wait_group<0>();
+                    calico::wgmma::fence_operands(s);
+                    calico::wgmma::fence_operands(dp);
 #pragma unroll
                     for (int j = 0; j < BQ / 8; ++j) {
                         const int col = 8 * j + 2 * t;
@@ -442,6 +506,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                             }
                         }
                     }
+                    }
                     // 16-bit A fragments: k-step kk covers query rows 16kk..16kk+15.
                     uint32_t pa[P_STEPS][4], da[P_STEPS][4];
 #pragma unroll
@@ -454,18 +519,65 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     }
                     // dS^T to shared memory, [query chunk][key][64 queries], 128B swizzle:
                     // element (key, col) of a chunk at key * 128 + ((col / 8) ^ (key % 8)) * 16.
-                    unsigned char* ds_buf = smem + DS_OFFSET + (step & 1) * DS_BYTES;
+                    auto store_ds = [&]() {
+                        unsigned char* ds_buf = smem + DS_OFFSET + (step & 1) * DS_BYTES;
 #pragma unroll
-                    for (int j = 0; j < BQ / 8; ++j) {
+                        for (int j = 0; j < BQ / 8; ++j) {
 #pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            const int key = key_in_block + 8 * hh;
-                            unsigned char* at = ds_buf + (j / 8) * BKV * 128 + key * 128 + (((j % 8) ^ g) * 16) + 4 * t;
-                            *reinterpret_cast<uint32_t*>(at) = da[j / 2][2 * (j % 2) + hh];
+                            for (int hh = 0; hh < 2; ++hh) {
+                                const int key = key_in_block + 8 * hh;
+                                unsigned char* at = ds_buf + (j / 8) * BKV * 128 + key * 128 + (((j % 8) ^ g) * 16) + 4 * t;
+                                *reinterpret_cast<uint32_t*>(at) = da[j / 2][2 * (j % 2) + hh];
+                            }
                         }
-                    }
-                    calico::fence_proxy_async();
+                        calico::fence_proxy_async();
+                    };
 
+                    if constexpr (OVERLAP) {
+                        // dV += P^T dO, then (both dS^T halves written) the dQ tile, then
+                        // dK += dS^T Q; the dQ reductions run while dK is computed.
+                        calico::wgmma::fence_operands(dv_acc);
+                        calico::wgmma::fence();
+#pragma unroll
+                        for (int kk = 0; kk < P_STEPS; ++kk) {
+                            const uint64_t db = calico::wgmma::desc_mnmajor_128b(do_slot + kk * 16 * 128, BQ);
+                            calico::wgmma::mma<in_t, D>::template rs<1>(dv_acc, pa[kk], db, 1);
+                        }
+                        calico::wgmma::commit_group();
+                        store_ds();
+                        calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+                        const uint32_t ds_tile = ds_base + (step & 1) * DS_BYTES + dq_rows * BKV * 128;
+                        calico::wgmma::fence();
+#pragma unroll
+                        for (int kk = 0; kk < BKV / 16; ++kk) {
+                            const uint64_t a = calico::wgmma::desc_mnmajor_128b(ds_tile + kk * 16 * 128, BKV);
+                            const uint64_t b = calico::wgmma::desc_mnmajor_128b(k_dq + kk * 16 * 128, BKV);
+                            calico::wgmma::mma<in_t, 64>::template ss<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
+                        }
+                        calico::wgmma::commit_group();
+                        calico::wgmma::fence_operands(dk_acc);
+                        calico::wgmma::fence();
+#pragma unroll
+                        for (int kk = 0; kk < P_STEPS; ++kk) {
+                            const uint64_t db = calico::wgmma::desc_mnmajor_128b(q_slot + kk * 16 * 128, BQ);
+                            calico::wgmma::mma<in_t, D>::template rs<1>(dk_acc, da[kk], db, 1);
+                        }
+                        calico::wgmma::commit_group();
+                        calico::wgmma::wait_group<1>();  // dV and the dQ tile done
+                        calico::wgmma::fence_operands(dv_acc);
+                        calico::wgmma::fence_operands(dq);
+                        keep_fragments(pa);
+                        if (lane == 0) bars.d.release(dc);  // dO's last reader was dV
+                        dc.advance();
+                        add_dq_tile(dq, dq_acc + (row0 + m0 + dq_rows * 64) * D + dq_cols * 64, warp);
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(dk_acc);
+                        keep_fragments(da);
+                        if (lane == 0) bars.q.release(qc);
+                        qc.advance();
+                        continue;
+                    }
+                    store_ds();
                     // dV += P^T dO, dK += dS^T Q (B operands N-major: head dim contiguous).
                     calico::wgmma::fence_operands(dv_acc);
                     calico::wgmma::fence_operands(dk_acc);
@@ -484,7 +596,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
 
                     // Both halves of dS^T written: dQ tile = dS K over all 128 keys.
                     calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
-                    float dq[DQ_REGS];
                     const uint32_t ds_tile = ds_base + (step & 1) * DS_BYTES + dq_rows * BKV * 128;
                     calico::wgmma::fence();
 #pragma unroll
@@ -507,15 +618,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     qc.advance();
                     dc.advance();
 
-                    // Exact f32 sums of every key block's share of dQ (rows past Nq land in
-                    // the padding).
-                    float* acc_tile = dq_acc + (row0 + m0 + dq_rows * 64) * D + dq_cols * 64;
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-                        float* row = acc_tile + (long long)(16 * warp + g + 8 * hh) * D + 2 * t;
-#pragma unroll
-                        for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
-                    }
+                    add_dq_tile(dq, dq_acc + (row0 + m0 + dq_rows * 64) * D + dq_cols * 64, warp);
                 }
             }
             if (lane == 0) calico::arrive(bars.kv_empty);

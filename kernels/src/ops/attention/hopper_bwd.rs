@@ -47,6 +47,39 @@ pub(crate) struct HopperBwdVariant {
     /// Q / dO ring depth (main kernel; 0 otherwise).
     stages: usize,
     softcap: bool,
+    /// Main kernel: overlapped schedule (hopper_bwd.cu, CALICO_ATTN_SCHED 2) instead of serial.
+    overlapped: bool,
+}
+
+/// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
+/// (comma-separated): `overlapped` (schedule 2: P^T under the dP^T MMA, the dQ reductions
+/// under the dK MMA) and `stagger` (each key block starts its walk over the query blocks at a
+/// different block). Both off by default: not yet run on a GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Tune {
+    overlapped: bool,
+    stagger: bool,
+}
+
+impl Tune {
+    fn parse(text: &str) -> Tune {
+        let mut t = Tune::default();
+        for part in text.split(',').map(str::trim) {
+            match part {
+                "overlapped" => t.overlapped = true,
+                "stagger" => t.stagger = true,
+                _ => {}
+            }
+        }
+        t
+    }
+
+    fn get() -> Tune {
+        static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+        *TUNE.get_or_init(|| {
+            Tune::parse(&std::env::var("CALICO_ATTN_HOPPER_BWD_TUNE").unwrap_or_default())
+        })
+    }
 }
 
 /// Query rows per streamed block: 128 at head dim 64, 64 at 128 (see hopper_bwd.cu).
@@ -66,18 +99,26 @@ impl HopperBwdVariant {
             head_dim,
             stages: 0,
             softcap: false,
+            overlapped: false,
         }
     }
 
     /// The main kernel for `head_dim` on `arch`, with as many stages as shared memory holds
     /// (at most [`MAX_STAGES`]); `None` when not even two fit.
-    fn main(arch: &Arch, dtype: DType, head_dim: usize, softcap: bool) -> Option<Self> {
+    fn main(
+        arch: &Arch,
+        dtype: DType,
+        head_dim: usize,
+        softcap: bool,
+        overlapped: bool,
+    ) -> Option<Self> {
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
             dtype,
             head_dim,
             stages: 0,
             softcap,
+            overlapped,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -111,8 +152,13 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}",
-            self.kernel, self.dtype, self.head_dim, self.stages, self.softcap
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}",
+            self.kernel,
+            self.dtype,
+            self.head_dim,
+            self.stages,
+            self.softcap,
+            if self.overlapped { " overlapped" } else { "" }
         )
     }
 }
@@ -130,6 +176,10 @@ impl KernelVariant for HopperBwdVariant {
             ("CALICO_ATTN_D", self.head_dim.to_string()),
             ("CALICO_ATTN_STAGES", self.stages.to_string()),
             ("CALICO_ATTN_SOFTCAP", u8::from(self.softcap).to_string()),
+            (
+                "CALICO_ATTN_SCHED",
+                if self.overlapped { "2" } else { "1" }.to_string(),
+            ),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -155,8 +205,10 @@ pub(crate) fn catalog(
                 HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d),
                 HopperBwdVariant::helper(BwdKernel::Finish, dtype, d),
             ];
-            for softcap in [false, true] {
-                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap));
+            for (softcap, overlapped) in
+                [(false, false), (true, false), (false, true), (true, true)]
+            {
+                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, overlapped));
             }
             for v in variants {
                 out.push(crate::catalog::CatalogEntry {
@@ -243,7 +295,13 @@ pub(crate) fn backward_variant(
     if !fits {
         return None;
     }
-    HopperBwdVariant::main(arch, p.dtype, p.head_dim, params.softcap.is_some())
+    HopperBwdVariant::main(
+        arch,
+        p.dtype,
+        p.head_dim,
+        params.softcap.is_some(),
+        Tune::get().overlapped,
+    )
 }
 
 /// Runs the backward with `main` on the tensors: `None` when TMA cannot express Q, K, V or
@@ -257,6 +315,7 @@ pub(crate) fn try_backward(
 ) -> Option<Result<()>> {
     let [q, k, v, _o, _lse, d_o, _dq, _dk, _dv] = t;
     let gpu = dev.as_gpu()?;
+    let tune = Tune::get();
     let bq = block_q(p.head_dim);
     let maps = [
         view_map(q, bq)?,
@@ -266,7 +325,7 @@ pub(crate) fn try_backward(
     ];
     let ws = Workspace::new(p);
     Some(gpu.with_workspace(ws.bytes, &mut |base| {
-        launch(gpu, p, params, main, maps, t, ws, base)
+        launch(gpu, p, params, (main, tune.stagger), maps, t, ws, base)
     }))
 }
 
@@ -275,7 +334,7 @@ fn launch(
     gpu: &dyn GpuBackend,
     p: &Problem,
     params: &AttentionParams,
-    main: HopperBwdVariant,
+    (main, stagger): (HopperBwdVariant, bool),
     maps: [OpaqueParam128; 4],
     [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
     ws: Workspace,
@@ -352,6 +411,7 @@ fn launch(
         KernelArg::I64(left),
         KernelArg::I32(has_right),
         KernelArg::I64(right),
+        KernelArg::I32(i32::from(stagger)),
     ];
     // One CTA per key block: the grid is the work list, so each CTA runs one unit.
     let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
@@ -383,16 +443,29 @@ mod tests {
     fn main_variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = Arch::for_target("sm_90a").unwrap();
         for d in [64, 128] {
-            let v = HopperBwdVariant::main(&arch, DType::BF16, d, false).unwrap();
+            let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, false).unwrap();
             assert!(v.stages >= 2, "{v:?}");
             assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
         }
-        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true).unwrap();
+        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, false).unwrap();
         // K, V 64 KiB; per stage Q + dO 32 KiB and two 256-byte rows; dS 32 KiB.
         assert_eq!(
             v.smem_bytes(),
             1024 + 65536 + v.stages * (32768 + 512) + 32768 + (4 * v.stages + 2) * 8
         );
+    }
+
+    #[test]
+    fn tune_knobs_parse_and_default_off() {
+        assert_eq!(Tune::parse(""), Tune::default());
+        assert_eq!(
+            Tune::parse("stagger, overlapped"),
+            Tune {
+                overlapped: true,
+                stagger: true
+            }
+        );
+        assert_eq!(Tune::parse("unknown"), Tune::default());
     }
 
     #[test]
