@@ -11,7 +11,8 @@
 //  * warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume): the role split.
 //    Warpgroup 0 gives registers back (setmaxnreg.dec) and its thread 0 calls produce(unit)
 //    for each of the CTA's units; warpgroups 1.. take registers (setmaxnreg.inc) and call
-//    consume(consumer_index, unit). Needs __launch_bounds__(threads, 1) on the kernel.
+//    consume(consumer_index, unit). Needs __launch_bounds__(threads, 1) on the kernel. An
+//    optional assist(unit) runs on warp 1 of warpgroup 0.
 //
 // The producer's first pass over a fresh ring waits on `empty` with parity 1, which a fresh
 // barrier reports as complete: the ring starts empty without any arrivals.
@@ -76,18 +77,27 @@ struct ring {
     }
 };
 
-template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume>
-CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume) {
+// As below, plus a helper role: all 32 lanes of warp 1 (in warpgroup 0, beside the producer)
+// call assist(unit) for each unit, e.g. to store what the consumers staged in shared memory.
+template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume, class Assist>
+CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume, Assist&& assist) {
     if (warpgroup_id() == 0) {
         setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             for (int unit = blockIdx.x; unit < work; unit += gridDim.x) produce(unit);
+        } else if (threadIdx.x / 32 == 1) {
+            for (int unit = blockIdx.x; unit < work; unit += gridDim.x) assist(unit);
         }
     } else {
         setmaxnreg_inc<CONSUMER_REGS>();
         const int consumer = warpgroup_id() - 1;
         for (int unit = blockIdx.x; unit < work; unit += gridDim.x) consume(consumer, unit);
     }
+}
+
+template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume>
+CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume) {
+    warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, [](int) {});
 }
 
 }  // namespace pipeline

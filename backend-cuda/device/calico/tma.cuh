@@ -70,6 +70,16 @@ CALICO_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, mbarrie
                  : "memory");
 }
 
+// Shared -> global reduction without a tensor map: adds `bytes` of f32 values (a multiple of
+// 16; both addresses 16-byte aligned) to global memory, element by element, in the L2. Groups
+// with store_commit / store_wait_read / store_wait like the tensor stores; the smem source must
+// have been written before a fence_proxy_async() and a barrier, as for those.
+CALICO_DEVICE void bulk_reduce_add_f32(float* dst, const void* src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(smem_addr(src)),
+                 "r"(bytes)
+                 : "memory");
+}
+
 // L2 eviction policies for cache-hinted loads: evict_last keeps lines that later CTAs will
 // read again, evict_first lets a stream leave the L2 first.
 CALICO_DEVICE uint64_t policy_evict_last() {

@@ -38,7 +38,8 @@
 //
 // DEFINES (kernels/src/ops/attention/hopper_bwd.rs): CALICO_ATTN_KERNEL 0|1|2, CALICO_ATTN_T
 // bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
-// CALICO_ATTN_SCHED 1 (serial, the default) | 2 (overlapped, see OVERLAP).
+// CALICO_ATTN_SCHED 1 (serial, the default) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ
+// 0 | 1 (main and finish kernels: dQ tiles by bulk reductions, see BULK_DQ).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -114,10 +115,30 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     const long long bh = r / q_len;
     const int i = (int)(r - bh * q_len);
     const long long b = bh / q_heads, h = bh - b * q_heads;
-    const float* acc = dq_acc + (bh * nq_pad + i) * D;
     attn_hopper_bwd::in_t* out = dq + b * dq_sb + h * dq_sh + i * dq_sn;
+#if CALICO_ATTN_BULK_DQ
+    // The main kernel's staging order: per query block two 64 x 64 tiles (split along the head
+    // dim at 128, along the rows at 64), each in its warpgroup's register order, 16-byte pieces
+    // rotated (stage_dq_tile).
+    constexpr int BQ = D == 64 ? 128 : 64;
+    const float* block = dq_acc + (bh * nq_pad + (long long)(i / BQ) * BQ) * D;
+    const int rb = i % BQ;
+#pragma unroll
+    for (int k = 0; k < D / 32; ++k) {
+        const int d = lane + 32 * k;
+        const int c = D == 128 ? d / 64 : rb / 64;
+        const int tr = D == 128 ? rb : rb % 64;
+        const int tc = D == 128 ? d % 64 : d;
+        const int thread = (tr / 16) * 32 + (tr % 8) * 4 + (tc % 8) / 2;
+        const int reg = 4 * (tc / 8) + 2 * ((tr % 16) / 8) + tc % 2;
+        const int at = c * 4096 + thread * 32 + ((reg / 4) ^ (thread % 8)) * 4 + reg % 4;
+        out[d] = calico::from_float<attn_hopper_bwd::in_t>(scale * block[at]);
+    }
+#else
+    const float* acc = dq_acc + (bh * nq_pad + i) * D;
 #pragma unroll
     for (int k = 0; k < D / 32; ++k) out[lane + 32 * k] = calico::from_float<attn_hopper_bwd::in_t>(scale * acc[lane + 32 * k]);
+#endif
 }
 #endif
 
@@ -128,9 +149,12 @@ constexpr int BQ = D == 64 ? 128 : 64;  // query rows per streamed block
 constexpr int BKV = 128;                 // keys per CTA, 64 per consumer warpgroup
 constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
+constexpr bool BULK_DQ = CALICO_ATTN_BULK_DQ != 0;
 // Schedule 1 (serial): each MMA batch is waited for before the next step of the block.
 // Schedule 2 (overlapped): P^T is computed while dP^T runs, and the dQ reductions while dK runs.
 constexpr bool OVERLAP = CALICO_ATTN_SCHED == 2;
+// dQ by bulk reductions: each consumer stages its dQ tile in shared memory and warp 1 of the
+// producer warpgroup adds it to the accumulator with one cp.reduce.async.bulk (BULK_DQ).
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
 constexpr int CHUNKS = D / CHUNK;
 constexpr int Q_BYTES = BQ * D * 2;
@@ -144,8 +168,9 @@ constexpr int P_STEPS = BQ / 16;    // k-steps of dV += P^T dO
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
-constexpr int PRODUCER_REGS = 24;
-constexpr int CONSUMER_REGS = 240;
+// The dQ warp (BULK_DQ) shares the producer's budget: give it room for its addresses.
+constexpr int PRODUCER_REGS = BULK_DQ ? 40 : 24;
+constexpr int CONSUMER_REGS = BULK_DQ ? 232 : 240;
 constexpr int DS_BARRIER = 1;  // named barrier of the two consumer warpgroups
 
 static_assert(STAGES >= 2, "at least two stages");
@@ -161,9 +186,16 @@ constexpr int DO_OFFSET = Q_OFFSET + STAGES * Q_BYTES;
 constexpr int DS_OFFSET = DO_OFFSET + STAGES * Q_BYTES;
 constexpr int LSE_OFFSET = DS_OFFSET + 2 * DS_BYTES;
 constexpr int DELTA_OFFSET = LSE_OFFSET + STAGES * ROW_BYTES;
-constexpr int BAR_OFFSET = DELTA_OFFSET + STAGES * ROW_BYTES;
+constexpr int DQ_TILE_BYTES = 64 * 64 * 4;
+constexpr int DQ_STAGE_OFFSET = DELTA_OFFSET + STAGES * ROW_BYTES;
+constexpr int BAR_OFFSET = DQ_STAGE_OFFSET + (BULK_DQ ? CONSUMERS * DQ_TILE_BYTES : 0);
 // Barriers: the Q ring, the dO ring, kv_full, kv_empty. The host allocates
 // SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2) * 8.
+// Named barriers of a consumer warpgroup (128 threads) and the dQ warp (32): staging tile full,
+// staging tile empty.
+constexpr int DQ_FULL_BARRIER = 2;   // + consumer
+constexpr int DQ_EMPTY_BARRIER = 4;  // + consumer
+constexpr int DQ_BARRIER_THREADS = calico::WARPGROUP_THREADS + 32;
 
 struct barriers {
     calico::pipeline::ring<STAGES> q;
@@ -255,6 +287,16 @@ CALICO_DEVICE void add_dq_tile(const float (&dq)[DQ_REGS], float* tile, int warp
 #pragma unroll
         for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
     }
+}
+
+// Stages a warpgroup's 64 x 64 dQ tile for the bulk reduction: thread i's 32 registers are
+// floats 32i..32i+31 of the tile (the order the finish kernel decodes), its eight 16-byte
+// pieces rotated by i % 8 so that no two threads of a quarter-warp hit the same banks.
+CALICO_DEVICE void stage_dq_tile(const float (&dq)[DQ_REGS], unsigned char* tile) {
+    const int i = calico::warpgroup_thread();
+    float4* mine = reinterpret_cast<float4*>(tile) + i * 8;
+#pragma unroll
+    for (int q = 0; q < 8; ++q) mine[q ^ (i % 8)] = make_float4(dq[4 * q], dq[4 * q + 1], dq[4 * q + 2], dq[4 * q + 3]);
 }
 
 // Keeps 16-bit A fragments in their registers until the wgmma reading them has completed
@@ -396,6 +438,19 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         // The dQ tile of this warpgroup: query chunk and head-dim chunk of the block.
         const int dq_rows = BQ == 128 ? consumer : 0;
         const int dq_cols = D == 128 ? consumer : 0;
+
+        // The dQ tile of a query block starting at accumulator row `first_row`: reductions from
+        // registers, or staged for the dQ warp.
+        auto hand_over_dq = [&](const float (&dq)[DQ_REGS], long long first_row) {
+            if constexpr (BULK_DQ) {
+                calico::named_barrier_sync(DQ_EMPTY_BARRIER + consumer, DQ_BARRIER_THREADS);
+                stage_dq_tile(dq, smem + DQ_STAGE_OFFSET + consumer * DQ_TILE_BYTES);
+                calico::fence_proxy_async();
+                calico::named_barrier_arrive(DQ_FULL_BARRIER + consumer, DQ_BARRIER_THREADS);
+            } else {
+                add_dq_tile(dq, dq_acc + (first_row + dq_rows * 64) * D + dq_cols * 64, warp);
+            }
+        };
 
         float dk_acc[ACC_REGS], dv_acc[ACC_REGS];
 #pragma unroll
@@ -569,7 +624,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         keep_fragments(pa);
                         if (lane == 0) bars.d.release(dc);  // dO's last reader was dV
                         dc.advance();
-                        add_dq_tile(dq, dq_acc + (row0 + m0 + dq_rows * 64) * D + dq_cols * 64, warp);
+                        hand_over_dq(dq, row0 + m0);
                         calico::wgmma::wait_group<0>();
                         calico::wgmma::fence_operands(dk_acc);
                         keep_fragments(da);
@@ -618,7 +673,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     qc.advance();
                     dc.advance();
 
-                    add_dq_tile(dq, dq_acc + (row0 + m0 + dq_rows * 64) * D + dq_cols * 64, warp);
+                    hand_over_dq(dq, row0 + m0);
                 }
             }
             if (lane == 0) calico::arrive(bars.kv_empty);
@@ -629,6 +684,47 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len);
     };
 
-    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
+    // BULK_DQ: warp 1 adds each staged tile to the accumulator, whose query block of BQ x D
+    // floats holds the two consumers' tiles back to back (4096 floats each, staging order).
+    auto reduce_dq = [&](int w) {
+        const unit u = unit_at(p, w);
+        if (u.m_hi <= u.m_lo) return;
+        const int lane = threadIdx.x % 32;
+        const int steps = p.group * (u.m_hi - u.m_lo);
+        // The staging tiles start empty.
+        for (int c = 0; c < CONSUMERS; ++c) calico::named_barrier_arrive(DQ_EMPTY_BARRIER + c, DQ_BARRIER_THREADS);
+        int step = 0;
+        for (int hq = 0; hq < p.group; ++hq) {
+            const int h = u.hk * p.group + hq;
+            const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
+            for (int k = 0; k < u.m_hi - u.m_lo; ++k, ++step) {
+                float* block = dq_acc + (row0 + (long long)block_at(u, k) * BQ) * D;
+                for (int c = 0; c < CONSUMERS; ++c) {
+                    calico::named_barrier_sync(DQ_FULL_BARRIER + c, DQ_BARRIER_THREADS);
+                    if (lane == 0) {
+                        calico::tma::bulk_reduce_add_f32(block + c * (DQ_TILE_BYTES / 4), smem + DQ_STAGE_OFFSET + c * DQ_TILE_BYTES,
+                                                         DQ_TILE_BYTES);
+                        calico::tma::store_commit();
+                    }
+                }
+                // Hand each tile back once its reduction has read it (the last ones stay).
+                if (lane == 0) calico::tma::store_wait_read<1>();
+                __syncwarp();
+                if (step + 1 < steps) calico::named_barrier_arrive(DQ_EMPTY_BARRIER + 0, DQ_BARRIER_THREADS);
+                if (lane == 0) calico::tma::store_wait_read<0>();
+                __syncwarp();
+                if (step + 1 < steps) calico::named_barrier_arrive(DQ_EMPTY_BARRIER + 1, DQ_BARRIER_THREADS);
+            }
+        }
+        // The reductions finish before the CTA (and its shared memory) goes away.
+        if (lane == 0) calico::tma::store_wait<0>();
+        __syncwarp();
+    };
+
+    if constexpr (BULK_DQ) {
+        pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, reduce_dq);
+    } else {
+        pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
+    }
 }
 #endif

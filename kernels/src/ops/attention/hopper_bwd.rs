@@ -49,16 +49,21 @@ pub(crate) struct HopperBwdVariant {
     softcap: bool,
     /// Main kernel: overlapped schedule (hopper_bwd.cu, CALICO_ATTN_SCHED 2) instead of serial.
     overlapped: bool,
+    /// Main and finish kernels: dQ tiles by bulk reductions (CALICO_ATTN_BULK_DQ).
+    bulk_dq: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
 /// (comma-separated): `overlapped` (schedule 2: P^T under the dP^T MMA, the dQ reductions
-/// under the dK MMA) and `stagger` (each key block starts its walk over the query blocks at a
-/// different block). Both off by default: not yet run on a GPU.
+/// under the dK MMA), `stagger` (each key block starts its walk over the query blocks at a
+/// different block) and `bulk` (dQ tiles staged in shared memory and added by one bulk
+/// reduction each, from a warp of the producer warpgroup). All off by default: not yet run on
+/// a GPU.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
     stagger: bool,
+    bulk: bool,
 }
 
 impl Tune {
@@ -68,6 +73,7 @@ impl Tune {
             match part {
                 "overlapped" => t.overlapped = true,
                 "stagger" => t.stagger = true,
+                "bulk" => t.bulk = true,
                 _ => {}
             }
         }
@@ -92,7 +98,7 @@ fn block_q(head_dim: usize) -> usize {
 }
 
 impl HopperBwdVariant {
-    fn helper(kernel: BwdKernel, dtype: DType, head_dim: usize) -> Self {
+    fn helper(kernel: BwdKernel, dtype: DType, head_dim: usize, bulk_dq: bool) -> Self {
         HopperBwdVariant {
             kernel,
             dtype,
@@ -100,6 +106,8 @@ impl HopperBwdVariant {
             stages: 0,
             softcap: false,
             overlapped: false,
+            // The prepare kernel is the same either way.
+            bulk_dq: bulk_dq && kernel == BwdKernel::Finish,
         }
     }
 
@@ -110,7 +118,7 @@ impl HopperBwdVariant {
         dtype: DType,
         head_dim: usize,
         softcap: bool,
-        overlapped: bool,
+        (overlapped, bulk_dq): (bool, bool),
     ) -> Option<Self> {
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
@@ -119,6 +127,7 @@ impl HopperBwdVariant {
             stages: 0,
             softcap,
             overlapped,
+            bulk_dq,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -128,7 +137,8 @@ impl HopperBwdVariant {
     }
 
     /// Must match hopper_bwd.cu: alignment slack, K and V, the Q and dO rings, two dS
-    /// buffers, the LSE and delta rows of each stage, 4 * STAGES + 2 mbarriers.
+    /// buffers, the LSE and delta rows of each stage, two 16 KiB dQ staging tiles (bulk_dq),
+    /// 4 * STAGES + 2 mbarriers.
     fn smem_bytes(&self) -> usize {
         if self.kernel != BwdKernel::Main {
             return 0;
@@ -139,6 +149,7 @@ impl HopperBwdVariant {
             + 2 * self.stages * bq * d * 2
             + 2 * BKV * bq * 2
             + 2 * self.stages * bq * 4
+            + if self.bulk_dq { 2 * 64 * 64 * 4 } else { 0 }
             + (4 * self.stages + 2) * 8
     }
 
@@ -152,13 +163,14 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
             self.stages,
             self.softcap,
-            if self.overlapped { " overlapped" } else { "" }
+            if self.overlapped { " overlapped" } else { "" },
+            if self.bulk_dq { " bulk" } else { "" }
         )
     }
 }
@@ -180,6 +192,7 @@ impl KernelVariant for HopperBwdVariant {
                 "CALICO_ATTN_SCHED",
                 if self.overlapped { "2" } else { "1" }.to_string(),
             ),
+            ("CALICO_ATTN_BULK_DQ", u8::from(self.bulk_dq).to_string()),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -202,13 +215,20 @@ pub(crate) fn catalog(
     for dtype in [DType::BF16, DType::F16] {
         for d in [64, 128] {
             let mut variants = vec![
-                HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d),
-                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d),
+                HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false),
+                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false),
+                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true),
             ];
-            for (softcap, overlapped) in
-                [(false, false), (true, false), (false, true), (true, true)]
-            {
-                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, overlapped));
+            // The default, soft-capped, and the A/B schedules (overlapped, bulk dQ, both).
+            for (softcap, tune) in [
+                (false, (false, false)),
+                (true, (false, false)),
+                (false, (true, false)),
+                (true, (true, false)),
+                (false, (false, true)),
+                (false, (true, true)),
+            ] {
+                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune));
             }
             for v in variants {
                 out.push(crate::catalog::CatalogEntry {
@@ -300,7 +320,10 @@ pub(crate) fn backward_variant(
         p.dtype,
         p.head_dim,
         params.softcap.is_some(),
-        Tune::get().overlapped,
+        {
+            let tune = Tune::get();
+            (tune.overlapped, tune.bulk)
+        },
     )
 }
 
@@ -348,7 +371,7 @@ fn launch(
 
     let [o_sb, o_sh, o_sn] = strides3(o);
     let [g_sb, g_sh, g_sn] = strides3(d_o);
-    let prepare = HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim);
+    let prepare = HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim, false);
     let args = [
         KernelArg::Ptr(ptr(o)),
         KernelArg::I64(o_sb),
@@ -417,7 +440,7 @@ fn launch(
     let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
     gpu.launch_variant(&main, &config, &args)?;
 
-    let finish = HopperBwdVariant::helper(BwdKernel::Finish, p.dtype, p.head_dim);
+    let finish = HopperBwdVariant::helper(BwdKernel::Finish, p.dtype, p.head_dim, main.bulk_dq);
     let [q_sb, q_sh, q_sn] = strides3(dq);
     let dq_rows = p.batch * p.q_heads * p.q_len;
     let args = [
@@ -443,11 +466,13 @@ mod tests {
     fn main_variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = Arch::for_target("sm_90a").unwrap();
         for d in [64, 128] {
-            let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, false).unwrap();
-            assert!(v.stages >= 2, "{v:?}");
-            assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+            for tune in [(false, false), (true, true)] {
+                let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, tune).unwrap();
+                assert!(v.stages >= 2, "{v:?}");
+                assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+            }
         }
-        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, false).unwrap();
+        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, (false, false)).unwrap();
         // K, V 64 KiB; per stage Q + dO 32 KiB and two 256-byte rows; dS 32 KiB.
         assert_eq!(
             v.smem_bytes(),
@@ -459,10 +484,11 @@ mod tests {
     fn tune_knobs_parse_and_default_off() {
         assert_eq!(Tune::parse(""), Tune::default());
         assert_eq!(
-            Tune::parse("stagger, overlapped"),
+            Tune::parse("stagger, overlapped,bulk"),
             Tune {
                 overlapped: true,
-                stagger: true
+                stagger: true,
+                bulk: true
             }
         );
         assert_eq!(Tune::parse("unknown"), Tune::default());
