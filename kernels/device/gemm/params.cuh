@@ -71,7 +71,7 @@ constexpr bool same_text(const char* a, const char* b) {
     F(Out*, d) F(long long, d_rs) F(long long, d_cs) F(long long, d_bs) F(const Out*, bias) F(long long, m)         \
     F(long long, n) F(long long, k) F(long long, batch) F(long long, grid_z) F(float, alpha) F(float, beta)
 
-// calico_gemm_skinny and calico_gemv (WeightParams): A (M x K) against the K-major weight W.
+// calico_gemm_skinny (WeightParams; calico_gemv takes the same values positionally, see gemv.cu): A (M x K) against the K-major weight W.
 #define CALICO_WEIGHT_FIELDS(F, In, Out)                                                                        \
     F(const In*, a) F(long long, a_rs) F(const In*, w) F(long long, w_rs) F(const Out*, c) F(long long, c_rs) \
     F(long long, c_cs) F(Out*, d) F(long long, d_rs) F(long long, d_cs) F(const Out*, bias) F(long long, m)   \

@@ -5,7 +5,6 @@
 //! `CALICO_GEMV=off` disables the path; `CALICO_GEMV_TUNE=nb=2,warps=8,unroll=4` forces its
 //! shape (A/B runs).
 
-use super::params::WeightParams;
 use super::portable::GEMM_HEADERS;
 use super::{Epilogue, GemmProblem};
 use crate::catalog::CatalogEntry;
@@ -48,7 +47,7 @@ pub(crate) struct Variant {
 
 impl Variant {
     fn defines(self) -> Vec<(&'static str, String)> {
-        let mut defines = vec![
+        vec![
             ("CALICO_GEMM_IN", self.in_dtype.device_type().to_string()),
             ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
             ("CALICO_GEMV_NB", self.nb.to_string()),
@@ -60,9 +59,7 @@ impl Variant {
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
-        ];
-        defines.extend(WeightParams::layout_defines());
-        defines
+        ]
     }
 
     fn label(self) -> String {
@@ -217,8 +214,9 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         block: (32 * v.warps as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    let params = super::weight_params(p, v.has_c)?;
-    gpu.launch_variant(&v, &config, &[params.arg()])
+    // Positional, not WeightParams: see the kernel entry in gemv.cu.
+    let args = super::weight_args(p, v.has_c)?;
+    gpu.launch_variant(&v, &config, &args)
 }
 
 /// Representative variants, for `calico compile` and the offline compile checks.
@@ -281,6 +279,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
 mod tests {
     use super::*;
     use crate::gemm::portable::tests::problem;
+    use calico_core::KernelArg;
 
     fn h100() -> Arch {
         Arch::for_target("sm_90a").unwrap()
@@ -343,10 +342,10 @@ mod tests {
         let mut p = problem(10, 20, 32, true);
         p.c = Some(p.d);
         p.beta = 0.5;
-        let a = crate::gemm::weight_params(&p, true).unwrap();
-        assert_eq!(a.w_rs, 32);
-        assert_eq!(a.c, 3 << 20);
-        assert_eq!(a.beta, 0.5);
+        let a = crate::gemm::weight_args(&p, true).unwrap();
+        assert_eq!(a[3], KernelArg::I64(32));
+        assert_eq!(a[4], KernelArg::Ptr(3 << 20));
+        assert_eq!(a[15], KernelArg::F32(0.5));
         let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
         assert_eq!(entries.len(), 4);
         assert!(entries[1]

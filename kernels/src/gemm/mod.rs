@@ -218,8 +218,9 @@ pub(crate) fn as_i64(v: usize, what: &str) -> Result<i64> {
     })
 }
 
-/// The same values as [`weight_params`], as the positional argument list of the HIP CDNA GEMV
-/// (cdna_gemv.cu), which has not moved to a parameter struct yet.
+/// The same values as [`weight_params`], as the positional argument list of the GEMVs (CUDA
+/// gemv.cu and HIP cdna_gemv.cu): the CUDA GEMV's K loop is scheduled worse when its pointers
+/// come from a by-value struct (see gemv.cu's entry).
 pub(crate) fn weight_args(p: &GemmProblem, has_c: bool) -> Result<[calico_core::KernelArg; 16]> {
     use calico_core::KernelArg;
     let (c_ptr, c_rs, c_cs) = match p.c.filter(|_| has_c) {

@@ -116,7 +116,7 @@ kernel_params! {
 
 kernel_params! {
     /// The kernels against a K-major weight W (N x K, K contiguous): `calico_gemm_skinny`
-    /// (skinny.cu) and `calico_gemv` (gemv.cu). Strides in elements.
+    /// (skinny.cu; the GEMV takes the same values positionally, see gemv.cu). Strides in elements.
     WeightParams, "CALICO_WEIGHT_PARAMS" {
         a: u64,
         a_rs: i64,
