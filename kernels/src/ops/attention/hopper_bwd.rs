@@ -330,16 +330,10 @@ pub(crate) fn backward_variant(
     if !fits {
         return None;
     }
-    HopperBwdVariant::main(
-        arch,
-        p.dtype,
-        p.head_dim,
-        params.softcap.is_some(),
-        {
-            let tune = Tune::get();
-            (tune.overlapped, tune.bulk)
-        },
-    )
+    HopperBwdVariant::main(arch, p.dtype, p.head_dim, params.softcap.is_some(), {
+        let tune = Tune::get();
+        (tune.overlapped, tune.bulk)
+    })
 }
 
 /// Runs the backward with `main` on the tensors: `None` when TMA cannot express Q, K, V or
