@@ -622,16 +622,12 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         calico::wgmma::fence_operands(dv_acc);
                         calico::wgmma::fence_operands(dq);
                         keep_fragments(pa);
-                        // Every lane's delta reads happen before lane 0 hands the slot back
-                        // (racecheck flagged the release without it).
-                        __syncwarp();
                         if (lane == 0) bars.d.release(dc);  // dO's last reader was dV
                         dc.advance();
                         hand_over_dq(dq, row0 + m0);
                         calico::wgmma::wait_group<0>();
                         calico::wgmma::fence_operands(dk_acc);
                         keep_fragments(da);
-                        __syncwarp();  // every lane's LSE reads, as above
                         if (lane == 0) bars.q.release(qc);
                         qc.advance();
                         continue;
@@ -670,8 +666,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     calico::wgmma::fence_operands(dq);
                     keep_fragments(pa);
                     keep_fragments(da);
-                    // Every lane's LSE and delta reads happen before lane 0 hands the slots back.
-                    __syncwarp();
                     if (lane == 0) {
                         bars.q.release(qc);
                         bars.d.release(dc);
