@@ -339,7 +339,10 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 // Parameters (kernels/src/ops/attention/hopper_bwd.rs builds them):
 //  map_q, map_do: 4-D maps {D, Nq, Hq, B} (real strides), box {64, BQ, 1, 1}, 128B swizzle.
 //  map_k, map_v: {D, Nkv, Hkv, B}, box {64, 128, 1, 1}, 128B swizzle.
-//  lse_log2, delta: f32 [B * Hq, nq_pad] from the prepare kernel; dq_acc f32 [B * Hq, nq_pad, D].
+//  map_rows: 2-D map {B * Hq * nq_pad, 2} over the prepare kernel's f32 rows, LSE (base 2) at
+//  index 0 and delta at 1 (back to back in the workspace), box {BQ, 1}, no swizzle: a TMA tensor
+//  load like the Q and dO tiles (a non-tensor cp.async.bulk is reported as a race by
+//  compute-sanitizer's racecheck even in a minimal correct kernel). dq_acc f32 [B * Hq, nq_pad, D].
 //  dk, dv: first elements and element strides (head dim contiguous); pairs bit 0 / 1: dk / dv
 //  base and strides even (2-element stores).
 //  scale: the softmax scale (multiplies dK here, dQ in the finish kernel); score_scale and
@@ -348,7 +351,7 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     calico_attention_hopper_bwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,
-                                const float* lse_log2, const float* delta, float* dq_acc, attn_hopper_bwd::in_t* dk,
+                                const __grid_constant__ calico::tensor_map map_rows, float* dq_acc, attn_hopper_bwd::in_t* dk,
                                 attn_hopper_bwd::in_t* dv, int batch, int q_heads, int group, int q_len, int k_len, int nq_pad,
                                 long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
                                 int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
@@ -396,6 +399,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             calico::tma::prefetch(map_k);
             calico::tma::prefetch(map_v);
             calico::tma::prefetch(map_do);
+            calico::tma::prefetch(map_rows);
         }
         calico::wait(bars.kv_empty, (kv_loads & 1u) ^ 1u);
         calico::arrive_expect_tx(bars.kv_full, 2 * KV_BYTES);
@@ -414,13 +418,13 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                 unsigned char* qd = smem + Q_OFFSET + qc.slot() * Q_BYTES;
 #pragma unroll
                 for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(qd + c * BQ * 128, map_q, c * CHUNK, m * BQ, h, u.b, qb);
-                calico::tma::bulk_load(smem + LSE_OFFSET + qc.slot() * ROW_BYTES, lse_log2 + row0 + m * BQ, ROW_BYTES, qb);
+                calico::tma::load_2d(smem + LSE_OFFSET + qc.slot() * ROW_BYTES, map_rows, (int)(row0 + m * BQ), 0, qb);
                 qc.advance();
                 calico::mbarrier& db = bars.d.acquire(dc, Q_BYTES + ROW_BYTES);
                 unsigned char* dd = smem + DO_OFFSET + dc.slot() * Q_BYTES;
 #pragma unroll
                 for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(dd + c * BQ * 128, map_do, c * CHUNK, m * BQ, h, u.b, db);
-                calico::tma::bulk_load(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES, delta + row0 + m * BQ, ROW_BYTES, db);
+                calico::tma::load_2d(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES, map_rows, (int)(row0 + m * BQ), 1, db);
                 dc.advance();
             }
         }

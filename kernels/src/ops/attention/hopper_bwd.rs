@@ -12,6 +12,7 @@ use calico_core::{
     Result, Tensor,
 };
 use calico_cpu::AttentionParams;
+use calico_cuda::tma::{Swizzle, TiledMap};
 
 const SOURCE: &str = include_str!("../../../device/attention/hopper_bwd.cu");
 /// One producer and two consumer warpgroups.
@@ -326,7 +327,8 @@ pub(crate) fn backward_variant(
         && (1..=MAX_LEN).contains(&p.q_len)
         && (1..=MAX_LEN).contains(&p.k_len)
         && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize
-        && Workspace::new(p).rows.div_ceil(ROWS_PER_BLOCK) <= u32::MAX as usize;
+        // TMA coordinates of the LSE / delta rows are 32-bit.
+        && Workspace::new(p).rows <= i32::MAX as usize;
     if !fits {
         return None;
     }
@@ -413,13 +415,24 @@ fn launch(
     let pairs = i32::from(pairs_ok(dk)) | (i32::from(pairs_ok(dv)) << 1);
     let work = p.batch * p.kv_heads * p.k_len.div_ceil(BKV);
     let [map_q, map_k, map_v, map_do] = maps;
+    // The LSE and delta rows, back to back in the workspace, as one 2-D map: row index, then
+    // 0 (LSE) or 1 (delta).
+    let map_rows = TiledMap::<2> {
+        address: lse_log2,
+        dtype: DType::F32,
+        dims: [ws.rows as u64, 2],
+        strides_bytes: [ws.delta as u64, 0],
+        box_dims: [block_q(p.head_dim) as u32, 1],
+        swizzle: Swizzle::None,
+    }
+    .encode_cached()?;
+    debug_assert_eq!(delta, lse_log2 + ws.delta as u64);
     let args = [
         KernelArg::Opaque128(map_q),
         KernelArg::Opaque128(map_k),
         KernelArg::Opaque128(map_v),
         KernelArg::Opaque128(map_do),
-        KernelArg::Ptr(lse_log2),
-        KernelArg::Ptr(delta),
+        KernelArg::Opaque128(map_rows),
         KernelArg::Ptr(dq_acc),
         KernelArg::Ptr(ptr(dk)),
         KernelArg::Ptr(ptr(dv)),
