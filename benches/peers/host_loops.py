@@ -15,6 +15,8 @@ LOOPS = [
     ("matmul", [1000, 1000, 1000]),
     ("matmul", [257, 129, 1000]),
     ("matmul", [16, 4096, 4096]),
+    ("attention_decode", [1, 32, 8, 4096, 128]),  # B, Hq, Hkv, context, D; one query
+    ("attention", [1, 32, 8, 128, 128]),  # B, Hq, Hkv, N, D; causal
 ]
 DECODE_STEP = [16, 4096, 8]  # tokens, hidden, kv heads (head_dim 128)
 
@@ -46,6 +48,12 @@ def make_call(op, shape):
         m, n, k = shape
         a, w = bf16(m, k), bf16(n, k)
         return lambda: F.linear(a, w)
+    if op in ("attention_decode", "attention"):
+        b, hq, hkv, n, d = shape
+        q = bf16(b, hq, 1 if op == "attention_decode" else n, d)
+        k, v = bf16(b, hkv, n, d), bf16(b, hkv, n, d)
+        causal = op == "attention"
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
     raise ValueError(op)
 
 

@@ -6,7 +6,7 @@ use super::decode_step::DecodeStep;
 use crate::host_report::HostCase;
 use crate::rng::{random_tensor, XorShift};
 use crate::stats::Stats;
-use calico::ops::{self, RopeMode};
+use calico::ops::{self, AttentionOptions, KvCache, RopeMode};
 use calico::{DType, Device, Result};
 use std::time::Instant;
 
@@ -27,17 +27,21 @@ impl LoopSpec {
         format!("launch overhead {} bf16 {}", self.op, dims.join("x"))
     }
 
-    fn target_us(&self) -> f64 {
-        if self.op == "matmul" {
-            MATMUL_TARGET_US
-        } else {
-            ROW_OP_TARGET_US
+    /// The issue's targets cover row ops and matmul; the attention loops are reported beside
+    /// torch without one.
+    fn target_us(&self) -> Option<f64> {
+        match self.op {
+            "matmul" => Some(MATMUL_TARGET_US),
+            "rms_norm" | "softmax" | "rope" => Some(ROW_OP_TARGET_US),
+            _ => None,
         }
     }
 }
 
-/// The launch-overhead cases: the decode-sized shapes of a model's forward pass, and the
-/// small matmuls of issue 8 (host-bound in every library).
+/// The launch-overhead cases: the decode-sized shapes of a model's forward pass, the small
+/// matmuls of issue 8 (host-bound in every library), and attention at a decode step
+/// ([B, Hq, Hkv, context, D], one query per sequence, contiguous cache) and over a short
+/// causal prefill chunk ([B, Hq, Hkv, N, D]).
 pub fn loop_specs(tiny: bool) -> Vec<LoopSpec> {
     let s = |op, shape: &[usize]| LoopSpec {
         op,
@@ -53,6 +57,8 @@ pub fn loop_specs(tiny: bool) -> Vec<LoopSpec> {
         s("matmul", &[1000, 1000, 1000]),
         s("matmul", &[257, 129, 1000]),
         s("matmul", &[16, 4096, 4096]),
+        s("attention_decode", &[1, 32, 8, 4096, 128]),
+        s("attention", &[1, 32, 8, 128, 128]),
     ]
 }
 
@@ -95,6 +101,37 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
             let mut out = dev.zeros(&[m, n], DType::BF16)?;
             Box::new(move || ops::matmul(&d, &a, &b, &mut out))
         }
+        "attention_decode" => {
+            let [b, hq, hkv, ctx, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
+                .map_err(|_| calico::Error::unsupported("attention_decode loop: 5 dims"))?;
+            let q = t(rng, &[b, hq, 1, hd])?;
+            let (k, v) = (t(rng, &[b, hkv, ctx, hd])?, t(rng, &[b, hkv, ctx, hd])?);
+            let seq_lens = dev.tensor(&vec![ctx as i32; b], &[b])?;
+            let mut o = dev.zeros(&[b, hq, 1, hd], DType::BF16)?;
+            let mut lse = dev.zeros(&[b, hq, 1], DType::F32)?;
+            let opts = AttentionOptions::default();
+            Box::new(move || {
+                let cache = KvCache::Contiguous {
+                    k: &k,
+                    v: &v,
+                    seq_lens: &seq_lens,
+                };
+                ops::attention_decode(&d, &q, &cache, &opts, &mut o, &mut lse)
+            })
+        }
+        "attention" => {
+            let [b, hq, hkv, n, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
+                .map_err(|_| calico::Error::unsupported("attention loop: 5 dims"))?;
+            let q = t(rng, &[b, hq, n, hd])?;
+            let (k, v) = (t(rng, &[b, hkv, n, hd])?, t(rng, &[b, hkv, n, hd])?);
+            let mut o = dev.zeros(&[b, hq, n, hd], DType::BF16)?;
+            let mut lse = dev.zeros(&[b, hq, n], DType::F32)?;
+            let opts = AttentionOptions {
+                causal: true,
+                ..AttentionOptions::default()
+            };
+            Box::new(move || ops::attention(&d, &q, &k, &v, &opts, &mut o, &mut lse))
+        }
         other => {
             return Err(calico::Error::unsupported(format!(
                 "no host-loop case for {other}"
@@ -103,15 +140,24 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
     })
 }
 
+/// Seconds after which a loop stops taking samples (the CPU backend's attention calls take
+/// milliseconds each).
+const LOOP_SECONDS: f64 = 2.0;
+
 /// Median host time per call (microseconds) of `calls` calls queued back to back with no
-/// synchronisation between them (each call timed on its own), after a warm-up.
+/// synchronisation between them (each call timed on its own), after a warm-up; fewer calls
+/// (at least 20) when they take longer than [`LOOP_SECONDS`] together.
 fn time_calls(dev: &Device, call: &mut Call, calls: usize) -> Result<Stats> {
     for _ in 0..20 {
         call()?;
     }
     dev.synchronize()?;
     let mut samples = Vec::with_capacity(calls);
-    for _ in 0..calls {
+    let start = Instant::now();
+    for i in 0..calls {
+        if i >= 20 && start.elapsed().as_secs_f64() > LOOP_SECONDS {
+            break;
+        }
         let t = Instant::now();
         call()?;
         samples.push(t.elapsed().as_secs_f64() * 1e6);
@@ -127,8 +173,8 @@ pub fn run_loop(dev: &Device, spec: &LoopSpec, calls: usize, rng: &mut XorShift)
         spec.name(),
         &format!("host_{}", spec.op),
         spec.shape.clone(),
-        format!("median host time of one call among {calls} calls queued back to back without synchronising (warm kernel cache)"),
-        gpu.then(|| spec.target_us()),
+        format!("median host time of one call among up to {calls} calls queued back to back without synchronising (warm kernel cache)"),
+        spec.target_us().filter(|_| gpu),
     );
     let outcome = prepare(dev, spec, rng).and_then(|mut call| time_calls(dev, &mut call, calls));
     match outcome {
