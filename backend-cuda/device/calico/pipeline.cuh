@@ -8,11 +8,14 @@
 //  * cursor<STAGES>: a running count of stages used, giving slot (count % STAGES) and the
 //    parity of the phase to wait for ((count / STAGES) & 1). Producer and consumers each keep
 //    one and advance it in the same order, so they agree on slots without talking.
-//  * warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume): the role split.
-//    Warpgroup 0 gives registers back (setmaxnreg.dec) and its thread 0 calls produce(unit)
-//    for each of the CTA's units; warpgroups 1.. take registers (setmaxnreg.inc) and call
-//    consume(consumer_index, unit). Needs __launch_bounds__(threads, 1) on the kernel. An
-//    optional assist(unit) runs on warp 1 of warpgroup 0.
+//  * split_roles<PRODUCER_REGS, CONSUMER_REGS>(producer, consumer): the role split.
+//    Warpgroup 0 gives registers back (setmaxnreg.dec) and its thread 0 runs producer();
+//    warpgroups 1.. take registers (setmaxnreg.inc) and run consumer(consumer_index). Needs
+//    __launch_bounds__(threads, 1) on the kernel. An optional assist() runs on warp 1 of
+//    warpgroup 0. The Hopper GEMM uses it with its own tile walk.
+//  * warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume): split_roles over
+//    the CTA-strided unit walk, calling produce(unit) and consume(consumer_index, unit) for
+//    each of the CTA's units (the attention kernels).
 //
 // The producer's first pass over a fresh ring waits on `empty` with parity 1, which a fresh
 // barrier reports as complete: the ring starts empty without any arrivals.
@@ -77,22 +80,45 @@ struct ring {
     }
 };
 
-// As below, plus a helper role: all 32 lanes of warp 1 (in warpgroup 0, beside the producer)
-// call assist(unit) for each unit, e.g. to store what the consumers staged in shared memory.
-template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume, class Assist>
-CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume, Assist&& assist) {
+// The role split on its own, for kernels that walk their units their own way (the Hopper
+// GEMM: cluster-strided tiles, consumers alternating tiles in ping-pong mode): warpgroup 0
+// gives registers back, its thread 0 runs producer() and all 32 lanes of its warp 1 run
+// assist(); warpgroups 1.. take registers and run consumer(consumer_index).
+template <int PRODUCER_REGS, int CONSUMER_REGS, class Producer, class Consumer, class Assist>
+CALICO_DEVICE void split_roles(Producer&& producer, Consumer&& consumer, Assist&& assist) {
     if (warpgroup_id() == 0) {
         setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
-            for (int unit = blockIdx.x; unit < work; unit += gridDim.x) produce(unit);
+            producer();
         } else if (threadIdx.x / 32 == 1) {
-            for (int unit = blockIdx.x; unit < work; unit += gridDim.x) assist(unit);
+            assist();
         }
     } else {
         setmaxnreg_inc<CONSUMER_REGS>();
-        const int consumer = warpgroup_id() - 1;
-        for (int unit = blockIdx.x; unit < work; unit += gridDim.x) consume(consumer, unit);
+        consumer(warpgroup_id() - 1);
     }
+}
+
+template <int PRODUCER_REGS, int CONSUMER_REGS, class Producer, class Consumer>
+CALICO_DEVICE void split_roles(Producer&& producer, Consumer&& consumer) {
+    split_roles<PRODUCER_REGS, CONSUMER_REGS>(producer, consumer, [] {});
+}
+
+// The role split over the CTA-strided unit walk (unit = blockIdx.x, += gridDim.x): produce(unit),
+// consume(consumer_index, unit) and, on warp 1 of warpgroup 0, assist(unit) for each unit,
+// e.g. to store what the consumers staged in shared memory.
+template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume, class Assist>
+CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume, Assist&& assist) {
+    split_roles<PRODUCER_REGS, CONSUMER_REGS>(
+        [&] {
+            for (int unit = blockIdx.x; unit < work; unit += gridDim.x) produce(unit);
+        },
+        [&](int consumer) {
+            for (int unit = blockIdx.x; unit < work; unit += gridDim.x) consume(consumer, unit);
+        },
+        [&] {
+            for (int unit = blockIdx.x; unit < work; unit += gridDim.x) assist(unit);
+        });
 }
 
 template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume>

@@ -410,11 +410,10 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     __syncthreads();
     if constexpr (CLUSTER > 1) calico::cluster::sync();  // the peer's barriers exist before we touch them
 
-    if (calico::warpgroup_id() == 0) {
-        // Producer: one thread issues every copy; the rest of the warpgroup only gives back
-        // its registers.
-        calico::setmaxnreg_dec<PRODUCER_REGS>();
-        if (threadIdx.x == 0) {
+    // Producer (one thread issues every copy; the rest of warpgroup 0 only gives back its
+    // registers) and consumers, through the pipeline template's role split.
+    calico::pipeline::split_roles<PRODUCER_REGS, CONSUMER_REGS>(
+        [&] {
             calico::tma::prefetch(map_a);
             calico::tma::prefetch(map_b);
             const uint64_t policy_a = l2_policy(L2_HINT_A);
@@ -452,103 +451,101 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     }
                 }
             }
-        }
-    } else {
-        calico::setmaxnreg_inc<CONSUMER_REGS>();
-        const int consumer = calico::warpgroup_id() - 1;
-        const int warp = calico::warpgroup_warp();
-        const int lane = threadIdx.x % 32;
-        // This warpgroup's corner of the slot: its first A row, and its first B row (K-major)
-        // or column (N-major).
-        const int a_row0 = (SPLIT_N || PINGPONG) ? 0 : consumer * 64;
-        const int b_mn0 = SPLIT_N ? consumer * WG_N : 0;
-        const uint32_t a_base = calico::smem_addr(a_slots);
-        const uint32_t b_base = calico::smem_addr(b_slots);
-        store_box* staging = reinterpret_cast<store_box*>(smem + STAGING_OFFSET) + consumer * 2;
-        const bool leader = warp == 0 && lane == 0;
-        uint32_t stores = 0;
-        if constexpr (TMA_STORE) {
-            if (leader) calico::tma::prefetch(map_d);
-        }
-
-        epilogue_args e;
-        e.m = m;
-        e.n = n;
-        e.bias = bias;
-        e.d_row_stride = d_row_stride;
-        e.c_row_stride = c_row_stride;
-        e.alpha = alpha;
-        e.beta = beta;
-        e.d_pairs = pairs_aligned(d, d_row_stride, d_batch_stride);
-        e.c_pairs = CALICO_GEMM_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
-
-        float acc[MI][ACC];
-        // Ping-pong: this warpgroup takes local tiles consumer, consumer + 2, ...; the cursor
-        // still counts every k-tile of the CTA (the partner's are skipped), as the producer does.
-        const int tile_step = PINGPONG ? 2 : 1;
-        int local = PINGPONG ? consumer : 0;
-        cursor_t cur;
-        if constexpr (PINGPONG) cur.skip(static_cast<uint32_t>(consumer) * k_tiles);
-        for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
-            const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
-            const int tile_m = tc.m * CLUSTER + rank;
-            if constexpr (PINGPONG) {
-                // Wait for the partner's main loop on the previous local tile to hand over.
-                if (local > 0) calico::named_barrier_sync(ORDER_BAR + consumer, ORDER_THREADS);
+        },
+        [&](const int consumer) {
+            const int warp = calico::warpgroup_warp();
+            const int lane = threadIdx.x % 32;
+            // This warpgroup's corner of the slot: its first A row, and its first B row (K-major)
+            // or column (N-major).
+            const int a_row0 = (SPLIT_N || PINGPONG) ? 0 : consumer * 64;
+            const int b_mn0 = SPLIT_N ? consumer * WG_N : 0;
+            const uint32_t a_base = calico::smem_addr(a_slots);
+            const uint32_t b_base = calico::smem_addr(b_slots);
+            store_box* staging = reinterpret_cast<store_box*>(smem + STAGING_OFFSET) + consumer * 2;
+            const bool leader = warp == 0 && lane == 0;
+            uint32_t stores = 0;
+            if constexpr (TMA_STORE) {
+                if (leader) calico::tma::prefetch(map_d);
             }
-#pragma unroll
-            for (int i = 0; i < MI; ++i) {
-#pragma unroll
-                for (int r = 0; r < ACC; ++r) acc[i][r] = 0.0f;
-            }
-            cursor_t prev;  // the slot of the previous k-tile, once there is one
-            bool has_prev = false;
-            for (int kt = 0; kt < k_tiles; ++kt, cur.advance()) {
-                ring.wait_full(cur);
-                const uint32_t a_slot = a_base + cur.slot() * A_STAGE_BYTES;
-                const uint32_t b_slot = b_base + cur.slot() * B_STAGE_BYTES;
-                calico::wgmma::fence();
-#pragma unroll
-                for (int kk = 0; kk < BK / 16; ++kk) {
-#pragma unroll
-                    for (int i = 0; i < MI; ++i) {
-                        calico::wgmma::mma_k16<B_KMAJOR, WG_N, a_tile, b_tile>(acc[i], a_slot, a_row0 + i * 64, b_slot, b_mn0, kk * 16);
+
+            epilogue_args e;
+            e.m = m;
+            e.n = n;
+            e.bias = bias;
+            e.d_row_stride = d_row_stride;
+            e.c_row_stride = c_row_stride;
+            e.alpha = alpha;
+            e.beta = beta;
+            e.d_pairs = pairs_aligned(d, d_row_stride, d_batch_stride);
+            e.c_pairs = CALICO_GEMM_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
+
+            float acc[MI][ACC];
+            // Ping-pong: this warpgroup takes local tiles consumer, consumer + 2, ...; the cursor
+            // still counts every k-tile of the CTA (the partner's are skipped), as the producer does.
+            const int tile_step = PINGPONG ? 2 : 1;
+            int local = PINGPONG ? consumer : 0;
+            cursor_t cur;
+            if constexpr (PINGPONG) cur.skip(static_cast<uint32_t>(consumer) * k_tiles);
+            for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
+                const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
+                const int tile_m = tc.m * CLUSTER + rank;
+                if constexpr (PINGPONG) {
+                    // Wait for the partner's main loop on the previous local tile to hand over.
+                    if (local > 0) calico::named_barrier_sync(ORDER_BAR + consumer, ORDER_THREADS);
+                }
+    #pragma unroll
+                for (int i = 0; i < MI; ++i) {
+    #pragma unroll
+                    for (int r = 0; r < ACC; ++r) acc[i][r] = 0.0f;
+                }
+                cursor_t prev;  // the slot of the previous k-tile, once there is one
+                bool has_prev = false;
+                for (int kt = 0; kt < k_tiles; ++kt, cur.advance()) {
+                    ring.wait_full(cur);
+                    const uint32_t a_slot = a_base + cur.slot() * A_STAGE_BYTES;
+                    const uint32_t b_slot = b_base + cur.slot() * B_STAGE_BYTES;
+                    calico::wgmma::fence();
+    #pragma unroll
+                    for (int kk = 0; kk < BK / 16; ++kk) {
+    #pragma unroll
+                        for (int i = 0; i < MI; ++i) {
+                            calico::wgmma::mma_k16<B_KMAJOR, WG_N, a_tile, b_tile>(acc[i], a_slot, a_row0 + i * 64, b_slot, b_mn0, kk * 16);
+                        }
+                    }
+                    calico::wgmma::commit_group();
+                    // Keep this k-tile's batch in flight; the previous one is done after this.
+                    calico::wgmma::wait_group<1>();
+                    if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
+                    prev = cur;
+                    has_prev = true;
+                }
+                if constexpr (PINGPONG) {
+                    // Every full[] wait of this tile has passed and its wgmma are issued: hand the
+                    // tensor cores to the partner, if the CTA has a next tile (it is the partner's).
+                    if (w < work - work_step) calico::named_barrier_arrive(ORDER_BAR + (1 - consumer), ORDER_THREADS);
+                    cur.skip(k_tiles);  // the partner's tile
+                }
+                calico::wgmma::wait_group<0>();
+                if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
+
+                e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
+                const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);
+    #pragma unroll
+                for (int i = 0; i < MI; ++i) {
+                    const int row_base = tile_m * BM + (PINGPONG ? i * 64 : (SPLIT_N ? 0 : consumer * 64));
+                    if constexpr (TMA_STORE) {
+                        store_tile_tma(e, acc[i], map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
+                    } else {
+                        e.d = d + tc.batch * d_batch_stride;
+                        store_tile(e, acc[i], row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
                     }
                 }
-                calico::wgmma::commit_group();
-                // Keep this k-tile's batch in flight; the previous one is done after this.
-                calico::wgmma::wait_group<1>();
-                if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
-                prev = cur;
-                has_prev = true;
             }
-            if constexpr (PINGPONG) {
-                // Every full[] wait of this tile has passed and its wgmma are issued: hand the
-                // tensor cores to the partner, if the CTA has a next tile (it is the partner's).
-                if (w < work - work_step) calico::named_barrier_arrive(ORDER_BAR + (1 - consumer), ORDER_THREADS);
-                cur.skip(k_tiles);  // the partner's tile
+            if constexpr (TMA_STORE) {
+                // Shared memory must outlive the bulk stores reading it.
+                if (leader) calico::tma::store_wait<0>();
             }
-            calico::wgmma::wait_group<0>();
-            if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
-
-            e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
-            const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);
-#pragma unroll
-            for (int i = 0; i < MI; ++i) {
-                const int row_base = tile_m * BM + (PINGPONG ? i * 64 : (SPLIT_N ? 0 : consumer * 64));
-                if constexpr (TMA_STORE) {
-                    store_tile_tma(e, acc[i], map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
-                } else {
-                    e.d = d + tc.batch * d_batch_stride;
-                    store_tile(e, acc[i], row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
-                }
-            }
-        }
-        if constexpr (TMA_STORE) {
-            // Shared memory must outlive the bulk stores reading it.
-            if (leader) calico::tma::store_wait<0>();
-        }
-    }
+        });
     // No CTA of a cluster may exit while its peer can still arrive on its barriers.
     if constexpr (CLUSTER > 1) calico::cluster::sync();
 }
