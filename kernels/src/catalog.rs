@@ -1,6 +1,6 @@
 //! Every kernel variant Calico launches, for compiling and disassembling with no device
 //! present: `calico compile`, and the CI test that compiles every source for sm_80, sm_90a,
-//! gfx90a and gfx942.
+//! sm_100a, gfx90a and gfx942.
 
 use crate::gpu::cdna_rows::{self, CdnaRowPlan};
 use crate::gpu::rows::{self, RowPlan};

@@ -1,5 +1,6 @@
-//! Compiles every kernel variant for sm_80, sm_90a (NVRTC) and gfx90a, gfx942 (clang), with no
-//! GPU. A missing toolchain is reported as skipped, except under CI=true, where it fails.
+//! Compiles every kernel variant for sm_80, sm_90a (NVRTC) and gfx90a, gfx942 (clang), and the
+//! sm_100a variants that differ from sm_80's, with no GPU. A missing toolchain is reported as
+//! skipped, except under CI=true, where it fails.
 
 use calico::catalog;
 
@@ -37,23 +38,40 @@ fn clang_available() -> Result<(), String> {
     }
 }
 
-fn compile_target(target: &str) {
-    // CALICO_COMPILE_OP=<op> compiles one op's variants only (a quick local check).
+/// The catalog's variants for `target`; CALICO_COMPILE_OP=<op> keeps one op's only (a quick
+/// local check).
+fn catalog_entries(target: &str) -> Vec<catalog::CatalogEntry> {
     let op = std::env::var("CALICO_COMPILE_OP").ok();
     let entries = catalog::entries(target, op.as_deref()).expect("catalog assembles");
-    assert!(!entries.is_empty());
+    assert!(!entries.is_empty(), "{target}: empty catalog");
+    entries
+}
+
+/// Compiles `entries` for `target` and returns each with its binary; fails listing every
+/// variant that did not compile.
+fn compile_entries(
+    target: &str,
+    entries: Vec<catalog::CatalogEntry>,
+) -> Vec<(catalog::CatalogEntry, Vec<u8>)> {
+    let mut compiled = Vec::with_capacity(entries.len());
     let mut failures = Vec::new();
-    for e in &entries {
-        if let Err(err) = catalog::compile(target, &e.source) {
-            failures.push(format!("{} [{}]: {err}", e.op, e.label));
+    for e in entries {
+        match catalog::compile(target, &e.source) {
+            Ok(binary) => compiled.push((e, binary)),
+            Err(err) => failures.push(format!("{} [{}]: {err}", e.op, e.label)),
         }
     }
     println!(
         "{target}: {} variants compiled, {} failed",
-        entries.len() - failures.len(),
+        compiled.len(),
         failures.len()
     );
     assert!(failures.is_empty(), "{target}:\n{}", failures.join("\n\n"));
+    compiled
+}
+
+fn compile_target(target: &str) {
+    compile_entries(target, catalog_entries(target));
 }
 
 #[test]
@@ -62,6 +80,57 @@ fn every_kernel_compiles_for_sm80_and_sm90a() {
         compile_target("sm_80");
         compile_target("sm_90a");
     }
+}
+
+/// Every kernel Calico would launch on a B200 (the sm_100a catalog) compiles with NVRTC for
+/// sm_100a, and none holds wgmma (HGMMA), which Blackwell lacks: the Hopper GEMM and attention
+/// stay out of its catalog, as the router sends sm_100 to the mma.sync kernels (gemm/plan.rs).
+///
+/// Compiling all of it took about 110 s here, so only the variants whose source differs from
+/// every sm_80 variant are compiled and disassembled: a source identical to an sm_80 one
+/// compiles for sm_80 (the test above) and has no `__CUDA_ARCH__` branches (no device source
+/// has), so it holds neither wgmma nor TMA. No catalog kernel
+/// takes a TMA path on sm_100a (`Arch` lists TMA for sm_90 only); the TMA tile paths' UTMALDG
+/// on sm_100a is checked in conformance/tests/tiles.rs. Any UTMALDG found here is printed.
+#[test]
+fn sm100a_catalog_compiles_without_hgmma() {
+    if !toolchain_or_skip("sm_100a", nvrtc_available()) {
+        return;
+    }
+    let sm80: std::collections::HashSet<_> = catalog_entries("sm_80")
+        .into_iter()
+        .map(|e| e.source.digest)
+        .collect();
+    let mut per_op = std::collections::BTreeMap::<&str, usize>::new();
+    let mut own = Vec::new();
+    for e in catalog_entries("sm_100a") {
+        *per_op.entry(e.op).or_default() += 1;
+        if !sm80.contains(&e.source.digest) {
+            own.push(e);
+        }
+    }
+    println!("sm_100a catalog per op: {per_op:?}");
+    let mut hgmma_kernels = Vec::new();
+    for (e, cubin) in &compile_entries("sm_100a", own) {
+        let sass = match catalog::disassemble("sm_100a", cubin) {
+            Ok(s) => s,
+            Err(err) => {
+                toolchain_or_skip("cuobjdump", Err(err.to_string()));
+                return;
+            }
+        };
+        let hgmma = calico_cuda::disasm::count_opcode(&sass, "HGMMA");
+        let utmaldg = calico_cuda::disasm::count_opcode(&sass, "UTMALDG");
+        println!("{} [{}]: {hgmma} HGMMA, {utmaldg} UTMALDG", e.op, e.label);
+        if hgmma > 0 {
+            hgmma_kernels.push(format!("{} [{}]: {hgmma} HGMMA", e.op, e.label));
+        }
+    }
+    assert!(
+        hgmma_kernels.is_empty(),
+        "wgmma kernels in the sm_100a catalog:\n{}",
+        hgmma_kernels.join("\n")
+    );
 }
 
 #[test]
