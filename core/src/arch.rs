@@ -211,6 +211,8 @@ impl Arch {
             let n: u32 = digits.parse().ok()?;
             let (major, minor) = (n / 10, n % 10);
             let (sms, smem, l2) = match major {
+                // B200 (sm_100): 148 SMs, 227 KiB per block, 126 MB of L2.
+                10 => (148, 227 * 1024, 126 << 20),
                 9 => (132, 227 * 1024, 50 << 20),
                 8 => (108, 163 * 1024, 40 << 20),
                 _ => (80, 96 * 1024, 6 << 20),

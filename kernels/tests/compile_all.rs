@@ -110,6 +110,18 @@ fn sm100a_catalog_compiles_without_hgmma() {
         }
     }
     println!("sm_100a catalog per op: {per_op:?}");
+    // The router sends sm_100 to the mma.sync / cp.async kernels: no Hopper-only variant may
+    // be listed, and the catalog must not be empty (else nothing here was checked).
+    assert!(per_op.contains_key("gemm") && per_op.contains_key("attention"));
+    let hopper_only: Vec<_> = catalog_entries("sm_100a")
+        .into_iter()
+        .filter(|e| e.op == "attention_hopper" || e.label.starts_with("hopper"))
+        .map(|e| format!("{} [{}]", e.op, e.label))
+        .collect();
+    assert!(
+        hopper_only.is_empty(),
+        "Hopper-only variants in the sm_100a catalog: {hopper_only:?}"
+    );
     let mut hgmma_kernels = Vec::new();
     for (e, cubin) in &compile_entries("sm_100a", own) {
         let sass = match catalog::disassemble("sm_100a", cubin) {
