@@ -1,20 +1,9 @@
 //! `calico compile --disasm` must fail loudly when its compiler is missing: a non-zero exit
 //! and a closing count of compiled and failed variants.
 
-use std::process::Command;
+mod common;
 
-/// The binary cargo built, or, where the tests run from a scripts/gpu-pack.sh bundle on
-/// another machine, the `calico` in the bundle's bin/ beside tests/.
-fn calico() -> Command {
-    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_calico"));
-    let packed = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("bin").join("calico")));
-    match packed {
-        Some(p) if !built.exists() && p.exists() => Command::new(p),
-        _ => Command::new(built),
-    }
-}
+use common::calico;
 
 #[test]
 fn a_missing_compiler_makes_disasm_exit_non_zero_with_the_counts() {
