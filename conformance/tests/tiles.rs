@@ -15,6 +15,11 @@
 //! The fragment dumps compare registers lane by lane with `calico_core::lanes`, proving the
 //! Rust mirror of the fragment layouts matches the hardware (ldmatrix, mma.sync and wgmma
 //! write their own layouts; the software loads must agree with them).
+//!
+//! The families here are CUDA's own (their kernels use the CUDA extras: mma.sync fragments by
+//! register, ldmatrix, cp.async, TMA, wgmma). The vendor-neutral part of the suite, kernels
+//! written only against the shared vocabulary and run on CUDA and HIP alike, is `vocab`
+//! (tiles/vocab.rs).
 
 use calico::{AsyncCopy, BackendKind, DType, Device, KernelSource, MmaKind};
 use calico_conformance::compare::{check_close, check_exact, elementwise_tol};
@@ -28,6 +33,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{TestCaseError, TestRunner};
 use std::io::Write;
 use std::sync::{Arc, OnceLock};
+
+/// The vendor-neutral tile tests (both GPU backends, one kernel source).
+#[path = "tiles/vocab.rs"]
+mod vocab;
 
 // ---------------------------------------------------------------------------------------------
 // Kernel files
