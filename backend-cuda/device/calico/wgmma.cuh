@@ -161,5 +161,24 @@ CALICO_DEVICE void mma_k16(float (&acc)[N / 2], uint32_t a, int a_row0, uint32_t
     mma<T, N>::template ss<B_KMAJOR ? 0 : 1>(acc, da, db, 1);
 }
 
+// A warp's 16 x N share of a warpgroup's 64 x N f32 accumulator is a row-layout register
+// tile: rt<float, 16, N>'s registers, in memory order, are the instruction's D fragment
+// registers (see the layout at the top of this file), so wgmma accumulates into the tile.
+template <int N>
+using acc_tile = rt<float, 16, N, row_l>;
+
+// The accumulator tile's registers as the instruction's operand list.
+template <int N>
+CALICO_DEVICE float (&regs(acc_tile<N>& t))[N / 2] {
+    static_assert(sizeof(acc_tile<N>) == N / 2 * sizeof(float), "the fragment's registers are contiguous");
+    return *reinterpret_cast<float(*)[N / 2]>(&t.data[0][0][0]);
+}
+
+// D (+)= A B for one 16-deep k step into a warp's accumulator tile (see above).
+template <bool B_KMAJOR, int N, class SA, class SB>
+CALICO_DEVICE void mma_k16(acc_tile<N>& acc, uint32_t a, int a_row0, uint32_t b, int b_mn0, int k0) {
+    mma_k16<B_KMAJOR, N, SA, SB>(regs(acc), a, a_row0, b, b_mn0, k0);
+}
+
 }  // namespace wgmma
 }  // namespace calico

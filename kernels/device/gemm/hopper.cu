@@ -479,7 +479,9 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             e.d_pairs = pairs_aligned(d, d_row_stride, d_batch_stride);
             e.c_pairs = CALICO_GEMM_HAS_C ? pairs_aligned(c, c_row_stride, c_batch_stride) : false;
 
-            float acc[MI][ACC];
+            // Each warp's 16 rows of the warpgroup's 64 x WG_N accumulator (per ping-pong
+            // row block i), as register tiles that wgmma accumulates into.
+            calico::wgmma::acc_tile<WG_N> acc[MI];
             // Ping-pong: this warpgroup takes local tiles consumer, consumer + 2, ...; the cursor
             // still counts every k-tile of the CTA (the partner's are skipped), as the producer does.
             const int tile_step = PINGPONG ? 2 : 1;
@@ -493,11 +495,8 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     // Wait for the partner's main loop on the previous local tile to hand over.
                     if (local > 0) calico::named_barrier_sync(ORDER_BAR + consumer, ORDER_THREADS);
                 }
-    #pragma unroll
-                for (int i = 0; i < MI; ++i) {
-    #pragma unroll
-                    for (int r = 0; r < ACC; ++r) acc[i][r] = 0.0f;
-                }
+#pragma unroll
+                for (int i = 0; i < MI; ++i) calico::zero(acc[i]);
                 cursor_t prev;  // the slot of the previous k-tile, once there is one
                 bool has_prev = false;
                 for (int kt = 0; kt < k_tiles; ++kt, cur.advance()) {
@@ -505,9 +504,9 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     const uint32_t a_slot = a_base + cur.slot() * A_STAGE_BYTES;
                     const uint32_t b_slot = b_base + cur.slot() * B_STAGE_BYTES;
                     calico::wgmma::fence();
-    #pragma unroll
+#pragma unroll
                     for (int kk = 0; kk < BK / 16; ++kk) {
-    #pragma unroll
+#pragma unroll
                         for (int i = 0; i < MI; ++i) {
                             calico::wgmma::mma_k16<B_KMAJOR, WG_N, a_tile, b_tile>(acc[i], a_slot, a_row0 + i * 64, b_slot, b_mn0, kk * 16);
                         }
@@ -530,14 +529,14 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
 
                 e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
                 const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < MI; ++i) {
                     const int row_base = tile_m * BM + (PINGPONG ? i * 64 : (SPLIT_N ? 0 : consumer * 64));
                     if constexpr (TMA_STORE) {
-                        store_tile_tma(e, acc[i], map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
+                        store_tile_tma(e, calico::wgmma::regs(acc[i]), map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
                     } else {
                         e.d = d + tc.batch * d_batch_stride;
-                        store_tile(e, acc[i], row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
+                        store_tile(e, calico::wgmma::regs(acc[i]), row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
                     }
                 }
             }
