@@ -592,35 +592,48 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         calico::fence_proxy_async();
                     };
 
-                    if constexpr (OVERLAP) {
-                        // dV += P^T dO, then (both dS^T halves written) the dQ tile, then
-                        // dK += dS^T Q; the dQ reductions run while dK is computed.
-                        calico::wgmma::fence_operands(dv_acc);
-                        calico::wgmma::fence();
+                    // The three MMA batches of a step (issued, not committed): dV += P^T dO and
+                    // dK += dS^T Q with A from registers and B N-major (head dim contiguous), and
+                    // the dQ tile = dS K over all 128 keys from the dS^T tile in shared memory.
+                    auto issue_dv = [&] {
 #pragma unroll
                         for (int kk = 0; kk < P_STEPS; ++kk) {
                             const uint64_t db = calico::wgmma::desc_mnmajor_128b(do_slot + kk * 16 * 128, BQ);
                             calico::wgmma::mma<in_t, D>::template rs<1>(dv_acc, pa[kk], db, 1);
                         }
-                        calico::wgmma::commit_group();
-                        store_ds();
-                        calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
-                        const uint32_t ds_tile = ds_base + (step & 1) * DS_BYTES + dq_rows * BKV * 128;
-                        calico::wgmma::fence();
+                    };
+                    auto issue_dk = [&] {
+#pragma unroll
+                        for (int kk = 0; kk < P_STEPS; ++kk) {
+                            const uint64_t db = calico::wgmma::desc_mnmajor_128b(q_slot + kk * 16 * 128, BQ);
+                            calico::wgmma::mma<in_t, D>::template rs<1>(dk_acc, da[kk], db, 1);
+                        }
+                    };
+                    auto issue_dq = [&](uint32_t ds_tile) {
 #pragma unroll
                         for (int kk = 0; kk < BKV / 16; ++kk) {
                             const uint64_t a = calico::wgmma::desc_mnmajor_128b(ds_tile + kk * 16 * 128, BKV);
                             const uint64_t b = calico::wgmma::desc_mnmajor_128b(k_dq + kk * 16 * 128, BKV);
                             calico::wgmma::mma<in_t, 64>::template ss<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
                         }
+                    };
+
+                    if constexpr (OVERLAP) {
+                        // dV += P^T dO, then (both dS^T halves written) the dQ tile, then
+                        // dK += dS^T Q; the dQ reductions run while dK is computed.
+                        calico::wgmma::fence_operands(dv_acc);
+                        calico::wgmma::fence();
+                        issue_dv();
+                        calico::wgmma::commit_group();
+                        store_ds();
+                        calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+                        const uint32_t ds_tile = ds_base + (step & 1) * DS_BYTES + dq_rows * BKV * 128;
+                        calico::wgmma::fence();
+                        issue_dq(ds_tile);
                         calico::wgmma::commit_group();
                         calico::wgmma::fence_operands(dk_acc);
                         calico::wgmma::fence();
-#pragma unroll
-                        for (int kk = 0; kk < P_STEPS; ++kk) {
-                            const uint64_t db = calico::wgmma::desc_mnmajor_128b(q_slot + kk * 16 * 128, BQ);
-                            calico::wgmma::mma<in_t, D>::template rs<1>(dk_acc, da[kk], db, 1);
-                        }
+                        issue_dk();
                         calico::wgmma::commit_group();
                         calico::wgmma::wait_group<1>();  // dV and the dQ tile done
                         calico::wgmma::fence_operands(dv_acc);
@@ -641,28 +654,15 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     calico::wgmma::fence_operands(dv_acc);
                     calico::wgmma::fence_operands(dk_acc);
                     calico::wgmma::fence();
-#pragma unroll
-                    for (int kk = 0; kk < P_STEPS; ++kk) {
-                        const uint64_t db = calico::wgmma::desc_mnmajor_128b(do_slot + kk * 16 * 128, BQ);
-                        calico::wgmma::mma<in_t, D>::template rs<1>(dv_acc, pa[kk], db, 1);
-                    }
-#pragma unroll
-                    for (int kk = 0; kk < P_STEPS; ++kk) {
-                        const uint64_t db = calico::wgmma::desc_mnmajor_128b(q_slot + kk * 16 * 128, BQ);
-                        calico::wgmma::mma<in_t, D>::template rs<1>(dk_acc, da[kk], db, 1);
-                    }
+                    issue_dv();
+                    issue_dk();
                     calico::wgmma::commit_group();
 
                     // Both halves of dS^T written: dQ tile = dS K over all 128 keys.
                     calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
                     const uint32_t ds_tile = ds_base + (step & 1) * DS_BYTES + dq_rows * BKV * 128;
                     calico::wgmma::fence();
-#pragma unroll
-                    for (int kk = 0; kk < BKV / 16; ++kk) {
-                        const uint64_t a = calico::wgmma::desc_mnmajor_128b(ds_tile + kk * 16 * 128, BKV);
-                        const uint64_t b = calico::wgmma::desc_mnmajor_128b(k_dq + kk * 16 * 128, BKV);
-                        calico::wgmma::mma<in_t, 64>::template ss<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
-                    }
+                    issue_dq(ds_tile);
                     calico::wgmma::commit_group();
                     calico::wgmma::wait_group<0>();
                     calico::wgmma::fence_operands(dv_acc);
