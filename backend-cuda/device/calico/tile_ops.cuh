@@ -267,10 +267,11 @@ CALICO_DEVICE void load(rt<T, R, C, L>& dst, const st<T, SR, SC>& src, int row0 
         }
 }
 
-// Shared <- registers (row_l), element pairs; callers sync (and fence_proxy_async() before
-// TMA or wgmma read the tile).
-template <class T, int SR, int SC, class S, int R, int C>
-CALICO_DEVICE void store(st<T, SR, SC>& dst, const rt<S, R, C, row_l>& src, int row0 = 0, int col0 = 0) {
+namespace detail {
+// Calls f(row, col, pair) for each element pair (row, col), (row, col + 1) a lane holds of a
+// row_l register tile, row and col counted from the tile's corner.
+template <class S, int R, int C, class F>
+CALICO_DEVICE void each_row_pair(const rt<S, R, C, row_l>& src, F&& f) {
     const int lane = thread_x() % 32;
 #pragma unroll
     for (int i = 0; i < R / 16; ++i)
@@ -280,9 +281,19 @@ CALICO_DEVICE void store(st<T, SR, SC>& dst, const rt<S, R, C, row_l>& src, int 
             for (int k = 0; k < 4; ++k) {
                 int r, c;
                 base_coord<row_l>(lane, k, r, c);
-                const float2 v = unpack(src.data[i][j][k]);
-                *reinterpret_cast<typename packed<T>::type*>(dst.ptr(row0 + 16 * i + r, col0 + 16 * j + c)) = pack<T>(v.x, v.y);
+                f(16 * i + r, 16 * j + c, src.data[i][j][k]);
             }
+}
+}  // namespace detail
+
+// Shared <- registers (row_l), element pairs; callers sync (and fence_proxy_async() before
+// TMA or wgmma read the tile).
+template <class T, int SR, int SC, class S, int R, int C>
+CALICO_DEVICE void store(st<T, SR, SC>& dst, const rt<S, R, C, row_l>& src, int row0 = 0, int col0 = 0) {
+    detail::each_row_pair(src, [&](int r, int c, const typename packed<S>::type& p) {
+        const float2 v = unpack(p);
+        *reinterpret_cast<typename packed<T>::type*>(dst.ptr(row0 + r, col0 + c)) = pack<T>(v.x, v.y);
+    });
 }
 
 // A plain row-major f32 array (shared or global; `pitch` floats per row, e.g. padded against
@@ -290,17 +301,9 @@ CALICO_DEVICE void store(st<T, SR, SC>& dst, const rt<S, R, C, row_l>& src, int 
 // keep pairs 8-byte aligned.
 template <int R, int C>
 CALICO_DEVICE void store_rows(float* dst, int pitch, const rt<float, R, C, row_l>& src, int row0 = 0, int col0 = 0) {
-    const int lane = thread_x() % 32;
-#pragma unroll
-    for (int i = 0; i < R / 16; ++i)
-#pragma unroll
-        for (int j = 0; j < C / 16; ++j)
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                int r, c;
-                base_coord<row_l>(lane, k, r, c);
-                *reinterpret_cast<float2*>(&dst[(row0 + 16 * i + r) * pitch + col0 + 16 * j + c]) = src.data[i][j][k];
-            }
+    detail::each_row_pair(src, [&](int r, int c, const float2& p) {
+        *reinterpret_cast<float2*>(&dst[(row0 + r) * pitch + col0 + c]) = p;
+    });
 }
 
 // Shared <- global with cp.async, by all `threads` threads of the caller (16 bytes each per
