@@ -70,6 +70,23 @@ fn compile_entries(
     compiled
 }
 
+/// An AMD catalog variant compiled for `target`: its disassembly and the resources of the
+/// kernels in its code object.
+fn compile_amd(target: &str, e: &catalog::CatalogEntry) -> (String, Vec<catalog::KernelResources>) {
+    let code = catalog::compile(target, &e.source).expect("compiles");
+    let asm = catalog::disassemble(target, &code).expect("disassembles");
+    let kernels = catalog::resources(target, &code)
+        .expect("metadata")
+        .expect("AMD");
+    (asm, kernels)
+}
+
+/// No scratch (spills) and at least `min_waves` waves per SIMD.
+fn assert_fits(what: &str, k: &catalog::KernelResources, min_waves: u32) {
+    assert!(!k.uses_scratch(), "{what}: scratch: {}", k.summary());
+    assert!(k.occupancy() >= min_waves, "{what}: {}", k.summary());
+}
+
 fn compile_target(target: &str) {
     compile_entries(target, catalog_entries(target));
 }
@@ -290,38 +307,23 @@ fn cdna_gemm_uses_mfma_and_buffer_loads_without_scratch() {
             .collect();
         assert!(!entries.is_empty(), "{target}: no CDNA GEMM variants");
         for e in &entries {
-            let code = catalog::compile(target, &e.source).expect("compiles");
-            let asm = catalog::disassemble(target, &code).expect("disassembles");
+            let what = format!("{target} {}", e.label);
+            let (asm, kernels) = compile_amd(target, e);
             let mfma = asm.matches("v_mfma_f32_16x16x16").count();
             let buffer_loads = asm.matches("buffer_load_dwordx4").count();
             assert!(
                 mfma > 0 && buffer_loads > 0,
-                "{target} {}: {mfma} MFMA, {buffer_loads} buffer loads",
-                e.label
+                "{what}: {mfma} MFMA, {buffer_loads} buffer loads"
             );
-            assert!(
-                asm.contains("s_setprio 1"),
-                "{target} {}: no s_setprio",
-                e.label
-            );
-            let kernels = catalog::resources(target, &code)
-                .expect("metadata")
-                .expect("AMD");
-            assert_eq!(kernels.len(), 1, "{target} {}", e.label);
+            assert!(asm.contains("s_setprio 1"), "{what}: no s_setprio");
+            assert_eq!(kernels.len(), 1, "{what}");
             let k = &kernels[0];
             println!(
-                "{target} {}: {mfma} MFMA, {buffer_loads} buffer loads; {}",
-                e.label,
+                "{what}: {mfma} MFMA, {buffer_loads} buffer loads; {}",
                 k.summary()
             );
-            assert!(
-                !k.uses_scratch(),
-                "{target} {}: scratch: {}",
-                e.label,
-                k.summary()
-            );
-            assert!(k.lds_bytes <= 64 * 1024, "{target} {}", e.label);
-            assert!(k.occupancy() >= 2, "{target} {}: {}", e.label, k.summary());
+            assert!(k.lds_bytes <= 64 * 1024, "{what}");
+            assert_fits(&what, k, 2);
         }
     }
 }
@@ -342,8 +344,7 @@ fn cdna_gemv_streams_buffer_loads_without_scratch() {
         assert!(entries.len() >= 4, "{target}: CDNA GEMV variants missing");
         for e in &entries {
             let what = format!("{target} {}", e.label);
-            let code = catalog::compile(target, &e.source).expect("compiles");
-            let asm = catalog::disassemble(target, &code).expect("disassembles");
+            let (asm, kernels) = compile_amd(target, e);
             let buffer_loads = asm.matches("buffer_load_dwordx4").count();
             assert!(buffer_loads > 0, "{what}: no buffer_load_dwordx4");
             // W and A are read only by buffer loads: any global/flat load is the epilogue's C or
@@ -358,16 +359,12 @@ fn cdna_gemv_streams_buffer_loads_without_scratch() {
                     );
                 }
             }
-            let kernels = catalog::resources(target, &code)
-                .expect("metadata")
-                .expect("AMD");
             let k = &kernels[0];
             println!(
                 "{what}: {buffer_loads} buffer_load_dwordx4; {}",
                 k.summary()
             );
-            assert!(!k.uses_scratch(), "{what}: scratch: {}", k.summary());
-            assert!(k.occupancy() >= 4, "{what}: {}", k.summary());
+            assert_fits(&what, k, 4);
         }
     }
 }
@@ -386,8 +383,7 @@ fn cdna_row_ops_use_buffer_loads_without_scratch() {
             let entries = catalog::entries(target, Some(op)).expect("catalog assembles");
             for e in entries.iter().filter(|e| e.label.starts_with("cdna")) {
                 count += 1;
-                let code = catalog::compile(target, &e.source).expect("compiles");
-                let asm = catalog::disassemble(target, &code).expect("disassembles");
+                let (asm, kernels) = compile_amd(target, e);
                 let what = format!("{target} {op} {}", e.label);
                 assert!(asm.contains("buffer_load_dword"), "{what}: no buffer load");
                 assert!(
@@ -401,13 +397,9 @@ fn cdna_row_ops_use_buffer_loads_without_scratch() {
                 for generic in ["global_load", "global_store", "flat_load", "flat_store"] {
                     assert!(!asm.contains(generic), "{what}: {generic}");
                 }
-                let kernels = catalog::resources(target, &code)
-                    .expect("metadata")
-                    .expect("AMD");
                 let k = &kernels[0];
                 println!("{what}: {}", k.summary());
-                assert!(!k.uses_scratch(), "{what}: scratch: {}", k.summary());
-                assert!(k.occupancy() >= 4, "{what}: {}", k.summary());
+                assert_fits(&what, k, 4);
             }
         }
         assert!(count >= 20, "{target}: {count} CDNA row variants");
@@ -430,8 +422,7 @@ fn cdna_attention_uses_mfma_and_buffer_loads_without_scratch() {
             .collect();
         assert_eq!(entries.len(), 6, "{target}: bf16/f16 x d64/128/256");
         for e in &entries {
-            let code = catalog::compile(target, &e.source).expect("compiles");
-            let asm = catalog::disassemble(target, &code).expect("disassembles");
+            let (asm, kernels) = compile_amd(target, e);
             let what = format!("{target} {}", e.label);
             let mfma = asm.matches("v_mfma_f32_16x16x16").count();
             let buffer_loads = asm.matches("buffer_load_dwordx4").count();
@@ -440,17 +431,13 @@ fn cdna_attention_uses_mfma_and_buffer_loads_without_scratch() {
                 mfma > 0 && buffer_loads > 0 && lds_reads > 0,
                 "{what}: {mfma} MFMA, {buffer_loads} buffer loads, {lds_reads} ds_read_b64"
             );
-            let kernels = catalog::resources(target, &code)
-                .expect("metadata")
-                .expect("AMD");
             let k = &kernels[0];
             println!(
                 "{what}: {mfma} MFMA, {buffer_loads} buffer loads, {lds_reads} ds_read_b64; {}",
                 k.summary()
             );
-            assert!(!k.uses_scratch(), "{what}: scratch: {}", k.summary());
             assert!(k.lds_bytes <= 32 * 1024, "{what}: {}", k.summary());
-            assert!(k.occupancy() >= 2, "{what}: {}", k.summary());
+            assert_fits(&what, k, 2);
         }
     }
 }
