@@ -74,18 +74,24 @@ pub(crate) fn max(a: Lanes, b: Lanes) -> Lanes {
     zip(a, b, |a, b| if b > a { b } else { a })
 }
 
-/// Sum of the lanes, in a fixed pairwise order.
+/// Sum of W values in a fixed pairwise order (the upper half added onto the lower, halving).
 #[inline(always)]
-pub(crate) fn hsum(a: Lanes) -> f32 {
-    let mut v = a;
+pub(crate) fn pairwise_sum<T: Copy + std::ops::AddAssign>(mut v: [T; W]) -> T {
     let mut n = W;
     while n > 1 {
         n /= 2;
         for i in 0..n {
-            v[i] += v[i + n];
+            let upper = v[i + n];
+            v[i] += upper;
         }
     }
     v[0]
+}
+
+/// Sum of the lanes, in a fixed pairwise order.
+#[inline(always)]
+pub(crate) fn hsum(a: Lanes) -> f32 {
+    pairwise_sum(a)
 }
 
 /// Largest lane (NaN lanes are passed over).

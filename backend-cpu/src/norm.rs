@@ -1,7 +1,9 @@
 //! RMSNorm and LayerNorm over rows, with the fused residual add (`docs/ops-spec.md`).
 
 use crate::convert::{expect_dtype, float_dtype, load, round_in_place, store};
-use crate::lanes::{add, chunks, hsum, mul, mul_add, splat, sub, Ahead, Bf16, Elem, Lanes, F32, W};
+use crate::lanes::{
+    add, chunks, hsum, mul, mul_add, pairwise_sum, splat, sub, Ahead, Bf16, Elem, Lanes, F32, W,
+};
 use crate::rows::{block_row, block_rows, output_blocks, rows_of, with_scratch, RowReader};
 use crate::simd::{vectorised_fma, MulAdd};
 use crate::views::with_views;
@@ -448,16 +450,7 @@ fn shifted_mean_m2<M: MulAdd, I: Elem>(x: &[I::Bits], shift: f32) -> (f64, f64) 
 /// lanes inside the kernel made LLVM vectorise its main loop 4 lanes wide instead of 16.
 #[inline(never)]
 fn combine_lanes(mean: &Lanes, m2: &Lanes, per_lane: f64) -> (f64, f64) {
-    fn pairwise(mut v: [f64; W]) -> f64 {
-        let mut n = W;
-        while n > 1 {
-            n /= 2;
-            for i in 0..n {
-                v[i] += v[i + n];
-            }
-        }
-        v[0]
-    }
+    let pairwise = pairwise_sum::<f64>;
     let mut wide = [0.0f64; W];
     for (w, &m) in wide.iter_mut().zip(mean) {
         *w = f64::from(m);
