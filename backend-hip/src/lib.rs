@@ -23,6 +23,6 @@ mod timing;
 pub use compile::{compile_hiprtc, hiprtc_version};
 pub use device::{device_count, DeviceInfo, HipDevice};
 pub use headers::hip_headers;
-pub use offline::{clang_path, compile_offline, disassemble, objdump_path};
+pub use offline::{clang_path, compile_offline, disassemble, objdump_path, require_clang};
 pub use resources::{parse_metadata, read_resources, readelf_path, KernelResources};
 pub use storage::HipStorage;

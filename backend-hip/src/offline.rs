@@ -10,6 +10,18 @@ pub fn clang_path() -> String {
     tool_from_env("CALICO_CLANG", "clang-19")
 }
 
+/// Ok when the offline compiler runs (`clang --version` succeeds); else why not, with what to
+/// install.
+pub fn require_clang() -> Result<()> {
+    let clang = clang_path();
+    match Command::new(&clang).arg("--version").output() {
+        Ok(out) if out.status.success() => Ok(()),
+        _ => Err(Error::unsupported(format!(
+            "{clang} not found (install clang-19, lld-19, llvm-19 or set CALICO_CLANG)"
+        ))),
+    }
+}
+
 /// The objdump used by [`disassemble`]: `$CALICO_LLVM_OBJDUMP`, else `llvm-objdump-19`.
 pub fn objdump_path() -> String {
     tool_from_env("CALICO_LLVM_OBJDUMP", "llvm-objdump-19")

@@ -7,10 +7,7 @@ use calico_hip::{compile_offline, disassemble, hip_headers};
 const KERNEL: &str = include_str!("kernels/calico_test.hip");
 
 fn clang_present() -> bool {
-    std::process::Command::new(calico_hip::clang_path())
-        .arg("--version")
-        .output()
-        .is_ok()
+    calico_hip::require_clang().is_ok()
 }
 
 fn skip_or_fail(what: &str) -> bool {

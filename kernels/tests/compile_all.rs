@@ -29,13 +29,7 @@ fn nvrtc_available() -> Result<(), String> {
 }
 
 fn clang_available() -> Result<(), String> {
-    let clang = calico_hip::clang_path();
-    match std::process::Command::new(&clang).arg("--version").output() {
-        Ok(out) if out.status.success() => Ok(()),
-        _ => Err(format!(
-            "{clang} not found (install clang-19, lld-19, llvm-19 or set CALICO_CLANG)"
-        )),
-    }
+    calico_hip::require_clang().map_err(|e| e.to_string())
 }
 
 /// The catalog's variants for `target`; CALICO_COMPILE_OP=<op> keeps one op's only (a quick

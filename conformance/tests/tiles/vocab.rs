@@ -129,13 +129,7 @@ impl VocabFamily {
 // Compile checks (no GPU): sm_80, sm_90a, gfx90a, gfx942
 
 fn clang_available() -> Result<(), String> {
-    let clang = calico::backends::hip::clang_path();
-    match std::process::Command::new(&clang).arg("--version").output() {
-        Ok(out) if out.status.success() => Ok(()),
-        _ => Err(format!(
-            "{clang} not found (install clang-19, lld-19, llvm-19 or set CALICO_CLANG)"
-        )),
-    }
+    calico::backends::hip::require_clang().map_err(|e| e.to_string())
 }
 
 /// One function of an `llvm-objdump -d` listing: from its `<entry>:` label to the next label.
