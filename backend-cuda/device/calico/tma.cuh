@@ -62,14 +62,6 @@ CALICO_DEVICE void load_4d(void* dst, const tensor_map& m, int c0, int c1, int c
         : "memory");
 }
 
-// Global -> shared without a tensor map: `bytes` contiguous bytes (a multiple of 16; both
-// addresses 16-byte aligned), completing on `bar`.
-CALICO_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, mbarrier& bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_addr(&bar))
-                 : "memory");
-}
-
 // Shared -> global reduction without a tensor map: adds `bytes` of f32 values (a multiple of
 // 16; both addresses 16-byte aligned) to global memory, element by element, in the L2. Groups
 // with store_commit / store_wait_read / store_wait like the tensor stores; the smem source must

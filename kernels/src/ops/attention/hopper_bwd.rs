@@ -426,7 +426,6 @@ fn launch(
         swizzle: Swizzle::None,
     }
     .encode_cached()?;
-    debug_assert_eq!(delta, lse_log2 + ws.delta as u64);
     let args = [
         KernelArg::Opaque128(map_q),
         KernelArg::Opaque128(map_k),
