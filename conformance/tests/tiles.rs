@@ -87,76 +87,16 @@ const ROUNDTRIP: Family = Family {
     sm80: true,
     sm100a: false,
     entries: &[
-        "tiles_roundtrip_f32_row_p0_32x32",
-        "tiles_roundtrip_f32_col_p0_32x32",
-        "tiles_roundtrip_bf16_row_p0_32x64",
-        "tiles_roundtrip_bf16_col_p0_32x64",
-        "tiles_roundtrip_f16_row_p0_16x32",
-        "tiles_roundtrip_f16_col_p0_16x32",
-        "tiles_roundtrip_bf16_row_p1_32x64",
-        "tiles_roundtrip_bf16_col_p1_32x64",
-        "tiles_roundtrip_f16_row_p1_16x32",
-        "tiles_roundtrip_f16_col_p1_32x16",
-        "tiles_roundtrip_bf16_row_p2_16x64",
-        "tiles_roundtrip_bf16_col_p2_16x64",
-        "tiles_roundtrip_f16_col_p2_32x32",
+        "tiles_roundtrip_bf16_row_32x64",
+        "tiles_roundtrip_bf16_col_32x64",
+        "tiles_roundtrip_f16_row_16x32",
+        "tiles_roundtrip_f16_col_32x16",
     ],
     sass: &[
-        ("_p1_", "LDGSTS"),
-        ("_row_p1_", "LDSM.16.M88"),
-        ("_col_p1_", "LDSM.16.MT88"),
-        ("_row_p2_", "LDSM.16.M88"),
-        ("_col_p2_", "LDSM.16.MT88"),
-        ("_p2_", "STS"),
+        ("", "LDGSTS"),
+        ("_row_", "LDSM.16.M88"),
+        ("_col_", "LDSM.16.MT88"),
     ],
-};
-
-const MMA: Family = Family {
-    name: "mma",
-    text: include_str!("../device/tiles/mma.cu"),
-    sm80: true,
-    sm100a: false,
-    entries: &[
-        "tiles_mma_bf16_ab_32x32x32",
-        "tiles_mma_bf16_abt_32x32x32",
-        "tiles_mma_bf16_atb_32x32x32",
-        "tiles_mma_bf16_atbt_32x32x32",
-        "tiles_mma_f16_ab_16x48x16",
-        "tiles_mma_f16_abt_16x48x16",
-        "tiles_mma_f16_atb_48x16x32",
-        "tiles_mma_f16_atbt_48x16x32",
-    ],
-    sass: &[
-        ("_bf16_", "HMMA.16816.F32.BF16"),
-        ("_f16_", "HMMA.16816.F32"),
-    ],
-};
-
-const REDUCE: Family = Family {
-    name: "reduce",
-    text: include_str!("../device/tiles/reduce.cu"),
-    sm80: true,
-    sm100a: false,
-    entries: &[
-        "tiles_reduce_f32_16x64",
-        "tiles_reduce_bf16_32x32",
-        "tiles_reduce_f16_16x32",
-    ],
-    sass: &[("", "SHFL.BFLY")],
-};
-
-const MAPS: Family = Family {
-    name: "maps",
-    text: include_str!("../device/tiles/maps.cu"),
-    sm80: true,
-    sm100a: false,
-    entries: &[
-        "tiles_maps_f32_to_bf16_row_32x32",
-        "tiles_maps_bf16_to_f32_col_32x32",
-        "tiles_maps_f32_to_f16_col_16x32",
-        "tiles_maps_f16_to_f32_row_16x16",
-    ],
-    sass: &[("", "MUFU.EX2")],
 };
 
 const CP_ASYNC: Family = Family {
@@ -328,18 +268,6 @@ fn compile_fragments() {
 #[test]
 fn compile_roundtrip() {
     compile_check(&ROUNDTRIP);
-}
-#[test]
-fn compile_mma() {
-    compile_check(&MMA);
-}
-#[test]
-fn compile_reduce() {
-    compile_check(&REDUCE);
-}
-#[test]
-fn compile_maps() {
-    compile_check(&MAPS);
 }
 #[test]
 fn compile_cp_async() {
@@ -836,11 +764,11 @@ fn fragments_match_lane_maps() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Register-tile round trips
+// Register-tile round trips through cp.async (the vendor-neutral paths: vocab.rs)
 
 #[test]
-fn register_tile_round_trips() {
-    let Some(dev) = cuda("register_tile_round_trips") else {
+fn cp_async_register_tile_round_trips() {
+    let Some(dev) = cuda("cp_async_register_tile_round_trips") else {
         return;
     };
     let strategy = (
@@ -852,7 +780,7 @@ fn register_tile_round_trips() {
         any::<u64>(),
     );
     run_property(
-        "register_tile_round_trips",
+        "cp_async_register_tile_round_trips",
         16,
         strategy,
         |&(v, (tr, rr), (tc, rc), batch, pad, seed)| {
@@ -861,14 +789,10 @@ fn register_tile_round_trips() {
             let shape = dims_of(entry);
             let (r, c) = (shape[0], shape[1]);
             let rows = extent(tr, rr, r);
-            let mut cols = extent(tc, rc, c);
-            let cp_async = entry.contains("_p1_");
-            if cp_async {
-                // load_async moves 16-byte pieces: whole pieces per row.
-                cols = div_up(cols, 8) * 8;
-            }
+            // load_async moves 16-byte pieces: whole pieces per row.
+            let cols = div_up(extent(tc, rc, c), 8) * 8;
             // cp.async rows must start 16-byte aligned: pads of whole pieces there.
-            let pad = if cp_async { 8 * pad } else { pad * 3 };
+            let pad = 8 * pad;
             let mut rng = Rng::new(seed);
             let src_m = Mat::new(rows, cols, batch, pad, 8 * pad, 0);
             let dst_m = Mat::new(rows, cols, batch, pad + 1, 5, 37);
@@ -895,111 +819,7 @@ fn register_tile_round_trips() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// mma.sync: AB, ABt, AtB, AtBt
-
-#[test]
-fn mma_sync_tile_products() {
-    let Some(dev) = cuda("mma_sync_tile_products") else {
-        return;
-    };
-    let strategy = (
-        0..MMA.entries.len(),
-        (1usize..=3, 0usize..64),
-        (1usize..=3, 0usize..64),
-        (1usize..=3, 0usize..64),
-        0usize..=3,
-        any::<u64>(),
-    );
-    run_property(
-        "mma_sync_tile_products",
-        16,
-        strategy,
-        |&(v, (tm, rm), (tn, rn), (tk, rk), pad, seed)| {
-            let entry = MMA.entries[v];
-            let dtype = dtype_of(entry);
-            let shape = dims_of(entry);
-            let (m, n, k) = (
-                extent(tm, rm, shape[0]),
-                extent(tn, rn, shape[1]),
-                extent(tk, rk, shape[2]),
-            );
-            let form = ["_ab_", "_abt_", "_atb_", "_atbt_"]
-                .iter()
-                .position(|f| entry.contains(f))
-                .unwrap();
-            let (a_t, b_t) = (form >= 2, form % 2 == 1);
-            let mut rng = Rng::new(seed);
-            let a = random_values(&mut rng, dtype, m * k, 1.0); // a[i * k + kk]
-            let b = random_values(&mut rng, dtype, k * n, 1.0); // b[kk * n + j]
-            let c = random_values(&mut rng, DType::F32, m * n, 1.0);
-            let a_m = if a_t {
-                Mat::new(k, m, 1, pad, 0, 0)
-            } else {
-                Mat::new(m, k, 1, pad, 0, 0)
-            };
-            let b_m = if b_t {
-                Mat::new(n, k, 1, pad + 1, 0, 0)
-            } else {
-                Mat::new(k, n, 1, pad + 1, 0, 0)
-            };
-            let c_m = Mat::new(m, n, 1, 2, 0, 0);
-            let d_m = Mat::new(m, n, 1, pad, 0, 29);
-            let a_buf = a_m.fill(
-                777.0,
-                |_, r, cc| {
-                    if a_t {
-                        a[cc * k + r]
-                    } else {
-                        a[r * k + cc]
-                    }
-                },
-            );
-            let b_buf = b_m.fill(
-                777.0,
-                |_, r, cc| {
-                    if b_t {
-                        b[cc * n + r]
-                    } else {
-                        b[r * n + cc]
-                    }
-                },
-            );
-            let c_buf = c_m.fill(777.0, |_, r, cc| c[r * n + cc]);
-            let ga = Buf::upload(dev, dtype, &a_buf)?;
-            let gb = Buf::upload(dev, dtype, &b_buf)?;
-            let gc = Buf::upload(dev, DType::F32, &c_buf)?;
-            let gd = Buf::filled(dev, DType::F32, d_m.len, SENTINEL)?;
-            let grid = (div_up(n, shape[1]) as u32, div_up(m, shape[0]) as u32, 1);
-            let args = [
-                ga.arg(),
-                gb.arg(),
-                gc.arg(),
-                gd.arg(),
-                KernelArg::I32(m as i32),
-                KernelArg::I32(n as i32),
-                KernelArg::I32(k as i32),
-                KernelArg::I64(a_m.stride as i64),
-                KernelArg::I64(b_m.stride as i64),
-                KernelArg::I64(c_m.stride as i64),
-                KernelArg::I64(d_m.stride as i64),
-            ];
-            launch(dev, &MMA, entry, grid, 32, &args)?;
-            let want: Vec<f64> = (0..m * n)
-                .map(|ij| {
-                    let (i, j) = (ij / n, ij % n);
-                    c[ij] + (0..k).map(|kk| a[i * k + kk] * b[kk * n + j]).sum::<f64>()
-                })
-                .collect();
-            let got = gd.read()?;
-            // Products of 16-bit inputs are exact in f32; only the f32 accumulation rounds.
-            check_close(entry, &d_m.gather(&got), &want, 2e-3)?;
-            d_m.untouched(entry, DType::F32, &got)
-        },
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reductions and broadcasts
+// Comparisons and conversions (also used by the vocabulary tests, vocab.rs)
 
 /// |got - want| <= bound; false for NaN.
 fn within(got: f64, want: f64, bound: f64) -> bool {
@@ -1008,171 +828,6 @@ fn within(got: f64, want: f64, bound: f64) -> bool {
 
 /// A broadcast output: name, the operation, and whether its vector runs along rows.
 type Broadcast = (&'static str, fn(f64, f64) -> f64, bool);
-
-#[test]
-fn reductions_and_broadcasts() {
-    let Some(dev) = cuda("reductions_and_broadcasts") else {
-        return;
-    };
-    let strategy = (
-        0..REDUCE.entries.len(),
-        (1usize..=3, 0usize..64),
-        (1usize..=3, 0usize..64),
-        0usize..=3,
-        any::<u64>(),
-    );
-    run_property(
-        "reductions_and_broadcasts",
-        12,
-        strategy,
-        |&(v, (tr, rr), (tc, rc), pad, seed)| {
-            let entry = REDUCE.entries[v];
-            let dtype = dtype_of(entry);
-            let shape = dims_of(entry);
-            let (tile_r, tile_c) = (shape[0], shape[1]);
-            let (rows, cols) = (extent(tr, rr, tile_r), extent(tc, rc, tile_c));
-            let mut rng = Rng::new(seed);
-            let x_m = Mat::new(rows, cols, 1, pad, 0, 0);
-            let x_buf = x_m.fill(777.0, |_, _, _| round(dtype, 3.0 * rng.normal()));
-            let x = x_m.gather(&x_buf);
-            let v_row: Vec<f64> = (0..rows)
-                .map(|_| {
-                    let s = if rng.below(2) == 0 { -1.0 } else { 1.0 };
-                    s * round(DType::F32, rng.uniform(0.5, 2.0))
-                })
-                .collect();
-            let v_col = random_values(&mut rng, DType::F32, cols, 2.0);
-            let (gx_tiles, gy_tiles) = (div_up(cols, tile_c), div_up(rows, tile_r));
-            let tiles = gx_tiles * gy_tiles;
-            let per_lane = tile_r / 4 + tile_c / 2;
-            let y_m = Mat::new(rows, cols, 5, pad + 2, 3, 11);
-            let gx = Buf::upload(dev, dtype, &x_buf)?;
-            let gvr = Buf::upload(dev, DType::F32, &v_row)?;
-            let gvc = Buf::upload(dev, DType::F32, &v_col)?;
-            let red = Buf::filled(dev, DType::F32, tiles * 32 * per_lane, f64::NAN)?;
-            let y = Buf::filled(dev, dtype, y_m.len, SENTINEL)?;
-            let args = [
-                gx.arg(),
-                gvr.arg(),
-                gvc.arg(),
-                red.arg(),
-                y.arg(),
-                KernelArg::I32(rows as i32),
-                KernelArg::I32(cols as i32),
-                KernelArg::I64(x_m.stride as i64),
-                KernelArg::I64(y_m.stride as i64),
-                KernelArg::I64(y_m.batch_stride as i64),
-            ];
-            launch(
-                dev,
-                &REDUCE,
-                entry,
-                (gx_tiles as u32, gy_tiles as u32, 1),
-                32,
-                &args,
-            )?;
-
-            // Reductions run over the whole tile: zeros past the matrix edges count.
-            let at = |r: usize, c: usize| {
-                if r < rows && c < cols {
-                    x[r * cols + c]
-                } else {
-                    0.0
-                }
-            };
-            let red_got = red.read()?;
-            let (mut got, mut want, mut scale) = (Vec::new(), Vec::new(), Vec::new());
-            let mut maxes = (Vec::new(), Vec::new());
-            for ty in 0..gy_tiles {
-                for tx in 0..gx_tiles {
-                    let (r0, c0) = (ty * tile_r, tx * tile_c);
-                    let row = |r: usize| (0..tile_c).map(move |c| (r, c0 + c));
-                    let col = |c: usize| (0..tile_r).map(move |r| (r0 + r, c));
-                    for lane in 0..32 {
-                        let (g, t) = (lane / 4, lane % 4);
-                        let rec =
-                            &red_got[((ty * gx_tiles + tx) * 32 + lane) * per_lane..][..per_lane];
-                        let mut o = 0;
-                        let rows_of: Vec<usize> = (0..tile_r / 16)
-                            .flat_map(|i| (0..2).map(move |h| r0 + 16 * i + g + 8 * h))
-                            .collect();
-                        let cols_of: Vec<usize> = (0..tile_c / 16)
-                            .flat_map(|j| {
-                                (0..4).map(move |q| c0 + 16 * j + 2 * t + (q & 1) + 8 * (q >> 1))
-                            })
-                            .collect();
-                        for &r in &rows_of {
-                            maxes.0.push(rec[o]);
-                            maxes
-                                .1
-                                .push(row(r).map(|(r, c)| at(r, c)).fold(f64::MIN, f64::max));
-                            o += 1;
-                        }
-                        for &r in &rows_of {
-                            got.push(rec[o]);
-                            want.push(row(r).map(|(r, c)| at(r, c)).sum::<f64>());
-                            scale.push(row(r).map(|(r, c)| at(r, c).abs()).sum::<f64>());
-                            o += 1;
-                        }
-                        for &c in &cols_of {
-                            maxes.0.push(rec[o]);
-                            maxes
-                                .1
-                                .push(col(c).map(|(r, c)| at(r, c)).fold(f64::MIN, f64::max));
-                            o += 1;
-                        }
-                        for &c in &cols_of {
-                            got.push(rec[o]);
-                            want.push(col(c).map(|(r, c)| at(r, c)).sum::<f64>());
-                            scale.push(col(c).map(|(r, c)| at(r, c).abs()).sum::<f64>());
-                            o += 1;
-                        }
-                    }
-                }
-            }
-            check_exact(&format!("{entry} row/col max"), &maxes.0, &maxes.1)?;
-            // f32 sums of up to 64 terms: a few f32 roundings of the sum of magnitudes.
-            if let Some(i) =
-                (0..got.len()).find(|&i| !within(got[i], want[i], 1e-5 * scale[i] + 1e-30))
-            {
-                return Err(format!(
-                    "{entry} row/col sum {i}: got {}, expected {}",
-                    got[i], want[i]
-                ));
-            }
-
-            let y_got = y.read()?;
-            let ops: [Broadcast; 5] = [
-                ("sub_row", |x, v| x - v, true),
-                ("mul_row", |x, v| x * v, true),
-                ("div_row", |x, v| x / v, true),
-                ("add_col", |x, v| x + v, false),
-                ("mul_col", |x, v| x * v, false),
-            ];
-            for (b, (name, f, by_row)) in ops.iter().enumerate() {
-                let want: Vec<f64> = (0..rows * cols)
-                    .map(|i| {
-                        let (r, c) = (i / cols, i % cols);
-                        round(dtype, f(x[i], if *by_row { v_row[r] } else { v_col[c] }))
-                    })
-                    .collect();
-                let got: Vec<f64> = (0..rows * cols)
-                    .map(|i| y_got[y_m.at(b, i / cols, i % cols)])
-                    .collect();
-                check_close(
-                    &format!("{entry} {name}"),
-                    &got,
-                    &want,
-                    elementwise_tol(dtype),
-                )?;
-            }
-            y_m.untouched(entry, dtype, &y_got)
-        },
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
-// Maps and conversions
 
 /// What the device makes of `v` converted to `dtype`: the f32 it holds (`v` as uploaded or
 /// passed), rounded to `dtype` to nearest even (`__float2bfloat16_rn`, `__floats2half2_rn`: the
@@ -1217,119 +872,6 @@ fn check_relative(what: &str, got: &[f64], want: &[f64], tol: f64) -> Result<(),
         )),
         None => Ok(()),
     }
-}
-
-#[test]
-fn maps_and_conversions() {
-    let Some(dev) = cuda("maps_and_conversions") else {
-        return;
-    };
-    let strategy = (
-        0..MAPS.entries.len(),
-        (1usize..=3, 0usize..64),
-        (1usize..=3, 0usize..64),
-        0usize..=3,
-        -3.0f64..3.0,
-        any::<u64>(),
-    );
-    run_property(
-        "maps_and_conversions",
-        12,
-        strategy,
-        |&(v, (tr, rr), (tc, rc), pad, s, seed)| {
-            let entry = MAPS.entries[v];
-            let (ti, to) = if entry.starts_with("tiles_maps_f32_to_bf16") {
-                (DType::F32, DType::BF16)
-            } else if entry.starts_with("tiles_maps_bf16_") {
-                (DType::BF16, DType::F32)
-            } else if entry.starts_with("tiles_maps_f32_to_f16") {
-                (DType::F32, DType::F16)
-            } else {
-                (DType::F16, DType::F32)
-            };
-            let shape = dims_of(entry);
-            let (rows, cols) = (extent(tr, rr, shape[0]), extent(tc, rc, shape[1]));
-            let mut rng = Rng::new(seed);
-            let in_m = Mat::new(rows, cols, 1, pad, 0, 0);
-            let x_buf = in_m.fill(777.0, |_, _, _| round(ti, rng.uniform(-6.0, 6.0)));
-            let y_buf = in_m.fill(777.0, |_, _, _| round(ti, rng.uniform(-2.0, 2.0)));
-            let (x, y) = (in_m.gather(&x_buf), in_m.gather(&y_buf));
-            let s = s as f32 as f64;
-            let z_m = Mat::new(rows, cols, 5, pad + 1, 2, 9);
-            let w_m = Mat::new(rows, cols, 1, 3, 0, 17);
-            let gx = Buf::upload(dev, ti, &x_buf)?;
-            let gy = Buf::upload(dev, ti, &y_buf)?;
-            let gz = Buf::filled(dev, ti, z_m.len, SENTINEL)?;
-            let gw = Buf::filled(dev, to, w_m.len, SENTINEL)?;
-            let args = [
-                gx.arg(),
-                gy.arg(),
-                gz.arg(),
-                gw.arg(),
-                KernelArg::I32(rows as i32),
-                KernelArg::I32(cols as i32),
-                KernelArg::I64(in_m.stride as i64),
-                KernelArg::I64(z_m.stride as i64),
-                KernelArg::I64(z_m.batch_stride as i64),
-                KernelArg::I64(w_m.stride as i64),
-                KernelArg::F32(s as f32),
-            ];
-            let grid = (
-                div_up(cols, shape[1]) as u32,
-                div_up(rows, shape[0]) as u32,
-                1,
-            );
-            launch(dev, &MAPS, entry, grid, 32, &args)?;
-            let z_got = gz.read()?;
-            let z = |b: usize| -> Vec<f64> {
-                (0..rows * cols)
-                    .map(|i| z_got[z_m.at(b, i / cols, i % cols)])
-                    .collect()
-            };
-            let map = |f: &dyn Fn(usize) -> f64| -> Vec<f64> {
-                (0..rows * cols).map(|i| round(ti, f(i))).collect()
-            };
-            // exp2f is within 2 ulp of 2^x; the rest is one f32 operation and one rounding.
-            let exp_tol = if ti == DType::F32 {
-                4.0 * f32::EPSILON as f64
-            } else {
-                elementwise_tol(ti)
-            };
-            check_relative(
-                &format!("{entry} exp2"),
-                &z(0),
-                &map(&|i| x[i].exp2()),
-                exp_tol,
-            )?;
-            let tol = if ti == DType::F32 {
-                f32::EPSILON as f64
-            } else {
-                elementwise_tol(ti)
-            };
-            check_relative(&format!("{entry} add"), &z(1), &map(&|i| x[i] + y[i]), tol)?;
-            check_relative(&format!("{entry} mul"), &z(2), &map(&|i| x[i] * y[i]), tol)?;
-            check_relative(
-                &format!("{entry} mul scalar"),
-                &z(3),
-                &map(&|i| x[i] * s),
-                tol,
-            )?;
-            check_exact(
-                &format!("{entry} fill"),
-                &z(4),
-                &vec![from_f32(ti, s); rows * cols],
-            )?;
-            z_m.untouched(entry, ti, &z_got)?;
-            let w_got = gw.read()?;
-            let cast: Vec<f64> = x.iter().map(|&v| from_f32(to, v)).collect();
-            check_exact(
-                &format!("{entry} copy (conversion)"),
-                &w_m.gather(&w_got),
-                &cast,
-            )?;
-            w_m.untouched(entry, to, &w_got)
-        },
-    );
 }
 
 // ---------------------------------------------------------------------------------------------
