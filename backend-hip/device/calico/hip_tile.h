@@ -158,6 +158,43 @@ CALICO_DEVICE void mul(rt<T, R, C, L>& dst, const rt<T, R, C, L>& a, const rt<T,
     map2(dst, a, b, [](float x, float y) { return x * y; });
 }
 
+// Elementwise with the element's place: f(row, col, x), row and col counted from the tile's
+// top-left corner (any layout), e.g. for masks.
+template <class T, int R, int C, class L, class F>
+CALICO_DEVICE void map_rc(rt<T, R, C, L>& dst, const rt<T, R, C, L>& src, F f) {
+    const int lane = static_cast<int>(hw_lane());
+#pragma unroll
+    for (int i = 0; i < R / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < C / 16; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int r, c;
+                base_coord<L>(lane, e, r, c);
+                elem_set(dst.data[i][j], e, f(16 * i + r, 16 * j + c, elem_get(src.data[i][j], e)));
+            }
+}
+
+// Register vectors, elementwise (every lane applies f to the entries it holds).
+template <int N, class K, class F>
+CALICO_DEVICE void map(rv<N, K>& dst, const rv<N, K>& src, F f) {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i)
+#pragma unroll
+        for (int e = 0; e < rv<N, K>::per_block; ++e) dst.data[i][e] = f(src.data[i][e]);
+}
+template <int N, class K, class F>
+CALICO_DEVICE void map2(rv<N, K>& dst, const rv<N, K>& a, const rv<N, K>& b, F f) {
+#pragma unroll
+    for (int i = 0; i < N / 16; ++i)
+#pragma unroll
+        for (int e = 0; e < rv<N, K>::per_block; ++e) dst.data[i][e] = f(a.data[i][e], b.data[i][e]);
+}
+template <int N, class K>
+CALICO_DEVICE void fill(rv<N, K>& dst, float v) {
+    map(dst, dst, [v](float) { return v; });
+}
+
 // Conversion between element types (same layout), rounding to nearest even.
 template <class D, class S, int R, int C, class L>
 CALICO_DEVICE void copy(rt<D, R, C, L>& dst, const rt<S, R, C, L>& src) {

@@ -114,6 +114,18 @@ const VOCAB_LAYOUT: VocabFamily = VocabFamily {
     isa: &[],
 };
 
+const VOCAB_COORDS: VocabFamily = VocabFamily {
+    name: "vocab/coords",
+    text: include_str!("../../device/tiles/vocab/coords.cu"),
+    entries: &[
+        "tiles_vocab_coords_bf16_row_32x64",
+        "tiles_vocab_coords_bf16_col_32x32",
+        "tiles_vocab_coords_f16_col_16x48",
+        "tiles_vocab_coords_f32_row_16x16",
+    ],
+    isa: &[("", "SHFL.BFLY", "ds_bpermute_b32")],
+};
+
 impl VocabFamily {
     fn kernel(&self, entry: &'static str) -> TileKernel {
         assert!(
@@ -253,6 +265,11 @@ fn compile_vocab_maps() {
 #[test]
 fn compile_vocab_layout() {
     vocab_compile_check(&VOCAB_LAYOUT);
+}
+
+#[test]
+fn compile_vocab_coords() {
+    vocab_compile_check(&VOCAB_COORDS);
 }
 
 #[test]
@@ -880,6 +897,114 @@ fn vocab_maps_and_conversions() {
                 &cast,
             )?;
             w_m.untouched(entry, to, &w_got)
+        },
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element coordinates (map_rc) and register-vector maps
+
+#[test]
+fn vocab_coordinates_and_vector_maps() {
+    let strategy = (
+        0..VOCAB_COORDS.entries.len(),
+        (1usize..=3, 0usize..64),
+        (1usize..=3, 0usize..64),
+        0usize..=3,
+        -3.0f64..3.0,
+        any::<u64>(),
+    );
+    vocab_property(
+        "vocab_coordinates_and_vector_maps",
+        10,
+        strategy,
+        |dev, &(v, (tr, rr), (tc, rc), pad, s, seed)| {
+            let entry = VOCAB_COORDS.entries[v];
+            let dtype = dtype_of(entry);
+            let shape = dims_of(entry);
+            let (tile_r, tile_c) = (shape[0], shape[1]);
+            let (rows, cols) = (extent(tr, rr, tile_r), extent(tc, rc, tile_c));
+            let mut rng = Rng::new(seed);
+            let x_m = Mat::new(rows, cols, 1, pad, 0, 0);
+            let x_buf = x_m.fill(777.0, |_, _, _| round(dtype, 4.0 * rng.normal()));
+            let x = x_m.gather(&x_buf);
+            let s = s as f32 as f64;
+            let z_m = Mat::new(rows, cols, 6, pad + 1, 2, 9);
+            let gx = Buf::upload(dev, dtype, &x_buf)?;
+            let gz = Buf::filled(dev, DType::F32, z_m.len, SENTINEL)?;
+            let args = [
+                gx.arg(),
+                gz.arg(),
+                KernelArg::I32(rows as i32),
+                KernelArg::I32(cols as i32),
+                KernelArg::I64(x_m.stride as i64),
+                KernelArg::I64(z_m.stride as i64),
+                KernelArg::I64(z_m.batch_stride as i64),
+                KernelArg::F32(s as f32),
+            ];
+            let grid = (div_up(cols, tile_c) as u32, div_up(rows, tile_r) as u32, 1);
+            vocab_launch(dev, &VOCAB_COORDS, entry, grid, &args)?;
+            let z_got = gz.read()?;
+            let z = |b: usize| -> Vec<f64> {
+                (0..rows * cols)
+                    .map(|i| z_got[z_m.at(b, i / cols, i % cols)])
+                    .collect()
+            };
+            let each = |f: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
+                (0..rows * cols).map(|i| f(i / cols, i % cols)).collect()
+            };
+            // Maxima run over the whole tile: zeros past the matrix edges count.
+            let at = |r: usize, c: usize| {
+                if r < rows && c < cols {
+                    x[r * cols + c]
+                } else {
+                    0.0
+                }
+            };
+            let row_max = |r: usize, c: usize| {
+                let c0 = c / tile_c * tile_c;
+                (c0..c0 + tile_c)
+                    .map(|cc| at(r, cc))
+                    .fold(f64::MIN, f64::max)
+            };
+            let col_max = |r: usize, c: usize| {
+                let r0 = r / tile_r * tile_r;
+                (r0..r0 + tile_r)
+                    .map(|rr| at(rr, c))
+                    .fold(f64::MIN, f64::max)
+            };
+            // Every value below is exact in f32 (and the coordinates in every dtype).
+            check_exact(
+                &format!("{entry} map_rc row"),
+                &z(0),
+                &each(&|r, _| (r % tile_r) as f64),
+            )?;
+            check_exact(
+                &format!("{entry} map_rc col"),
+                &z(1),
+                &each(&|_, c| (c % tile_c) as f64),
+            )?;
+            let signed = |r: usize, c: usize| {
+                let v = x[r * cols + c];
+                if ((r % tile_r) + 2 * (c % tile_c)) % 3 == 0 {
+                    v
+                } else {
+                    -v
+                }
+            };
+            check_exact(&format!("{entry} map_rc value"), &z(2), &each(&signed))?;
+            check_exact(
+                &format!("{entry} rv map/map2"),
+                &z(3),
+                &each(&|r, c| row_max(r, c) + 1.0),
+            )?;
+            check_exact(
+                &format!("{entry} rv map (per_col)"),
+                &z(4),
+                &each(&|r, c| 0.5 * col_max(r, c)),
+            )?;
+            check_exact(&format!("{entry} rv fill"), &z(5), &vec![s; rows * cols])?;
+            z_m.untouched(entry, DType::F32, &z_got)
         },
     );
 }

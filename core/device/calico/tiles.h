@@ -8,7 +8,10 @@
 // every vendor implements each with these signatures (T: bf16, f16 or float unless noted):
 //   map(dst, src, f)  map2(dst, a, b, f)     elementwise f(float) / f(float, float)
 //   fill(dst, v)  zero(dst)  exp2(dst, src)  mul(dst, src, s)  add(dst, a, b)  mul(dst, a, b)
+//   map_rc(dst, src, f)                      f(row, col, x): row, col of the element within
+//                                            the tile (any layout), e.g. to mask scores
 //   copy(dst, src)                           convert between element types, same layout
+//   map(v, u, f)  map2(v, a, b, f)  fill(v, x)   register vectors (rv), elementwise
 //   row_max(v, t)  row_sum(v, t)             rv<R, per_row> from an rt<T, R, C, row_l>
 //   col_max(v, t)  col_sum(v, t)             rv<C, per_col> from an rt<T, R, C, row_l>
 //   row_map(dst, src, v, f)  sub_row  mul_row  div_row     broadcast a per_row vector
