@@ -986,7 +986,7 @@ fn vocab_coordinates_and_vector_maps() {
             )?;
             let signed = |r: usize, c: usize| {
                 let v = x[r * cols + c];
-                if ((r % tile_r) + 2 * (c % tile_c)) % 3 == 0 {
+                if ((r % tile_r) + 2 * (c % tile_c)).is_multiple_of(3) {
                     v
                 } else {
                     -v
