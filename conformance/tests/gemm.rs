@@ -559,7 +559,7 @@ const BEYOND: [usize; 12] = [15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 255, 257]
 /// into its allocation and its last line's padding cut off, so a 16-byte copy of the last
 /// line's tail would run past the allocation; otherwise dense, the allocation exactly the
 /// matrix. On an H100 the four layouts take the skinny (M <= 16), Hopper (N-major B), sm_80
-/// (column-major D) and portable (dense, unaligned strides) kernels.
+/// (column-major D) and tile (dense, unaligned strides) kernels.
 fn tail_layouts(m: usize, n: usize, k: usize) -> [(&'static str, [MatrixMemory; 3]); 4] {
     let tail = |line: usize, col_major: bool| MatrixMemory {
         col_major,
@@ -956,4 +956,205 @@ fn gemv_and_odd_shapes_on_gpu() {
             }
         }
     }
+}
+
+/// One case on a kernel chosen by hand (`gemm::gemm_with_kernel`), checked like [`run_gemm`]:
+/// every element against the f64 reference, nothing written outside D, A and B intact.
+/// Returns the kernel the router itself would have taken.
+fn run_gemm_on(
+    dev: &Device,
+    g: &GemmCase,
+    kernel: GemmKernel,
+) -> Result<Option<GemmKernel>, String> {
+    let mut o = operands(dev, g)?;
+    let what = format!(
+        "gemm {}x{}x{} {}->{} on {kernel:?}",
+        g.m, g.n, g.k, g.in_dtype, g.out_dtype
+    );
+    let c_view = o.cv.as_ref().map(|c| c.view.clone());
+    let opts = GemmOptions {
+        alpha: g.alpha,
+        beta: g.beta,
+        c: c_view.as_ref(),
+        bias: o.bias_t.as_ref(),
+        epilogue: g.epilogue,
+    };
+    let routed = gemm_kernel(dev, &o.av.view, &o.bv.view, &o.dv.view, &opts).ctx(&what)?;
+    calico::gemm::gemm_with_kernel(dev, kernel, &o.av.view, &o.bv.view, &mut o.dv.view, &opts)
+        .ctx(&what)?;
+    let got = o.dv.view.to_f64_vec().ctx("reading d")?;
+    let want = reference(g, &o).all();
+    let (normwise, elementwise) = gemm_tol(g.out_dtype);
+    check_normwise("d", &got, &want, normwise)?;
+    check_close("d", &got, &want, elementwise)?;
+    untouched_outside(&o.dv, "d")?;
+    intact(&o.av, &o.a, "a")?;
+    intact(&o.bv, &o.b, "b")?;
+    Ok(routed)
+}
+
+/// The tile GEMM's four operand layouts, one per vocabulary product, every operand ending
+/// exactly at the end of its allocation (lines padded to 16 bytes and the view at the tail of
+/// a larger allocation, as in [`tail_layouts`], or dense): A row-major (unit stride along K)
+/// or column-major (along M), B K x N row-major (along N) or an N x K weight (along K).
+fn tile_layouts(m: usize, n: usize, k: usize) -> [(&'static str, [MatrixMemory; 3]); 4] {
+    let tail = |line: usize, col_major: bool| MatrixMemory {
+        col_major,
+        pad: (8 - line % 8) % 8,
+        offset: 8,
+    };
+    let dense = MatrixMemory::default();
+    let dense_col = MatrixMemory {
+        col_major: true,
+        ..dense
+    };
+    [
+        ("mma_AB", [tail(k, false), tail(n, false), dense]),
+        ("mma_ABt", [dense, dense_col, tail(n, false)]),
+        ("mma_AtB", [tail(m, true), dense, dense]),
+        ("mma_AtBt", [dense_col, tail(k, true), tail(n, false)]),
+    ]
+}
+
+/// The vendor-neutral tile GEMM (kernels/device/gemm/tile.cu, written only against the shared
+/// tile vocabulary), run by hand on every GPU backend (CUDA and HIP through this same code)
+/// against the f64 reference: the four layout products; M, N and K in 1..=9, around its
+/// 64/128-row and 32-deep tile edges (17, 129) and at 1000 (K tails of every length mod 32);
+/// bf16 and f16 in, bf16, f16 and f32 out; alpha, beta with C (separate and in place), bias
+/// and each epilogue; batches. Where the router takes it by itself (rows whose byte stride the
+/// tuned kernels' 16-byte copies cannot read), `gemm_kernel` must name it.
+#[test]
+fn tile_gemm_matches_reference() {
+    report_skipped("tile_gemm_matches_reference");
+    let gpus: Vec<Device> = backends()
+        .0
+        .into_iter()
+        .filter(|d| !matches!(d, Device::Cpu(_)))
+        .collect();
+    if gpus.is_empty() {
+        eprintln!("[tile_gemm_matches_reference] skipped: no CUDA or HIP device (the tile GEMM is GPU-only)");
+        return;
+    }
+    // (in, out, epilogue, C, bias, alpha, beta)
+    let flavours = [
+        (
+            DType::BF16,
+            DType::BF16,
+            Epilogue::None,
+            CMode::None,
+            false,
+            1.0,
+            0.0,
+        ),
+        (
+            DType::F16,
+            DType::F32,
+            Epilogue::Gelu,
+            CMode::Separate,
+            true,
+            1.5,
+            0.5,
+        ),
+        (
+            DType::BF16,
+            DType::F16,
+            Epilogue::Silu,
+            CMode::InPlace,
+            true,
+            -0.75,
+            1.0,
+        ),
+        (
+            DType::F16,
+            DType::BF16,
+            Epilogue::None,
+            CMode::Separate,
+            false,
+            1.0,
+            -2.0,
+        ),
+    ];
+    let mut shapes: Vec<(usize, usize, usize)> = Vec::new();
+    for m in 1..=9 {
+        for n in 1..=9 {
+            for k in 1..=9 {
+                shapes.push((m, n, k));
+            }
+        }
+    }
+    for x in [17, 129, 1000] {
+        for (s, t) in [(1, 9), (9, 17), (7, 3)] {
+            shapes.extend([(x, s, t), (s, x, t), (s, t, x)]);
+        }
+    }
+    shapes.extend([
+        (129, 129, 129),
+        (1000, 999, 47),
+        (200, 130, 1000),
+        (65, 1000, 33),
+    ]);
+    let mut routed_here = 0;
+    for dev in &gpus {
+        let fail = |g: &GemmCase, name: &str, e: String| -> ! {
+            panic!("backend {}: {name} layout: {g:?}: {e}", dev.kind())
+        };
+        for (i, &(m, n, k)) in shapes.iter().enumerate() {
+            // The 1..=9 cube takes one layout and flavour per shape in turn; the larger shapes
+            // every combination.
+            let cube = m <= 9 && n <= 9 && k <= 9;
+            for (li, (name, mems)) in tile_layouts(m, n, k).into_iter().enumerate() {
+                for (fi, &(in_dtype, out_dtype, epilogue, c_mode, bias, alpha, beta)) in
+                    flavours.iter().enumerate()
+                {
+                    if cube && (li != i % 4 || fi != (i / 4) % 4) {
+                        continue;
+                    }
+                    let g = GemmCase {
+                        in_dtype,
+                        out_dtype,
+                        alpha,
+                        beta,
+                        c_mode,
+                        bias,
+                        epilogue,
+                        ..tail_case(m, n, k, mems, i as u64 * 16 + fi as u64)
+                    };
+                    run_gemm_on(dev, &g, GemmKernel::Tile).unwrap_or_else(|e| fail(&g, name, e));
+                }
+            }
+        }
+        // Batches (strided A, B and D per entry, bias shared), every layout.
+        for (bi, &(m, n, k)) in [(9, 17, 33), (130, 70, 129)].iter().enumerate() {
+            for (name, mems) in tile_layouts(m, n, k) {
+                let g = GemmCase {
+                    batch: Some(3),
+                    out_dtype: DType::F32,
+                    c_mode: CMode::Separate,
+                    beta: 0.5,
+                    bias: true,
+                    epilogue: Epilogue::Gelu,
+                    ..tail_case(m, n, k, mems, 7000 + bi as u64)
+                };
+                run_gemm_on(dev, &g, GemmKernel::Tile).unwrap_or_else(|e| fail(&g, name, e));
+            }
+        }
+        // K = 77: rows 154 bytes apart, which the tuned kernels' 16-byte copies cannot take;
+        // the router sends this to the tile kernel by itself.
+        let dense = MatrixMemory::default();
+        let weight = MatrixMemory {
+            col_major: true,
+            ..dense
+        };
+        let g = tail_case(257, 129, 77, [dense, weight, dense], 77);
+        let routed =
+            run_gemm_on(dev, &g, GemmKernel::Tile).unwrap_or_else(|e| fail(&g, "k = 77", e));
+        assert_eq!(
+            routed,
+            Some(GemmKernel::Tile),
+            "backend {}: K = 77 routed",
+            dev.kind()
+        );
+        routed_here += 1;
+    }
+    assert_eq!(routed_here, gpus.len());
 }

@@ -284,6 +284,62 @@ fn shared_vocabulary_kernel_compiles_for_all_four_targets() {
     }
 }
 
+/// The vendor-neutral tile GEMM (gemm/tile.cu, written only against calico/tiles.h) compiles
+/// for sm_80, sm_90a, gfx90a and gfx942 in all four layout products and lands on each vendor's
+/// matrix instructions: HMMA on NVIDIA; on CDNA v_mfma 16x16x16, no scratch (spills) and at
+/// least two waves per SIMD.
+#[test]
+fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
+    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
+    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
+    for (target, available) in [
+        ("sm_80", nvidia),
+        ("sm_90a", nvidia),
+        ("gfx90a", amd),
+        ("gfx942", amd),
+    ] {
+        if !available {
+            continue;
+        }
+        let entries: Vec<_> = catalog::entries(target, Some("gemm"))
+            .expect("catalog assembles")
+            .into_iter()
+            .filter(|e| e.label.starts_with("tile "))
+            .collect();
+        for product in ["mma_AB", "mma_ABt", "mma_AtB", "mma_AtBt"] {
+            let tag = format!(" {product} ");
+            assert!(
+                entries.iter().any(|e| e.label.contains(&tag)),
+                "{target}: no tile GEMM variant on {product}"
+            );
+        }
+        for e in &entries {
+            let what = format!("{target} {}", e.label);
+            if target.starts_with("gfx") {
+                let (asm, kernels) = compile_amd(target, e);
+                let mfma = asm.matches("v_mfma_f32_16x16x16").count();
+                assert!(mfma > 0, "{what}: no v_mfma_f32_16x16x16");
+                assert_eq!(kernels.len(), 1, "{what}");
+                println!("{what}: {mfma} MFMA; {}", kernels[0].summary());
+                assert_fits(&what, &kernels[0], 1);
+            } else {
+                let cubin = catalog::compile(target, &e.source)
+                    .unwrap_or_else(|err| panic!("{what}: {err}"));
+                let sass = match catalog::disassemble(target, &cubin) {
+                    Ok(s) => s,
+                    Err(err) => {
+                        toolchain_or_skip("cuobjdump", Err(err.to_string()));
+                        return;
+                    }
+                };
+                let hmma = calico_cuda::disasm::count_opcode(&sass, "HMMA");
+                println!("{what}: {hmma} HMMA");
+                assert!(hmma > 0, "{what}: no HMMA");
+            }
+        }
+    }
+}
+
 /// The CDNA GEMM is what it claims to be on gfx90a and gfx942: MFMA fed by buffer loads, with
 /// s_setprio around the matrix-core phase, no scratch (spills), the LDS within one CU's 64 KiB
 /// and two waves per SIMD (one of each ping-pong half), as `calico compile --op gemm --target

@@ -1,8 +1,9 @@
 // Portable tiled GEMM: D = act(alpha * A @ B + beta * C + bias), f32 accumulation in registers.
 // Written only against the vendor contract (calico/calico.h): it compiles for CUDA and HIP and
 // does not depend on the lane count. Any M, N, K (edges are bounds-checked), any element
-// strides for A, B, C and D, batches over grid z. It is the fallback for layouts the tuned
-// kernels do not take.
+// strides for A, B, C and D, batches over grid z. It runs only what the vendor-neutral tile
+// GEMM (tile.cu, on the matrix cores) cannot take: operands with no unit stride at all,
+// column-major C or D, sizes past 32-bit indices, GPUs without 16-bit matrix instructions.
 //
 // Defines:
 //   CALICO_GEMM_IN        bf16 | f16           element type of A and B

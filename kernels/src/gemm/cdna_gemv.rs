@@ -276,7 +276,7 @@ mod tests {
         let route = |p: &GemmProblem| route(&gfx942, p).unwrap();
         assert_eq!(route(&problem(17, 4096, 4096, true)), GemmKernel::Cdna);
         assert_eq!(route(&problem(8, 4096, 4096, false)), GemmKernel::Cdna);
-        assert_eq!(route(&problem(1, 4096, 4095, true)), GemmKernel::Portable);
+        assert_eq!(route(&problem(1, 4096, 4095, true)), GemmKernel::Tile);
     }
 
     #[test]

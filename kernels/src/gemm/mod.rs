@@ -4,8 +4,10 @@
 //! device is chosen here: GEMV (M <= 16 against a K-major weight; on NVIDIA any alignment, on
 //! CDNA K even), skinny (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA + wgmma),
 //! padded Hopper (operands with strides TMA cannot read, copied aligned first), sm_80 (mma.sync +
-//! cp.async), CDNA (MFMA ping-pong on gfx90a/gfx94x), or the portable tile kernel (other GPUs
-//! and layouts); the CPU backend has its own implementation.
+//! cp.async), CDNA (MFMA ping-pong on gfx90a/gfx94x), the vendor-neutral tile kernel (written
+//! on the shared tile vocabulary: any sizes and row strides with a unit stride in each operand),
+//! or the scalar portable kernel (operands with no unit stride, GPUs without 16-bit matrix
+//! instructions); the CPU backend has its own implementation.
 
 mod cdna;
 mod cdna_gemv;
@@ -17,6 +19,7 @@ mod plan;
 mod portable;
 mod skinny;
 mod sm80;
+mod tile;
 
 use crate::ops_check as check;
 use crate::Device;
@@ -135,7 +138,10 @@ pub enum GemmKernel {
     Sm80,
     /// MFMA 8-wave ping-pong, gfx90a and gfx94x (cdna.cu).
     Cdna,
-    /// Any vendor, any strides (portable.cu).
+    /// The shared tile vocabulary on mma.sync or MFMA: any sizes, a unit stride in each
+    /// operand (tile.cu).
+    Tile,
+    /// Any vendor, any strides, no matrix instructions (portable.cu).
     Portable,
 }
 
@@ -159,6 +165,8 @@ fn route(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
         Ok(GemmKernel::Sm80)
     } else if cdna::supports(arch, p) {
         Ok(GemmKernel::Cdna)
+    } else if tile::supports(arch, p) {
+        Ok(GemmKernel::Tile)
     } else if portable::supports(arch, p) {
         Ok(GemmKernel::Portable)
     } else {
@@ -174,7 +182,15 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
     let gpu = dev
         .as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))?;
-    match route_on(gpu.arch(), p)? {
+    launch_kernel(gpu, route_on(gpu.arch(), p)?, p)
+}
+
+fn launch_kernel(
+    gpu: &dyn calico_core::GpuBackend,
+    kernel: GemmKernel,
+    p: &GemmProblem,
+) -> Result<()> {
+    match kernel {
         GemmKernel::Gemv => gemv::launch(gpu, p),
         GemmKernel::CdnaGemv => cdna_gemv::launch(gpu, p),
         GemmKernel::Skinny => skinny::launch(gpu, p),
@@ -182,7 +198,34 @@ fn launch(dev: &Device, p: &GemmProblem) -> Result<()> {
         GemmKernel::Hopper => hopper::launch(gpu, p),
         GemmKernel::Sm80 => sm80::launch(gpu, p),
         GemmKernel::Cdna => cdna::launch(gpu, p),
+        GemmKernel::Tile => tile::launch(gpu, p),
         GemmKernel::Portable => portable::launch(gpu, p),
+    }
+}
+
+/// [`gemm`] on a chosen GPU kernel instead of the router's choice, for tests and comparisons:
+/// the vendor-neutral kernels only ([`GemmKernel::Tile`], [`GemmKernel::Portable`]), which
+/// run wherever their requirements hold; an `Err` when the kernel cannot take the problem.
+pub fn gemm_with_kernel(
+    dev: &Device,
+    kernel: GemmKernel,
+    a: &Tensor,
+    b: &Tensor,
+    d: &mut Tensor,
+    opts: &GemmOptions,
+) -> Result<()> {
+    let p = describe(dev, a, b, d, opts)?;
+    if p.m == 0 || p.n == 0 || p.batch == 0 {
+        return Ok(());
+    }
+    let gpu = dev
+        .as_gpu()
+        .ok_or_else(|| Error::unsupported("a chosen GEMM kernel needs a GPU device"))?;
+    match kernel {
+        GemmKernel::Tile | GemmKernel::Portable => launch_kernel(gpu, kernel, &p),
+        _ => Err(Error::unsupported(format!(
+            "the {kernel:?} GEMM kernel cannot be chosen by hand; only Tile and Portable can"
+        ))),
     }
 }
 
@@ -203,8 +246,15 @@ pub fn gemm_kernel(
     route_on(dev.arch(), &p).map(Some)
 }
 
-/// [`route`] for a device, honouring `CALICO_GEMM_ROUTE_AS` (plan.rs).
+/// [`route`] for a device, honouring `CALICO_GEMM_KERNEL` and `CALICO_GEMM_ROUTE_AS` (plan.rs).
 fn route_on(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
+    match plan::forced_kernel() {
+        Some(GemmKernel::Tile) if tile::supports(arch, p) => return Ok(GemmKernel::Tile),
+        Some(GemmKernel::Portable) if portable::supports(arch, p) => {
+            return Ok(GemmKernel::Portable)
+        }
+        _ => {}
+    }
     match plan::route_as(arch) {
         Some(as_target) => route(&as_target, p),
         None => route(arch, p),
@@ -418,6 +468,11 @@ pub(crate) fn catalog(
     }
     if arch.has_mma(calico_core::MmaKind::Mfma, DType::BF16) {
         out.extend(cdna::catalog(vendor)?);
+    }
+    if arch.has_mma(calico_core::MmaKind::MmaSync, DType::BF16)
+        || arch.has_mma(calico_core::MmaKind::Mfma, DType::BF16)
+    {
+        out.extend(tile::catalog(vendor)?);
     }
     out.extend(portable::catalog(vendor)?);
     Ok(out)

@@ -2,7 +2,7 @@
 //! (for `calico bench --dry-run` and the router's tests), and `CALICO_GEMM_ROUTE_AS`, which
 //! routes on the GPU at hand as another target would (e.g. sm_100a's path on an H100).
 
-use super::{cdna, cdna_gemv, portable, route, Epilogue, GemmKernel, GemmProblem, MatrixArg};
+use super::{cdna, cdna_gemv, portable, route, tile, Epilogue, GemmKernel, GemmProblem, MatrixArg};
 use calico_core::{Arch, DType, Error, KernelSource, KernelVariant, Result, Vendor};
 use std::sync::OnceLock;
 
@@ -23,6 +23,21 @@ pub(crate) fn route_as(arch: &Arch) -> Option<Arch> {
         shared_mem_per_block: arch.shared_mem_per_block,
         l2_bytes: arch.l2_bytes,
         ..target.clone()
+    })
+}
+
+/// The kernel `CALICO_GEMM_KERNEL` (`tile` or `portable`) asks the router to take wherever it
+/// supports the problem (other problems route as usual): for timing the vendor-neutral
+/// kernels against each other, e.g. in `calico bench`. Read once per process.
+pub(crate) fn forced_kernel() -> Option<GemmKernel> {
+    static KERNEL: OnceLock<Option<GemmKernel>> = OnceLock::new();
+    *KERNEL.get_or_init(|| {
+        let name = std::env::var("CALICO_GEMM_KERNEL").ok()?;
+        match name.trim().to_ascii_lowercase().as_str() {
+            "tile" => Some(GemmKernel::Tile),
+            "portable" => Some(GemmKernel::Portable),
+            _ => None,
+        }
     })
 }
 
@@ -83,6 +98,9 @@ pub fn plan_dense(
         (Vendor::Amd, GemmKernel::Cdna) => {
             Some(cdna::Variant::for_problem(&p).source(calico_hip::hip_headers())?)
         }
+        (Vendor::Amd, GemmKernel::Tile) => {
+            Some(tile::Variant::for_problem(&arch, &p).source(calico_hip::hip_headers())?)
+        }
         (Vendor::Amd, GemmKernel::Portable) => {
             Some(portable::Variant::for_problem(&arch, &p).source(calico_hip::hip_headers())?)
         }
@@ -107,7 +125,7 @@ mod tests {
                 ((8, 4096, 4096), true, GemmKernel::Gemv),
                 ((300, 200, 136), false, GemmKernel::Sm80),
                 // K = 77: rows 154 bytes apart, which the 16-byte copies cannot take.
-                ((257, 129, 77), true, GemmKernel::Portable),
+                ((257, 129, 77), true, GemmKernel::Tile),
             ] {
                 let plan = plan_dense(target, shape, DType::BF16, DType::BF16, b_k_major).unwrap();
                 assert_eq!(
@@ -134,9 +152,10 @@ mod tests {
                 assert_eq!(plan.source.unwrap().entry, "calico_gemm_cdna");
             }
         }
-        // N = 100: K x N rows 200 bytes apart are not 16-byte aligned: the portable kernel.
+        // N = 100: K x N rows 200 bytes apart are not 16-byte aligned: the tile kernel.
         let odd = plan_dense("gfx942", (64, 100, 64), DType::BF16, DType::F32, false).unwrap();
-        assert_eq!(odd.kernel, GemmKernel::Portable);
+        assert_eq!(odd.kernel, GemmKernel::Tile);
+        assert_eq!(odd.source.unwrap().entry, "calico_gemm_tile");
         let hopper = plan_dense("sm_90a", (4096, 4096, 4096), DType::BF16, DType::BF16, true);
         assert_eq!(hopper.unwrap().kernel, GemmKernel::Hopper);
         assert!(plan_dense("tpu_v5", (1, 1, 1), DType::BF16, DType::BF16, true).is_err());

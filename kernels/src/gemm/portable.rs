@@ -1,6 +1,7 @@
 //! The portable tiled GEMM (`kernels/device/gemm/portable.cu`): written against the vendor
 //! contract alone, so it runs on CUDA and HIP, with any sizes and any element strides. It is the
-//! fallback for layouts the tuned kernels decline, and the HIP GEMM until a CDNA kernel lands.
+//! fallback for what the tile kernel (tile.rs) declines: operands with no unit stride, column-
+//! major C or D, sizes past 32-bit indices, GPUs without 16-bit matrix instructions.
 
 use super::{as_i64, Epilogue, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
