@@ -85,10 +85,25 @@ struct Slab {
     template <int W>
     using fragment_t = rt<In, KMAJOR ? W : BK, KMAJOR ? BK : W, typename pick<KMAJOR, row_l, col_l>::type>;
 
+    // The operand from K step `kt` on, as a matrix of its own: the pointer advanced to the
+    // step's first element and the K extent cut to what is left. The tile coordinates (and
+    // with them each lane's element offsets) then stay the same from step to step, so the
+    // compiler computes the offsets once instead of per step.
+    static CALICO_DEVICE gl<In> from_step(const gl<In>& g, int kt) {
+        gl<In> s = g;
+        if constexpr (KMAJOR) {
+            s.ptr += static_cast<long long>(kt) * BK;
+            s.cols -= kt * BK;
+        } else {
+            s.ptr += static_cast<long long>(kt) * BK * g.row_stride;
+            s.rows -= kt * BK;
+        }
+        return s;
+    }
     // Global -> registers: slab `kt` of the block at MN tile `block`, this warp's quarter.
     static CALICO_DEVICE void fetch(part& r, const gl<In>& g, int batch, int block, int kt, int warp) {
         const int q = block * WARPS + warp;
-        load(r, g, KMAJOR ? coord{batch, q, kt} : coord{batch, kt, q});
+        load(r, from_step(g, kt), KMAJOR ? coord{batch, q, 0} : coord{batch, 0, q});
     }
     // Registers -> shared.
     static CALICO_DEVICE void put(shared& s, const part& r, int warp) {
