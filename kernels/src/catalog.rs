@@ -245,9 +245,11 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
     }
     if wanted("attention") {
         let cdna = crate::ops::attention::cdna::catalog(&arch, vendor)?;
+        let tiles = crate::ops::attention::tiles::catalog(&arch, vendor)?;
         for (label, source) in crate::ops::attention::gpu::catalog(&arch, vendor)?
             .into_iter()
             .chain(cdna)
+            .chain(tiles)
         {
             out.push(CatalogEntry {
                 op: "attention",

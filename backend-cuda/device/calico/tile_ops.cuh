@@ -115,6 +115,18 @@ CALICO_DEVICE void copy(rt<D, R, C, L>& dst, const rt<S, R, C, L>& src) {
             }
 }
 
+// dst = src^T: a col_l R x C tile holds, register for register, what a row_l C x R tile of its
+// transpose holds (base_coord), so this moves no data between lanes.
+template <class T, int R, int C>
+CALICO_DEVICE void transpose(rt<T, C, R, row_l>& dst, const rt<T, R, C, col_l>& src) {
+#pragma unroll
+    for (int i = 0; i < R / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < C / 16; ++j)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) dst.data[j][i][k] = src.data[i][j][k];
+}
+
 // ---- row / column reductions of row_l tiles (every lane gets the result for its rows/cols)
 
 template <class Op, class T, int R, int C>

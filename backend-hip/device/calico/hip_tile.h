@@ -206,6 +206,16 @@ CALICO_DEVICE void copy(rt<D, R, C, L>& dst, const rt<S, R, C, L>& src) {
             for (int e = 0; e < 4; ++e) elem_set(dst.data[i][j], e, elem_get(src.data[i][j], e));
 }
 
+// dst = src^T: a col_l R x C tile holds, register for register, what a row_l C x R tile of its
+// transpose holds (base_coord), so this moves no data between lanes.
+template <class T, int R, int C>
+CALICO_DEVICE void transpose(rt<T, C, R, row_l>& dst, const rt<T, R, C, col_l>& src) {
+#pragma unroll
+    for (int i = 0; i < R / 16; ++i)
+#pragma unroll
+        for (int j = 0; j < C / 16; ++j) dst.data[j][i] = src.data[i][j];
+}
+
 // ---- row / column reductions of row_l tiles (every lane gets the result for its rows/cols)
 
 template <class Op, class T, int R, int C>

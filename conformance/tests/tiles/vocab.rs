@@ -932,14 +932,18 @@ fn vocab_coordinates_and_vector_maps() {
             let z_m = Mat::new(rows, cols, 6, pad + 1, 2, 9);
             let gx = Buf::upload(dev, dtype, &x_buf)?;
             let gz = Buf::filled(dev, DType::F32, z_m.len, SENTINEL)?;
+            let zt_m = Mat::new(cols, rows, 1, pad + 2, 0, 5);
+            let gzt = Buf::filled(dev, DType::F32, zt_m.len, SENTINEL)?;
             let args = [
                 gx.arg(),
                 gz.arg(),
+                gzt.arg(),
                 KernelArg::I32(rows as i32),
                 KernelArg::I32(cols as i32),
                 KernelArg::I64(x_m.stride as i64),
                 KernelArg::I64(z_m.stride as i64),
                 KernelArg::I64(z_m.batch_stride as i64),
+                KernelArg::I64(zt_m.stride as i64),
                 KernelArg::F32(s as f32),
             ];
             let grid = (div_up(cols, tile_c) as u32, div_up(rows, tile_r) as u32, 1);
@@ -1004,7 +1008,13 @@ fn vocab_coordinates_and_vector_maps() {
                 &each(&|r, c| 0.5 * col_max(r, c)),
             )?;
             check_exact(&format!("{entry} rv fill"), &z(5), &vec![s; rows * cols])?;
-            z_m.untouched(entry, DType::F32, &z_got)
+            z_m.untouched(entry, DType::F32, &z_got)?;
+            let zt_got = gzt.read()?;
+            let x_t: Vec<f64> = (0..rows * cols)
+                .map(|i| x[(i % rows) * cols + i / rows])
+                .collect();
+            check_exact(&format!("{entry} transpose"), &zt_m.gather(&zt_got), &x_t)?;
+            zt_m.untouched(entry, DType::F32, &zt_got)
         },
     );
 }

@@ -11,6 +11,8 @@
 //   map_rc(dst, src, f)                      f(row, col, x): row, col of the element within
 //                                            the tile (any layout), e.g. to mask scores
 //   copy(dst, src)                           convert between element types, same layout
+//   transpose(dst, src)                      dst: C x R row_l = (src: R x C col_l)^T; moves no
+//                                            data (e.g. to store a tile transposed)
 //   map(v, u, f)  map2(v, a, b, f)  fill(v, x)   register vectors (rv), elementwise
 //   row_max(v, t)  row_sum(v, t)             rv<R, per_row> from an rt<T, R, C, row_l>
 //   col_max(v, t)  col_sum(v, t)             rv<C, per_col> from an rt<T, R, C, row_l>

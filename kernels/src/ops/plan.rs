@@ -291,6 +291,9 @@ pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
         AttentionChoice::Forward(attn::ForwardRoute::Cdna(v)) => {
             vec![planned(&arch, v.label(), &v)?]
         }
+        AttentionChoice::Forward(attn::ForwardRoute::Tiles(v)) => {
+            vec![planned(&arch, v.label(), &v)?]
+        }
         AttentionChoice::Forward(attn::ForwardRoute::Tile(v)) => vec![tile(v)?],
         AttentionChoice::Backward(attn::BackwardRoute::Hopper(v)) => vec![PlannedKernel {
             label: format!("{}, between its prepare and finish kernels", v.label()),
@@ -476,6 +479,54 @@ mod tests {
             panic!("not the tile forward");
         };
         assert_eq!(v.kernel, Kernel::Forward { aligned: true });
+    }
+
+    /// The vendor-neutral tile forward takes what the vendor kernels decline (head dims that
+    /// are multiples of 16 other than 64 / 128 / 256; on AMD also K / V rows the CDNA kernel
+    /// cannot read), the scalar portable kernel the rest; CALICO_ATTN_FORWARD=tiles puts it
+    /// first wherever it applies.
+    #[test]
+    fn vendor_neutral_tiles_take_what_the_vendor_kernels_decline() {
+        let route = |t: &str, d: usize, aligned: bool, first: bool| {
+            let (p, mut facts, _) = attention_facts(&case(false, d)).unwrap();
+            facts.kv_rows_aligned &= aligned;
+            facts.cdna_operands &= aligned;
+            facts.tma_views &= aligned;
+            let params =
+                super::super::attention::check::params(&AttentionOptions::default(), d).unwrap();
+            attn::route_forward_with(&arch(t), &p, &params, &facts, first)
+        };
+        for t in ["sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx942"] {
+            for d in [16, 32, 96, 160, 192] {
+                assert!(
+                    matches!(route(t, d, true, false), ForwardRoute::Tiles(v) if v.head_dim == d),
+                    "{t} d{d}"
+                );
+            }
+            let ForwardRoute::Tile(v) = route(t, 72, true, false) else {
+                panic!("{t} d72: not the portable kernel");
+            };
+            assert_eq!(v.kernel, Kernel::PortableForward, "{t} d72");
+            for d in [64, 128, 256] {
+                assert!(
+                    matches!(route(t, d, true, true), ForwardRoute::Tiles(_)),
+                    "{t} d{d} forced"
+                );
+            }
+        }
+        for t in ["gfx90a", "gfx942"] {
+            assert!(
+                matches!(route(t, 128, false, false), ForwardRoute::Tiles(_)),
+                "{t}"
+            );
+        }
+        let ForwardRoute::Tile(v) = route("sm_80", 128, false, false) else {
+            panic!("sm_80 unaligned");
+        };
+        assert_eq!(v.kernel, Kernel::Forward { aligned: false });
+        let plan = plan_attention("gfx942", &case(false, 96)).unwrap();
+        assert!(plan.kernels[0].label.starts_with("tiles fwd"), "{plan:?}");
+        assert!(plan.kernels[0].source.is_some());
     }
 
     #[test]

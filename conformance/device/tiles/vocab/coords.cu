@@ -1,5 +1,6 @@
-// Element coordinates (map_rc) and register-vector maps (map, map2, fill on rv), written only
-// against the shared tile vocabulary (calico/tiles.h): one source for NVIDIA and AMD CDNA.
+// Element coordinates (map_rc), transposes, and register-vector maps (map, map2, fill on rv),
+// written only against the shared tile vocabulary (calico/tiles.h): one source for NVIDIA and
+// AMD CDNA.
 // One warp/wavefront per R x C tile of a row-major matrix (zeros past its edges). Grid:
 // (col tiles, row tiles); block: CALICO_LANES threads.
 //
@@ -10,13 +11,16 @@
 //   3: map2(map(row_max, 2v + 1), row_max, a - b)   = the tile row's max + 1
 //   4: map(col_max, v / 2)                          = the tile column's max / 2
 //   5: fill(row vector, s)                          = s
+// `zt` (f32, cols x rows, row stride zt_stride) receives x^T: x loaded col_l, transposed to a
+// row_l tile (transpose) and stored.
 // All outputs are clipped at the matrix edges.
 #include "calico/tiles.h"
 
 namespace vocab_coords {
 
 template <class T, class L, int R, int C>
-CALICO_DEVICE void run(const T* x, float* z, int rows, int cols, long long x_stride, long long z_stride, long long z_batch, float s) {
+CALICO_DEVICE void run(const T* x, float* z, float* zt, int rows, int cols, long long x_stride, long long z_stride, long long z_batch,
+                       long long zt_stride, float s) {
     const calico::gl<T> gx{const_cast<T*>(x), rows, cols, x_stride, 0};
     const calico::gl<float> gz{z, rows, cols, z_stride, z_batch};
     const int tr = (int)calico::block_y(), tcol = (int)calico::block_x();
@@ -46,14 +50,22 @@ CALICO_DEVICE void run(const T* x, float* z, int rows, int cols, long long x_str
     calico::fill(m, s);
     calico::row_map(spread, xf, m, take);
     calico::store(gz, spread, calico::coord{5, tr, tcol});
+
+    const calico::gl<float> gzt{zt, cols, rows, zt_stride, 0};
+    calico::rt<T, R, C, calico::col_l> xc;
+    calico::rt<T, C, R, calico::row_l> xtr;
+    calico::load(xc, gx, calico::coord{0, tr, tcol});
+    calico::transpose(xtr, xc);
+    calico::store(gzt, xtr, calico::coord{0, tcol, tr});
 }
 
 }  // namespace vocab_coords
 
 #define CALICO_VOCAB_COORDS(NAME, T, L, R, C)                                                                                \
-    CALICO_KERNEL CALICO_MAX_THREADS(CALICO_LANES) void NAME(const T* x, float* z, int rows, int cols, long long x_stride,  \
-                                                             long long z_stride, long long z_batch, float s) {              \
-        vocab_coords::run<T, calico::L, R, C>(x, z, rows, cols, x_stride, z_stride, z_batch, s);                            \
+    CALICO_KERNEL CALICO_MAX_THREADS(CALICO_LANES) void NAME(const T* x, float* z, float* zt, int rows, int cols,          \
+                                                             long long x_stride, long long z_stride, long long z_batch,      \
+                                                             long long zt_stride, float s) {                                 \
+        vocab_coords::run<T, calico::L, R, C>(x, z, zt, rows, cols, x_stride, z_stride, z_batch, zt_stride, s);            \
     }
 
 // Entries: tiles_vocab_coords_<dtype>_<layout>_<R>x<C>.

@@ -1,8 +1,10 @@
 //! GPU launches of the attention kernels (kernels/device/attention/).
 //!
 //! NVIDIA GPUs with mma.sync and cp.async (sm_80 and later) run the tile kernels at head dims
-//! 64, 128 and 256; CDNA GPUs run the CDNA forward (cdna.rs) where it applies; every other
-//! case (the backward on AMD, other head dims) runs the portable kernels, one warp per row.
+//! 64, 128 and 256; CDNA GPUs run the CDNA forward (cdna.rs) where it applies; the forwards
+//! those decline run the vendor-neutral tile forward (tiles.rs) where the head dim is a
+//! multiple of 16; every other case (the backward on AMD, other head dims) runs the portable
+//! kernels, one warp per row.
 
 use super::check::Problem;
 use crate::Device;
@@ -283,6 +285,9 @@ pub(crate) fn forward(
         ForwardRoute::Cdna(variant) => {
             return super::cdna::launch_forward(dev, p, params, variant, tensors, varlen)
         }
+        ForwardRoute::Tiles(variant) => {
+            return super::tiles::launch_forward(dev, p, params, variant, tensors, varlen)
+        }
         ForwardRoute::Tile(variant) => variant,
         ForwardRoute::Hopper(_) => {
             return Err(Error::unsupported(
@@ -452,18 +457,37 @@ impl ForwardFacts {
 pub(crate) enum ForwardRoute {
     Hopper(super::hopper::HopperFwdVariant),
     Cdna(super::cdna::CdnaFwdVariant),
-    /// The tile forward or the portable one.
+    /// The vendor-neutral tile forward (tiles.cu), on both vendors.
+    Tiles(super::tiles::TilesFwdVariant),
+    /// The sm_80 tile forward (forward.cu) or the portable one.
     Tile(AttentionVariant),
 }
 
 /// The forward router (shared by the launch and `ops::plan`): the Hopper kernel, then the
-/// CDNA kernel, where they apply; else the tile kernel on NVIDIA sm_80+, else the portable.
+/// CDNA kernel, where they apply; else the sm_80 tile kernel on NVIDIA sm_80+ (head dims 64,
+/// 128, 256); else the vendor-neutral tile kernel (head dims that are multiples of 16), else
+/// the portable. `CALICO_ATTN_FORWARD=tiles` puts the vendor-neutral kernel first.
 pub(crate) fn route_forward(
     arch: &Arch,
     p: &Problem,
     params: &AttentionParams,
     f: &ForwardFacts,
 ) -> ForwardRoute {
+    route_forward_with(arch, p, params, f, super::tiles::forced())
+}
+
+/// [`route_forward`] with the `CALICO_ATTN_FORWARD=tiles` switch passed in (tests).
+pub(crate) fn route_forward_with(
+    arch: &Arch,
+    p: &Problem,
+    params: &AttentionParams,
+    f: &ForwardFacts,
+    tiles_first: bool,
+) -> ForwardRoute {
+    let tiles = super::tiles::forward_variant(arch, p);
+    if let (true, Some(v)) = (tiles_first, tiles) {
+        return ForwardRoute::Tiles(v);
+    }
     if f.tma_views {
         if let Some(v) = super::hopper::forward_variant(arch, p, params, f.varlen) {
             return ForwardRoute::Hopper(v);
@@ -478,6 +502,8 @@ pub(crate) fn route_forward(
         Kernel::Forward {
             aligned: f.kv_rows_aligned,
         }
+    } else if let Some(v) = tiles {
+        return ForwardRoute::Tiles(v);
     } else {
         Kernel::PortableForward
     };

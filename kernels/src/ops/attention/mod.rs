@@ -15,6 +15,7 @@ pub(crate) mod decode_mma;
 pub(crate) mod gpu;
 pub(crate) mod hopper;
 pub(crate) mod hopper_bwd;
+pub(crate) mod tiles;
 mod varlen;
 
 use super::check as common;

@@ -1,0 +1,186 @@
+//! The vendor-neutral tile attention forward (`kernels/device/attention/tiles.cu`): written
+//! only against the shared tile vocabulary, so one source runs on NVIDIA (mma.sync) and AMD
+//! CDNA (MFMA). It takes the forwards the vendor-specific kernels decline (head dims that are
+//! multiples of 16 other than 64 / 128 / 256 everywhere; K or V rows the CDNA kernel cannot
+//! read on AMD), before the scalar portable kernel. `CALICO_ATTN_FORWARD=tiles` sends every
+//! forward it supports to it (tests, A/B benchmarks).
+
+use super::check::Problem;
+use super::gpu::{self as common, ArgList};
+use crate::gpu::cdna_rows::is_cdna;
+use crate::Device;
+use calico_core::{
+    Arch, DType, HeaderSet, KernelArg, KernelSource, KernelVariant, MmaKind, Result, Tensor, Vendor,
+};
+use calico_cpu::AttentionParams;
+
+const SOURCE: &str = include_str!("../../../device/attention/tiles.cu");
+const ENTRY: &str = "calico_attention_tiles_fwd";
+/// Eight warps (wavefronts) of 16 query rows: on CDNA, 512 threads per workgroup cap the
+/// registers at 256 per wave (two waves per SIMD), as in the CDNA forward.
+const WARPS: u32 = 8;
+const BLOCK_ROWS: usize = 16 * WARPS as usize;
+/// The head dims the kernel covers: multiples of 16 up to 256.
+const MAX_HEAD_DIM: usize = 256;
+
+/// One compiled form of the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct TilesFwdVariant {
+    pub dtype: DType,
+    pub head_dim: usize,
+}
+
+impl TilesFwdVariant {
+    /// Keys per block: 16 above head dim 128 keeps the registers in budget (no spills on
+    /// sm_80 / sm_90a, compile_all).
+    fn keys_per_block(&self) -> usize {
+        if self.head_dim > 128 {
+            16
+        } else {
+            64
+        }
+    }
+
+    /// Shared memory (static): one block of K, rows padded to the shared tile width (tiles.cu's
+    /// DS), and one of V^T.
+    pub(crate) fn smem_bytes(&self) -> usize {
+        let width = if self.head_dim <= 32 {
+            self.head_dim
+        } else {
+            self.head_dim.div_ceil(64) * 64
+        };
+        self.keys_per_block() * (width + self.head_dim) * 2
+    }
+
+    pub(crate) fn label(&self) -> String {
+        format!(
+            "tiles fwd {} d{} bn{} smem {} KiB",
+            self.dtype,
+            self.head_dim,
+            self.keys_per_block(),
+            self.smem_bytes() >> 10
+        )
+    }
+}
+
+impl KernelVariant for TilesFwdVariant {
+    fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
+        let defines = [
+            ("ELEM", self.dtype.device_type().to_string()),
+            ("HEAD_DIM", self.head_dim.to_string()),
+            ("BN", self.keys_per_block().to_string()),
+        ];
+        let sets = [vendor, calico_core::device_headers(), common::HEADERS];
+        KernelSource::assemble(ENTRY, SOURCE, &sets, &defines)
+    }
+}
+
+/// The vocabulary has register tiles here: NVIDIA with mma.sync for the dtype, or CDNA with
+/// MFMA (wave64); and the head dim is a multiple of 16 up to 256.
+fn arch_ok(arch: &Arch, dtype: DType, head_dim: usize) -> bool {
+    let tiles = match arch.vendor {
+        Vendor::Nvidia => arch.has_mma(MmaKind::MmaSync, dtype),
+        Vendor::Amd => is_cdna(arch) && arch.has_mma(MmaKind::Mfma, dtype),
+        _ => false,
+    };
+    tiles
+        && matches!(dtype, DType::BF16 | DType::F16)
+        && head_dim > 0
+        && head_dim.is_multiple_of(16)
+        && head_dim <= MAX_HEAD_DIM
+}
+
+/// The variant for a problem on `arch`, or `None` when the kernel does not cover it.
+pub(crate) fn forward_variant(arch: &Arch, p: &Problem) -> Option<TilesFwdVariant> {
+    let fits = arch_ok(arch, p.dtype, p.head_dim)
+        && p.q_len <= i32::MAX as usize
+        && p.k_len <= i32::MAX as usize;
+    fits.then_some(TilesFwdVariant {
+        dtype: p.dtype,
+        head_dim: p.head_dim,
+    })
+}
+
+/// `CALICO_ATTN_FORWARD=tiles`: every forward this kernel supports takes it, ahead of the
+/// vendor-specific kernels (read once per process).
+pub(crate) fn forced() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CALICO_ATTN_FORWARD").as_deref() == Ok("tiles"))
+}
+
+/// Launches `variant` on the tensors with the argument list of the other forwards.
+pub(crate) fn launch_forward(
+    dev: &Device,
+    p: &Problem,
+    params: &AttentionParams,
+    variant: TilesFwdVariant,
+    [q, k, v, o, lse]: [&Tensor; 5],
+    varlen: Option<[&Tensor; 2]>,
+) -> Result<()> {
+    let gpu = common::launcher(dev)?;
+    let threads = WARPS * dev.arch().lanes.max(1);
+    let config = common::grid(p.q_len, BLOCK_ROWS, p.q_heads, p.batch, threads, 0)?;
+    let mut args = ArgList::new();
+    for t in [q, k, v, o] {
+        args.extend(common::operand(t));
+    }
+    args.push(KernelArg::Ptr(common::ptr(lse)));
+    args.extend(common::lse_strides(p, varlen.is_some()));
+    args.extend(common::offsets_args(varlen));
+    args.extend(common::params_args(p, params));
+    gpu.launch_variant(&variant, &config, args.as_slice())
+}
+
+/// Every variant for `calico compile --op attention` and the compile checks: both dtypes at
+/// head dims 64, 96 (one no other GPU kernel takes), 128 and 256.
+pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, KernelSource)>> {
+    let mut out = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        for head_dim in [64, 96, 128, 256] {
+            if arch_ok(arch, dtype, head_dim) {
+                let v = TilesFwdVariant { dtype, head_dim };
+                out.push((v.label(), v.source(vendor)?));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_vendors_with_matrix_units_and_multiples_of_16() {
+        let gfx942 = Arch::for_target("gfx942").unwrap();
+        let gfx90a = Arch::for_target("gfx90a").unwrap();
+        let sm80 = Arch::for_target("sm_80").unwrap();
+        let sm90 = Arch::for_target("sm_90a").unwrap();
+        let rdna = Arch::amd("gfx1100", 48, 65536, 32, 6 << 20);
+        for a in [&gfx942, &gfx90a, &sm80, &sm90] {
+            for d in [16, 48, 64, 80, 96, 128, 144, 256] {
+                assert!(arch_ok(a, DType::BF16, d), "{} d{d}", a.target);
+                assert!(arch_ok(a, DType::F16, d), "{} d{d}", a.target);
+            }
+            for d in [0, 8, 72, 100, 272] {
+                assert!(!arch_ok(a, DType::BF16, d), "{} d{d}", a.target);
+            }
+            assert!(!arch_ok(a, DType::F32, 64), "f32");
+        }
+        assert!(!arch_ok(&rdna, DType::BF16, 128), "RDNA has no MFMA");
+        let hip = calico_hip::hip_headers();
+        assert_eq!(catalog(&gfx942, hip).unwrap().len(), 8);
+        assert_eq!(catalog(&rdna, hip).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn shared_tiles_fit_the_static_limit() {
+        for d in (16..=256).step_by(16) {
+            let v = TilesFwdVariant {
+                dtype: DType::BF16,
+                head_dim: d,
+            };
+            assert!(v.smem_bytes() <= 32 << 10, "d{d}: {}", v.smem_bytes());
+        }
+    }
+}
