@@ -959,3 +959,167 @@ fn attention_hopper_shapes_backward() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The vendor-neutral tile forward (kernels/device/attention/tiles.cu)
+
+/// The GPU backends present; each missing one is named on stderr, and a run with none says
+/// that the tile kernel was not run.
+fn gpu_backends(test: &str) -> Vec<Device> {
+    report_skipped(test);
+    let gpus: Vec<Device> = calico_conformance::backends()
+        .0
+        .into_iter()
+        .filter(|d| d.kind() != calico::BackendKind::Cpu)
+        .collect();
+    if gpus.is_empty() {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "[{test}] ran on no GPU backend: the tile forward was not run"
+        );
+    }
+    gpus
+}
+
+/// The router sends the forward of `c` on `dev` to the tile kernel (called inside
+/// `with_tile_forward`, which the launch sees as the plan does).
+fn routed_to_tiles(dev: &Device, c: &Case) -> Result<(), String> {
+    let case = ops::AttentionCase {
+        dtype: c.dtype,
+        batch: c.dims.batch,
+        q_heads: c.dims.q_heads,
+        kv_heads: c.dims.kv_heads,
+        seq: c.dims.q_len,
+        head_dim: c.dims.head_dim,
+        causal: c.opts.causal,
+        backward: false,
+    };
+    let plan = ops::plan_attention(&dev.arch().target, &case).ctx("plan_attention")?;
+    match plan.kernels.first() {
+        Some(k) if k.label.starts_with("tiles fwd") => Ok(()),
+        other => Err(format!(
+            "the forward was routed to {:?}, not the tile kernel",
+            other.map(|k| &k.label)
+        )),
+    }
+}
+
+/// `c`'s forward on `dev` through the tile kernel, checked against the f64 reference.
+fn tiles_forward_case(dev: &Device, c: &Case) -> Result<(), String> {
+    ops::attention::with_tile_forward(|| {
+        routed_to_tiles(dev, c)?;
+        forward_case(dev, c)
+    })
+}
+
+/// Random problems at head dims that are multiples of 16 (those no vendor kernel takes
+/// included), every option, both layouts with padding and odd offsets, forced onto the tile
+/// kernel on every GPU backend present (CUDA: mma.sync; HIP: MFMA, same source).
+#[test]
+fn attention_tiles_forward_matches_reference() {
+    const TEST: &str = "attention_tiles_forward_matches_reference";
+    let strategy = case(vec![16, 32, 48, 64, 80, 96, 128, 160, 192, 256]);
+    for dev in gpu_backends(TEST) {
+        let mut runner =
+            proptest::test_runner::TestRunner::new(calico_conformance::runner::config(32));
+        if let Err(e) = runner.run(&strategy, |c| {
+            tiles_forward_case(&dev, &c).map_err(TestCaseError::fail)
+        }) {
+            panic!("{TEST} on backend {}: {e}", dev.kind());
+        }
+    }
+}
+
+/// The spec's edges through the tile kernel: N = 1, Nq != Nkv, rows that see no key (0 output,
+/// -inf LSE), windows wider than the sequence, MQA, soft-cap, large logits, several key blocks,
+/// and head dims no vendor kernel takes.
+#[test]
+fn attention_tiles_forward_edges() {
+    const TEST: &str = "attention_tiles_forward_edges";
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let plain = AttentionOptions::default();
+    let window = |l, r| AttentionOptions {
+        window: Some((l, r)),
+        ..Default::default()
+    };
+    let mut cases = edge_cases();
+    cases.extend([
+        fixed(DType::BF16, (1, 1, 1), (1, 1, 16), plain, 1.0),
+        fixed(DType::F16, (2, 2, 3), (1, 300, 96), causal, 4.0),
+        fixed(DType::BF16, (1, 2, 4), (300, 1, 48), causal, 1.0),
+        fixed(DType::F16, (1, 1, 2), (129, 257, 80), window(40, 7), 1.0),
+        fixed(DType::BF16, (1, 1, 1), (9, 40, 160), window(0, 0), 1.0),
+        fixed(DType::BF16, (1, 2, 8), (257, 129, 192), causal, 4.0),
+        with_o(
+            fixed(DType::F16, (1, 1, 1), (520, 600, 256), causal, 1.0),
+            8,
+            8,
+        ),
+        fixed(
+            DType::BF16,
+            (1, 1, 2),
+            (200, 333, 112),
+            AttentionOptions {
+                causal: true,
+                softcap: Some(5.0),
+                scale: Some(0.3),
+                ..Default::default()
+            },
+            4.0,
+        ),
+    ]);
+    for dev in gpu_backends(TEST) {
+        for c in &cases {
+            if let Err(e) = tiles_forward_case(&dev, c) {
+                panic!("{TEST} on backend {}: {c:?}: {e}", dev.kind());
+            }
+        }
+    }
+}
+
+/// Packed sequences (empty and single-token ones, Nq != Nkv, causal and windowed) with the
+/// forward on the tile kernel (the backward as routed), against the per-sequence reference.
+#[test]
+fn attention_tiles_varlen_matches_reference() {
+    const TEST: &str = "attention_tiles_varlen_matches_reference";
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let window = AttentionOptions {
+        window: Some((20, 3)),
+        ..Default::default()
+    };
+    let lens: [&[(usize, usize)]; 4] = [
+        &[(0, 5), (1, 1), (17, 0), (130, 129)],
+        &[(1, 64), (65, 3), (0, 0)],
+        &[(64, 64), (2, 17), (129, 1)],
+        &[(3, 63), (0, 1), (1, 0)],
+    ];
+    for dev in gpu_backends(TEST) {
+        for (i, l) in lens.iter().enumerate() {
+            for (dtype, opts) in [
+                (DType::BF16, AttentionOptions::default()),
+                (DType::F16, causal),
+                (DType::BF16, window),
+            ] {
+                let r = ops::attention::with_tile_forward(|| {
+                    // varlen_case's heads and head dim, as the router sees them.
+                    let c = fixed(dtype, (1, 2, 2), (64, 64, 64), opts, 1.0);
+                    routed_to_tiles(&dev, &c)?;
+                    varlen_case(&dev, dtype, l, opts, 7 + i as u64)
+                });
+                if let Err(e) = r {
+                    panic!(
+                        "{TEST} on backend {}: {l:?} {dtype} {opts:?}: {e}",
+                        dev.kind()
+                    );
+                }
+            }
+        }
+    }
+}

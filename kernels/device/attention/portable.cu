@@ -1,9 +1,11 @@
 // Portable attention kernels, written only against the shared vocabulary (calico/calico.h):
 // they compile for CUDA and HIP alike and do not depend on the lane count. One warp
 // (wavefront) owns one row: the lanes split the head dimension, a warp sum forms each dot
-// product, and the online softmax (base 2) runs in scalars every lane agrees on. They are the
-// HIP path until the CDNA register tiles carry the tile kernels, and any head dimension up to
-// 256 works. No two warps write one element, so results are the same bits on every run.
+// product, and the online softmax (base 2) runs in scalars every lane agrees on. Any head
+// dimension up to 256 works. The forward runs where no tile kernel does: head dims that are
+// not multiples of 16 (the vendor-neutral tile forward, tiles.cu, takes the other forwards the
+// vendor kernels decline) and GPUs without matrix units; the backward kernels are the AMD
+// backward. No two warps write one element, so results are the same bits on every run.
 //
 // Defines: ELEM (bf16 | f16), HEAD_DIM (1..=256).
 #include "calico/calico.h"

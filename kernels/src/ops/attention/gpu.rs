@@ -466,13 +466,21 @@ pub(crate) enum ForwardRoute {
 /// The forward router (shared by the launch and `ops::plan`): the Hopper kernel, then the
 /// CDNA kernel, where they apply; else the sm_80 tile kernel on NVIDIA sm_80+ (head dims 64,
 /// 128, 256); else the vendor-neutral tile kernel (head dims that are multiples of 16), else
-/// the portable. `CALICO_ATTN_FORWARD=tiles` puts the vendor-neutral kernel first.
+/// the portable. `CALICO_ATTN_FORWARD=tiles` puts the vendor-neutral kernel first,
+/// `CALICO_ATTN_FORWARD=portable` sends everything to the portable kernel (A/B runs).
 pub(crate) fn route_forward(
     arch: &Arch,
     p: &Problem,
     params: &AttentionParams,
     f: &ForwardFacts,
 ) -> ForwardRoute {
+    if super::tiles::portable_forced() {
+        return ForwardRoute::Tile(AttentionVariant {
+            kernel: Kernel::PortableForward,
+            dtype: p.dtype,
+            head_dim: p.head_dim,
+        });
+    }
     route_forward_with(arch, p, params, f, super::tiles::forced())
 }
 

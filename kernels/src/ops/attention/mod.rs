@@ -24,6 +24,7 @@ use calico_core::{Result, Tensor};
 use calico_cpu::{AttentionShape, SeqSpan};
 
 pub use decode::{attention_decode, KvCache, MAX_DECODE_QUERIES};
+pub use tiles::with_tile_forward;
 pub use varlen::{attention_varlen, attention_varlen_backward};
 
 /// How scores are formed and masked.

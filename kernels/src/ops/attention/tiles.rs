@@ -3,7 +3,8 @@
 //! CDNA (MFMA). It takes the forwards the vendor-specific kernels decline (head dims that are
 //! multiples of 16 other than 64 / 128 / 256 everywhere; K or V rows the CDNA kernel cannot
 //! read on AMD), before the scalar portable kernel. `CALICO_ATTN_FORWARD=tiles` sends every
-//! forward it supports to it (tests, A/B benchmarks).
+//! forward it supports to it, `CALICO_ATTN_FORWARD=portable` every forward to the portable
+//! kernel (A/B benchmarks); [`with_tile_forward`] does the former for one thread (tests).
 
 use super::check::Problem;
 use super::gpu::{self as common, ArgList};
@@ -101,11 +102,43 @@ pub(crate) fn forward_variant(arch: &Arch, p: &Problem) -> Option<TilesFwdVarian
     })
 }
 
-/// `CALICO_ATTN_FORWARD=tiles`: every forward this kernel supports takes it, ahead of the
-/// vendor-specific kernels (read once per process).
+/// `CALICO_ATTN_FORWARD` (read once per process): `tiles` sends every forward this kernel
+/// supports to it, `portable` every forward to the scalar portable kernel (A/B runs).
+fn env_forward() -> &'static str {
+    static CHOICE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    CHOICE.get_or_init(|| std::env::var("CALICO_ATTN_FORWARD").unwrap_or_default())
+}
+
+/// Every forward this kernel supports takes it, ahead of the vendor-specific kernels: for the
+/// whole process under `CALICO_ATTN_FORWARD=tiles`, for one thread inside
+/// [`with_tile_forward`].
 pub(crate) fn forced() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CALICO_ATTN_FORWARD").as_deref() == Ok("tiles"))
+    env_forward() == "tiles" || THREAD_FIRST.with(|f| f.get())
+}
+
+/// `CALICO_ATTN_FORWARD=portable`: every forward runs the scalar portable kernel.
+pub(crate) fn portable_forced() -> bool {
+    env_forward() == "portable"
+}
+
+thread_local! {
+    static THREAD_FIRST: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every attention forward this thread launches or plans (`ops::attention`,
+/// `attention_varlen`, `plan_attention`) routed to the vendor-neutral tile kernel
+/// (`kernels/device/attention/tiles.cu`) wherever it supports the problem, as
+/// `CALICO_ATTN_FORWARD=tiles` does for a whole process: for tests and A/B runs on GPUs where
+/// a vendor-specific kernel would take the problem. Other threads are not affected.
+pub fn with_tile_forward<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            THREAD_FIRST.with(|t| t.set(self.0));
+        }
+    }
+    let _restore = Restore(THREAD_FIRST.with(|t| t.replace(true)));
+    f()
 }
 
 /// Launches `variant` on the tensors with the argument list of the other forwards.
