@@ -1,12 +1,55 @@
 //! `CALICO_GEMM_ROUTE_AS`: GEMMs routed as another target would route them, on the GPU at
-//! hand. Run with `CALICO_GEMM_ROUTE_AS=sm_100a` on an H100, this takes Blackwell's path (no
-//! wgmma there: the sm_80 mma.sync kernel, and the GEMV for decode shapes) and checks each
-//! result against an f64 reference. Without the variable, or without a CUDA device, it reports
-//! itself skipped.
+//! hand. This binary routes as sm_100a (Blackwell: TMA and mma.sync, no wgmma) unless the
+//! variable names another target: it sets the variable for itself before any GEMM reads it
+//! (the router reads it once per process), so on an H100 every GPU run takes Blackwell's path
+//! (the TMA + mma.sync kernel for operands TMA can read, the GEMV for decode shapes) and checks
+//! each result against an f64 reference. Without a CUDA device, or routed as a target other
+//! than sm_100 / sm_100a, it reports itself skipped.
 
 use calico::gemm::{gemm_kernel, matmul, GemmKernel, GemmOptions};
-use calico::{BackendKind, DType, Device, Tensor};
+use calico::ops;
+use calico::{AsyncCopy, BackendKind, DType, Device, Epilogue, Tensor};
+use calico_conformance::compare::{check_close, check_normwise, gemm_tol};
+use calico_conformance::reference::Gemm;
+use calico_conformance::rng::{Dist, Rng};
+use calico_conformance::tensors::{
+    intact, matrix, round_all, untouched_outside, upload, MatrixMemory,
+};
 use half::bf16;
+use std::sync::OnceLock;
+
+/// The target this binary routes GEMMs as: `CALICO_GEMM_ROUTE_AS` when set, else sm_100a,
+/// which it then sets. Every test calls this first, so the variable is written (once, while
+/// the other tests wait here) before anything reads it.
+fn routed_target() -> String {
+    static TARGET: OnceLock<String> = OnceLock::new();
+    TARGET
+        .get_or_init(|| match std::env::var("CALICO_GEMM_ROUTE_AS") {
+            Ok(t) => t.trim().to_string(),
+            Err(_) => {
+                std::env::set_var("CALICO_GEMM_ROUTE_AS", "sm_100a");
+                "sm_100a".to_string()
+            }
+        })
+        .clone()
+}
+
+/// The CUDA device, when this binary routes as sm_100 / sm_100a and one opens; otherwise
+/// says why the test is skipped.
+fn blackwell_routed_device(test: &str) -> Option<(Device, String)> {
+    let target = routed_target();
+    if !matches!(target.as_str(), "sm_100" | "sm_100a") {
+        println!("[{test}] skipped: CALICO_GEMM_ROUTE_AS={target}, not sm_100 / sm_100a");
+        return None;
+    }
+    match Device::open(BackendKind::Cuda, 0) {
+        Ok(dev) => Some((dev, target)),
+        Err(e) => {
+            println!("[{test}] skipped: cuda backend unavailable: {e}");
+            None
+        }
+    }
+}
 
 fn random_bf16(len: usize, seed: &mut u64) -> Vec<bf16> {
     (0..len)
@@ -21,27 +64,24 @@ fn random_bf16(len: usize, seed: &mut u64) -> Vec<bf16> {
 
 #[test]
 fn gemm_routed_as_sm100_takes_the_mma_sync_kernels_and_matches_the_reference() {
-    let target = std::env::var("CALICO_GEMM_ROUTE_AS").unwrap_or_default();
-    if !matches!(target.trim(), "sm_100" | "sm_100a") {
-        println!("skipped: CALICO_GEMM_ROUTE_AS is not sm_100 / sm_100a");
+    let Some((dev, target)) = blackwell_routed_device("route_as sm100") else {
         return;
-    }
-    let dev = match Device::open(BackendKind::Cuda, 0) {
-        Ok(dev) => dev,
-        Err(e) => {
-            println!("skipped: cuda backend unavailable: {e}");
-            return;
-        }
+    };
+    // The TMA + mma.sync kernel where the device has TMA (an H100), else the cp.async one.
+    let tma = if dev.arch().has_async_copy(AsyncCopy::Tma) {
+        GemmKernel::Sm80Tma
+    } else {
+        GemmKernel::Sm80
     };
     let mut seed = 0x1234_5678_9abc_def1u64;
     // (m, n, k, B as an N x K weight, the kernel an sm_100 device takes)
     let cases = [
         (8, 1000, 520, true, GemmKernel::Gemv),
-        (64, 4096, 1024, true, GemmKernel::Sm80),
-        (300, 1000, 520, true, GemmKernel::Sm80),
-        (300, 1000, 520, false, GemmKernel::Sm80),
-        (1024, 1024, 1024, false, GemmKernel::Sm80),
-        // K = 77: rows 154 bytes apart, which the 16-byte copies cannot take (on sm_100 too).
+        (64, 4096, 1024, true, tma),
+        (300, 1000, 520, true, tma),
+        (300, 1000, 520, false, tma),
+        (1024, 1024, 1024, false, tma),
+        // K = 77: rows 154 bytes apart, which neither TMA nor 16-byte copies can read.
         (257, 129, 77, true, GemmKernel::Tile),
     ];
     for (m, n, k, weight, want) in cases {
@@ -89,4 +129,194 @@ fn gemm_routed_as_sm100_takes_the_mma_sync_kernels_and_matches_the_reference() {
         }
         println!("{case}: {kernel:?}, max abs error {worst:.2e}");
     }
+}
+
+/// One GEMM through the TMA + mma.sync kernel.
+struct TmaCase {
+    in_dtype: DType,
+    out_dtype: DType,
+    batch: Option<usize>,
+    m: usize,
+    n: usize,
+    k: usize,
+    /// B as an N x K weight (K contiguous), else K x N rows.
+    weight: bool,
+    /// alpha = 1.5, beta = 0.5 with C, bias, GELU; else alpha = 1 alone.
+    full_epilogue: bool,
+    epilogue: Epilogue,
+}
+
+/// Pads a stored line of `len` elements to a multiple of 8 (16 bytes): what TMA reads.
+fn pad16(len: usize) -> usize {
+    len.next_multiple_of(8) - len
+}
+
+fn run_tma_case(dev: &Device, g: &TmaCase, seed: u64) -> Result<(), String> {
+    let (bt, m, n, k) = (g.batch.unwrap_or(1), g.m, g.n, g.k);
+    let what = format!(
+        "{m}x{n}x{k} batch={bt} {}->{} weight={} {:?}{}",
+        g.in_dtype,
+        g.out_dtype,
+        g.weight,
+        g.epilogue,
+        if g.full_epilogue {
+            " alpha beta C bias"
+        } else {
+            ""
+        }
+    );
+    let err = |e: calico::Error| format!("{what}: {e}");
+    let mut rng = Rng::new(seed);
+    let unit = Dist::Uniform { scale: 1.0 };
+    let a = round_all(g.in_dtype, &unit.sample(&mut rng, bt * m * k));
+    let b = round_all(g.in_dtype, &unit.sample(&mut rng, bt * k * n));
+    let c = round_all(g.out_dtype, &unit.sample(&mut rng, bt * m * n));
+    let bias = round_all(g.out_dtype, &unit.sample(&mut rng, n));
+    let row = |cols: usize| MatrixMemory {
+        pad: pad16(cols),
+        ..MatrixMemory::default()
+    };
+    let b_mem = if g.weight {
+        MatrixMemory {
+            col_major: true,
+            pad: pad16(k),
+            offset: 0,
+        }
+    } else {
+        row(n)
+    };
+    let av = matrix(dev, g.in_dtype, g.batch, m, k, row(k), Some(&a)).map_err(err)?;
+    let bv = matrix(dev, g.in_dtype, g.batch, k, n, b_mem, Some(&b)).map_err(err)?;
+    // C and D with any strides: D dense, C padded by one (not TMA-readable, read by the epilogue).
+    let c_mem = MatrixMemory {
+        pad: 1,
+        ..MatrixMemory::default()
+    };
+    let cv = matrix(dev, g.out_dtype, g.batch, m, n, c_mem, Some(&c)).map_err(err)?;
+    let mut dv = matrix(
+        dev,
+        g.out_dtype,
+        g.batch,
+        m,
+        n,
+        MatrixMemory::default(),
+        None,
+    )
+    .map_err(err)?;
+    let bias_t = upload(dev, g.out_dtype, &[n], &bias).map_err(err)?;
+    let (alpha, beta) = if g.full_epilogue {
+        (1.5, 0.5)
+    } else {
+        (1.0, 0.0)
+    };
+    let opts = GemmOptions {
+        alpha,
+        beta,
+        c: g.full_epilogue.then_some(&cv.view),
+        bias: g.full_epilogue.then_some(&bias_t),
+        epilogue: g.epilogue,
+    };
+    let kernel = gemm_kernel(dev, &av.view, &bv.view, &dv.view, &opts).map_err(err)?;
+    if kernel != Some(GemmKernel::Sm80Tma) {
+        return Err(format!(
+            "{what}: routed to {kernel:?}, not the TMA + mma.sync kernel"
+        ));
+    }
+    ops::gemm(dev, &av.view, &bv.view, &mut dv.view, &opts).map_err(err)?;
+    let got = dv.view.to_f64_vec().map_err(err)?;
+    let want = Gemm {
+        batch: bt,
+        m,
+        n,
+        k,
+        a: &a,
+        b: &b,
+        c: g.full_epilogue.then_some(&c[..]),
+        bias: g.full_epilogue.then_some(&bias[..]),
+        alpha: f64::from(alpha),
+        beta: f64::from(beta),
+        epilogue: g.epilogue,
+    }
+    .all();
+    let (normwise, elementwise) = gemm_tol(g.out_dtype);
+    let with_what = |e: String| format!("{what}: {e}");
+    check_normwise("d", &got, &want, normwise).map_err(with_what)?;
+    check_close("d", &got, &want, elementwise).map_err(with_what)?;
+    untouched_outside(&dv, "d").map_err(with_what)?;
+    intact(&av, &a, "a").map_err(with_what)?;
+    intact(&bv, &b, "b").map_err(with_what)
+}
+
+/// The TMA + mma.sync kernel (`GemmKernel::Sm80Tma`, Blackwell's GEMM) on random inputs
+/// against the f64 reference: M, N and K at 1, 7, 129, 1000 and K tails past the 64-wide
+/// stage, both B layouts, bf16 and f16 in, every output dtype, batches, and with and without
+/// alpha, beta * C, bias and each epilogue. Each case asserts that this kernel ran it. Needs
+/// TMA on the device (an H100); else skipped.
+#[test]
+fn tma_mma_sync_gemm_matches_the_reference() {
+    let Some((dev, _)) = blackwell_routed_device("route_as tma gemm") else {
+        return;
+    };
+    if !dev.arch().has_async_copy(AsyncCopy::Tma) {
+        println!(
+            "[route_as tma gemm] skipped: the device ({}) has no TMA",
+            dev.arch().target
+        );
+        return;
+    }
+    // (m, n, k, batch)
+    let shapes = [
+        (1, 1, 1, None),
+        (1, 7, 129, None),
+        (7, 129, 1000, None),
+        (129, 1000, 7, None),
+        (1000, 7, 129, None),
+        (129, 129, 65, None),
+        (256, 384, 1000, None),
+        (1000, 1000, 72, None),
+        (129, 200, 136, Some(3)),
+    ];
+    let dtypes = [
+        (DType::BF16, DType::BF16),
+        (DType::F16, DType::F16),
+        (DType::BF16, DType::F32),
+        (DType::F16, DType::BF16),
+    ];
+    let epilogues = [Epilogue::None, Epilogue::Gelu, Epilogue::Silu];
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for (i, &(m, n, k, batch)) in shapes.iter().enumerate() {
+        for weight in [true, false] {
+            for full_epilogue in [false, true] {
+                let (in_dtype, out_dtype) = dtypes[(i + usize::from(weight)) % dtypes.len()];
+                let g = TmaCase {
+                    in_dtype,
+                    out_dtype,
+                    batch,
+                    m,
+                    n,
+                    k,
+                    weight,
+                    full_epilogue,
+                    epilogue: if full_epilogue {
+                        epilogues[i % epilogues.len()]
+                    } else {
+                        Epilogue::None
+                    },
+                };
+                let seed =
+                    0x7a3a_0000 + (i as u64) * 4 + u64::from(weight) * 2 + u64::from(full_epilogue);
+                if let Err(e) = run_tma_case(&dev, &g, seed) {
+                    failures.push(e);
+                }
+                ran += 1;
+            }
+        }
+    }
+    println!(
+        "[route_as tma gemm] {ran} cases on {}, {} failed",
+        dev.arch().target,
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

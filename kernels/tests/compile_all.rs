@@ -96,13 +96,14 @@ fn every_kernel_compiles_for_sm80_and_sm90a() {
 /// Every kernel Calico would launch on a B200 (the sm_100a catalog) compiles with NVRTC for
 /// sm_100a, and none holds wgmma (HGMMA), which Blackwell lacks: the Hopper GEMM and attention
 /// stay out of its catalog, as the router sends sm_100 to the mma.sync kernels (gemm/plan.rs).
+/// Its GEMM (the sm80 kernel with a TMA producer, `sm80-tma` variants) issues TMA loads
+/// (UTMALDG) and mma.sync (HMMA) with ldmatrix (LDSM) and no local memory (LDL/STL: spills).
 ///
 /// Compiling all of it took about 110 s here, so only the variants whose source differs from
 /// every sm_80 variant are compiled and disassembled: a source identical to an sm_80 one
 /// compiles for sm_80 (the test above) and has no `__CUDA_ARCH__` branches (no device source
-/// has), so it holds neither wgmma nor TMA. No catalog kernel
-/// takes a TMA path on sm_100a (`Arch` lists TMA for sm_90 only); the TMA tile paths' UTMALDG
-/// on sm_100a is checked in conformance/tests/tiles.rs. Any UTMALDG found here is printed.
+/// has), so it holds neither wgmma nor TMA. The TMA tile paths' UTMALDG on sm_100a is also
+/// checked in conformance/tests/tiles.rs. Any UTMALDG found here is printed.
 #[test]
 fn sm100a_catalog_compiles_without_hgmma() {
     if !toolchain_or_skip("sm_100a", nvrtc_available()) {
@@ -134,6 +135,7 @@ fn sm100a_catalog_compiles_without_hgmma() {
         "Hopper-only variants in the sm_100a catalog: {hopper_only:?}"
     );
     let mut hgmma_kernels = Vec::new();
+    let mut tma_gemms = 0;
     for (e, cubin) in &compile_entries("sm_100a", own) {
         let sass = match catalog::disassemble("sm_100a", cubin) {
             Ok(s) => s,
@@ -148,12 +150,64 @@ fn sm100a_catalog_compiles_without_hgmma() {
         if hgmma > 0 {
             hgmma_kernels.push(format!("{} [{}]: {hgmma} HGMMA", e.op, e.label));
         }
+        if e.op == "gemm" && e.label.starts_with("sm80-tma") {
+            assert_tma_mma_sync(&e.label, &sass);
+            tma_gemms += 1;
+        }
     }
     assert!(
         hgmma_kernels.is_empty(),
         "wgmma kernels in the sm_100a catalog:\n{}",
         hgmma_kernels.join("\n")
     );
+    if std::env::var("CALICO_COMPILE_OP").is_err() {
+        assert!(tma_gemms > 0, "no sm80-tma GEMM in the sm_100a catalog");
+    }
+}
+
+/// The TMA + mma.sync GEMM's SASS: TMA loads, mma.sync fed by ldmatrix, no wgmma, and no
+/// local memory (spilled registers would show as LDL/STL).
+fn assert_tma_mma_sync(label: &str, sass: &str) {
+    let count = |op: &str| calico_cuda::disasm::count_opcode(sass, op);
+    let (utmaldg, hmma, ldsm) = (count("UTMALDG"), count("HMMA"), count("LDSM"));
+    println!("{label}: {utmaldg} UTMALDG, {hmma} HMMA, {ldsm} LDSM");
+    assert!(
+        utmaldg > 0 && hmma > 0 && ldsm > 0,
+        "{label}: {utmaldg} UTMALDG, {hmma} HMMA, {ldsm} LDSM"
+    );
+    assert_eq!(count("HGMMA"), 0, "{label}: wgmma");
+    assert_eq!(
+        count("LDL") + count("STL"),
+        0,
+        "{label}: local memory (spills)"
+    );
+}
+
+/// The TMA + mma.sync GEMM also compiles for sm_90a (where `CALICO_GEMM_ROUTE_AS=sm_100a` runs
+/// it on an H100) with the same instructions.
+#[test]
+fn tma_mma_sync_gemm_disassembles_to_utmaldg_and_hmma_on_sm90a() {
+    if !toolchain_or_skip("sm_90a", nvrtc_available()) {
+        return;
+    }
+    let entries: Vec<_> = catalog::entries("sm_90a", Some("gemm"))
+        .expect("catalog assembles")
+        .into_iter()
+        .filter(|e| e.label.starts_with("sm80-tma"))
+        .collect();
+    assert!(
+        !entries.is_empty(),
+        "no sm80-tma GEMM in the sm_90a catalog"
+    );
+    for (e, cubin) in &compile_entries("sm_90a", entries) {
+        match catalog::disassemble("sm_90a", cubin) {
+            Ok(sass) => assert_tma_mma_sync(&e.label, &sass),
+            Err(err) => {
+                toolchain_or_skip("cuobjdump", Err(err.to_string()));
+                return;
+            }
+        }
+    }
 }
 
 #[test]

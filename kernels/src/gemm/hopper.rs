@@ -382,7 +382,7 @@ fn outer_stride_bytes(stride: usize, extent: usize, fallback_bytes: usize, elem:
 
 /// A 3-D map {inner, outer, batch} over one operand, box {box_inner, box_outer, 1}, 128B swizzle.
 #[allow(clippy::too_many_arguments)]
-fn operand_map(
+pub(super) fn operand_map(
     x: &MatrixArg,
     dtype: DType,
     inner: usize,

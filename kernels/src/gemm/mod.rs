@@ -3,9 +3,10 @@
 //! `ops::gemm` validates and describes the problem as a [`GemmProblem`]; the variant for the
 //! device is chosen here: GEMV (M <= 16 against a K-major weight; on NVIDIA any alignment, on
 //! CDNA K even), skinny (M <= 64 decode shapes, split-K over a cluster), Hopper (TMA + wgmma),
-//! padded Hopper (operands with strides TMA cannot read, copied aligned first), sm_80 (mma.sync +
-//! cp.async), CDNA (MFMA ping-pong on gfx90a/gfx94x), the vendor-neutral tile kernel (written
-//! on the shared tile vocabulary: any sizes and row strides with a unit stride in each operand),
+//! padded Hopper (operands with strides TMA cannot read, copied aligned first), sm_80 with a TMA
+//! producer (GPUs with TMA but no wgmma: sm_100), sm_80 (mma.sync + cp.async), CDNA (MFMA
+//! ping-pong on gfx90a/gfx94x), the vendor-neutral tile kernel (written on the shared tile
+//! vocabulary: any sizes and row strides with a unit stride in each operand),
 //! or the scalar portable kernel (operands with no unit stride, GPUs without 16-bit matrix
 //! instructions); the CPU backend has its own implementation.
 
@@ -19,6 +20,7 @@ mod plan;
 mod portable;
 mod skinny;
 mod sm80;
+mod sm80_tma;
 mod tile;
 
 use crate::ops_check as check;
@@ -134,6 +136,9 @@ pub enum GemmKernel {
     Hopper,
     /// The Hopper kernel on operands first copied to 16-byte aligned rows (pad.cu).
     Padded,
+    /// TMA + mma.sync: sm80.cu's MMA warps fed by a TMA producer warp; GPUs with TMA but no
+    /// wgmma (sm_100).
+    Sm80Tma,
     /// cp.async + mma.sync, sm_80 and later (sm80.cu).
     Sm80,
     /// MFMA 8-wave ping-pong, gfx90a and gfx94x (cdna.cu).
@@ -161,6 +166,8 @@ fn route(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
         Ok(GemmKernel::Hopper)
     } else if padded::supports(arch, p) {
         Ok(GemmKernel::Padded)
+    } else if sm80_tma::supports(arch, p) {
+        Ok(GemmKernel::Sm80Tma)
     } else if sm80::supports(arch, p) {
         Ok(GemmKernel::Sm80)
     } else if cdna::supports(arch, p) {
@@ -196,6 +203,7 @@ fn launch_kernel(
         GemmKernel::Skinny => skinny::launch(gpu, p),
         GemmKernel::Padded => padded::launch(gpu, p),
         GemmKernel::Hopper => hopper::launch(gpu, p),
+        GemmKernel::Sm80Tma => sm80_tma::launch(gpu, p),
         GemmKernel::Sm80 => sm80::launch(gpu, p),
         GemmKernel::Cdna => cdna::launch(gpu, p),
         GemmKernel::Tile => tile::launch(gpu, p),
@@ -466,6 +474,7 @@ pub(crate) fn catalog(
     if arch.has_mma(calico_core::MmaKind::MmaSync, DType::BF16) {
         out.extend(sm80::catalog(vendor)?);
     }
+    out.extend(sm80_tma::catalog(arch, vendor)?);
     if arch.has_mma(calico_core::MmaKind::Mfma, DType::BF16) {
         out.extend(cdna::catalog(vendor)?);
     }

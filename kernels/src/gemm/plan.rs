@@ -7,9 +7,9 @@ use calico_core::{Arch, DType, Error, KernelSource, KernelVariant, Result, Vendo
 use std::sync::OnceLock;
 
 /// The architecture the router should see for a device of `arch`: `None` (the device's own)
-/// unless `CALICO_GEMM_ROUTE_AS` names a target of the same vendor, whose matrix instructions
-/// and async copies are then used with the device's own sizes. The kernels still compile for
-/// the device's target and check their own requirements against it. Read once per process.
+/// unless `CALICO_GEMM_ROUTE_AS` names a target of the same vendor ([`acting_as`]). The
+/// kernels still compile for the device's target and check their own requirements against
+/// it. Read once per process.
 pub(crate) fn route_as(arch: &Arch) -> Option<Arch> {
     static TARGET: OnceLock<Option<Arch>> = OnceLock::new();
     let target = TARGET
@@ -18,10 +18,29 @@ pub(crate) fn route_as(arch: &Arch) -> Option<Arch> {
             Arch::for_target(name.trim())
         })
         .as_ref()?;
+    acting_as(arch, target)
+}
+
+/// A device of `arch` routed as `target` (same vendor): the target's name, and the matrix
+/// instructions and async copies both have (so an H100 acting as sm_100a loses wgmma, and an
+/// A100 acting as sm_100a gains no TMA it cannot run), with the device's own sizes.
+fn acting_as(arch: &Arch, target: &Arch) -> Option<Arch> {
     (target.vendor == arch.vendor).then(|| Arch {
         compute_units: arch.compute_units,
         shared_mem_per_block: arch.shared_mem_per_block,
         l2_bytes: arch.l2_bytes,
+        mma: target
+            .mma
+            .iter()
+            .filter(|m| arch.mma.contains(m))
+            .cloned()
+            .collect(),
+        async_copies: target
+            .async_copies
+            .iter()
+            .filter(|c| arch.async_copies.contains(c))
+            .cloned()
+            .collect(),
         ..target.clone()
     })
 }
@@ -60,36 +79,7 @@ pub fn plan_dense(
 ) -> Result<GemmPlan> {
     let arch = Arch::for_target(target)
         .ok_or_else(|| Error::unsupported(format!("unknown target `{target}`")))?;
-    let matrix =
-        |ptr: u64, rows: usize, cols: usize, row_stride: usize, col_stride: usize| MatrixArg {
-            ptr,
-            rows,
-            cols,
-            row_stride,
-            col_stride,
-            batch_stride: rows * cols,
-        };
-    let b = if b_k_major {
-        matrix(2 << 40, k, n, 1, k)
-    } else {
-        matrix(2 << 40, k, n, n, 1)
-    };
-    let p = GemmProblem {
-        batch: 1,
-        m,
-        n,
-        k,
-        in_dtype,
-        out_dtype,
-        a: matrix(1 << 40, m, k, k, 1),
-        b,
-        c: None,
-        d: matrix(3 << 40, m, n, n, 1),
-        bias: None,
-        alpha: 1.0,
-        beta: 0.0,
-        epilogue: Epilogue::None,
-    };
+    let p = dense_problem((m, n, k), in_dtype, out_dtype, b_k_major);
     let kernel = route(&arch, &p)?;
     let source = match (arch.vendor, kernel) {
         (Vendor::Amd, GemmKernel::CdnaGemv) => {
@@ -109,22 +99,64 @@ pub fn plan_dense(
     Ok(GemmPlan { kernel, source })
 }
 
+/// The dense problem [`plan_dense`] routes (256-byte-aligned buffers, one batch).
+fn dense_problem(
+    (m, n, k): (usize, usize, usize),
+    in_dtype: DType,
+    out_dtype: DType,
+    b_k_major: bool,
+) -> GemmProblem {
+    let matrix =
+        |ptr: u64, rows: usize, cols: usize, row_stride: usize, col_stride: usize| MatrixArg {
+            ptr,
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+            batch_stride: rows * cols,
+        };
+    let b = if b_k_major {
+        matrix(2 << 40, k, n, 1, k)
+    } else {
+        matrix(2 << 40, k, n, n, 1)
+    };
+    GemmProblem {
+        batch: 1,
+        m,
+        n,
+        k,
+        in_dtype,
+        out_dtype,
+        a: matrix(1 << 40, m, k, k, 1),
+        b,
+        c: None,
+        d: matrix(3 << 40, m, n, n, 1),
+        bias: None,
+        alpha: 1.0,
+        beta: 0.0,
+        epilogue: Epilogue::None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Blackwell (sm_100) has no wgmma: its GEMMs take the mma.sync kernels (the GEMV for
-    /// decode shapes), never the Hopper or skinny kernels, which need sm_90a.
+    /// Blackwell (sm_100) has TMA but no wgmma: its GEMMs take the TMA + mma.sync kernel when
+    /// TMA can read the operands (the GEMV for decode shapes), never the Hopper or skinny
+    /// kernels, which are sm_90's.
     #[test]
     fn sm100_routes_to_the_mma_sync_kernels() {
         for target in ["sm_100", "sm_100a"] {
             for (shape, b_k_major, want) in [
-                ((4096, 4096, 4096), true, GemmKernel::Sm80),
-                ((4096, 4096, 4096), false, GemmKernel::Sm80),
-                ((64, 4096, 4096), true, GemmKernel::Sm80),
+                ((4096, 4096, 4096), true, GemmKernel::Sm80Tma),
+                ((4096, 4096, 4096), false, GemmKernel::Sm80Tma),
+                ((64, 4096, 4096), true, GemmKernel::Sm80Tma),
                 ((8, 4096, 4096), true, GemmKernel::Gemv),
-                ((300, 200, 136), false, GemmKernel::Sm80),
-                // K = 77: rows 154 bytes apart, which the 16-byte copies cannot take.
+                ((300, 200, 136), false, GemmKernel::Sm80Tma),
+                // N = 7 (K x N rows 14 bytes apart), K = 77 (rows 154 bytes apart): neither TMA
+                // nor 16-byte copies can read them; the tile kernel takes any row stride.
+                ((129, 7, 1000), false, GemmKernel::Tile),
                 ((257, 129, 77), true, GemmKernel::Tile),
             ] {
                 let plan = plan_dense(target, shape, DType::BF16, DType::BF16, b_k_major).unwrap();
@@ -134,6 +166,34 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// An H100 acting as sm_100a keeps TMA and mma.sync but loses wgmma, so the router takes
+    /// Blackwell's path on it; acting as sm_80 it loses TMA too (the cp.async kernel), and an
+    /// A100 acting as sm_100a gains no TMA.
+    use calico_core::{AsyncCopy, MmaKind};
+
+    #[test]
+    fn acting_as_keeps_what_both_have() {
+        let h100 = Arch::for_target("sm_90a").unwrap();
+        let b200 = Arch::for_target("sm_100a").unwrap();
+        let a100 = Arch::for_target("sm_80").unwrap();
+        let p = |arch: &Arch| {
+            let mut p = dense_problem((4096, 4096, 4096), DType::BF16, DType::BF16, true);
+            p.batch = 1;
+            route(arch, &p).unwrap()
+        };
+        let as_b200 = acting_as(&h100, &b200).unwrap();
+        assert_eq!(as_b200.target, "sm_100a");
+        assert_eq!(as_b200.compute_units, h100.compute_units);
+        assert!(as_b200.has_async_copy(AsyncCopy::Tma));
+        assert!(!as_b200.has_mma(MmaKind::Wgmma, DType::BF16));
+        assert_eq!(p(&as_b200), GemmKernel::Sm80Tma);
+        assert_eq!(p(&acting_as(&h100, &a100).unwrap()), GemmKernel::Sm80);
+        let a100_as_b200 = acting_as(&a100, &b200).unwrap();
+        assert!(!a100_as_b200.has_async_copy(AsyncCopy::Tma));
+        assert_eq!(p(&a100_as_b200), GemmKernel::Sm80);
+        assert!(acting_as(&h100, &Arch::for_target("gfx942").unwrap()).is_none());
     }
 
     #[test]

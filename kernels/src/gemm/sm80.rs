@@ -1,7 +1,8 @@
 //! The sm_80 GEMM (`kernels/device/gemm/sm80.cu`): mma.sync m16n8k16 fed by a multi-stage
 //! cp.async pipeline and ldmatrix, 128 x 128 x 32 block tiles, for Ampere and later NVIDIA
 //! GPUs. It needs A with K contiguous and B with K or N contiguous, 16-byte aligned; other
-//! layouts go to the portable kernel.
+//! layouts go to the portable kernel. The same source with a TMA producer warp
+//! (`CALICO_GEMM_TMA`, [`Variant::tma`]) is launched by `sm80_tma.rs`.
 
 use super::params::Sm80Params;
 use super::portable::GEMM_HEADERS;
@@ -14,16 +15,25 @@ use calico_core::{
 
 const SOURCE: &str = include_str!("../../device/gemm/sm80.cu");
 const ENTRY: &str = "calico_gemm_sm80";
+const TMA_ENTRY: &str = "calico_gemm_sm80_tma";
 /// Eight warps, 2 (M) x 4 (N), each 64 x 32.
 const THREADS: u32 = 256;
-const BM: usize = 128;
-const BN: usize = 128;
+pub(super) const BM: usize = 128;
+pub(super) const BN: usize = 128;
+/// K per stage: 32 (cp.async), 64 with TMA (one 128-byte swizzled row).
+const BK: usize = 32;
+pub(super) const TMA_BK: usize = 64;
 /// One pipeline stage: a 128 x 32 tile of A and one of B, 16-bit elements.
-const STAGE_BYTES: usize = (BM + BN) * 32 * 2;
+const STAGE_BYTES: usize = (BM + BN) * BK * 2;
+/// One TMA stage (128 x 64 tiles), and the ring's full and empty mbarrier per stage.
+pub(super) const TMA_STAGE_BYTES: usize = (BM + BN) * TMA_BK * 2;
+const TMA_BARRIER_BYTES: usize = 2 * 8;
+/// Alignment slack: the 128B swizzle needs 1024-aligned slots.
+const TMA_ALIGN_SLACK: usize = 1024;
 /// The kernel accepts 3..=5; 4 keeps two blocks per SM on A100 and H100.
 const MIN_STAGES: usize = 3;
 const MAX_STAGES: usize = 4;
-const MAX_GRID_YZ: usize = 65_535;
+pub(super) const MAX_GRID_YZ: usize = 65_535;
 
 /// One compiled form of the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,11 +46,23 @@ pub(crate) struct Variant {
     pub epilogue: Epilogue,
     pub has_c: bool,
     pub has_bias: bool,
+    /// Thread 0 fills a ring of 128 x 64 tiles with TMA (sm_90+) instead of every thread
+    /// copying with cp.async.
+    pub tma: bool,
 }
 
 impl Variant {
     pub(crate) fn smem_bytes(self) -> u32 {
-        (self.stages * STAGE_BYTES) as u32
+        if self.tma {
+            (TMA_ALIGN_SLACK + self.stages * (TMA_STAGE_BYTES + TMA_BARRIER_BYTES)) as u32
+        } else {
+            (self.stages * STAGE_BYTES) as u32
+        }
+    }
+
+    /// Eight warps in both modes (with TMA, thread 0 also issues the copies).
+    pub(crate) fn threads(self) -> u32 {
+        THREADS
     }
 
     pub(crate) fn defines(self) -> Vec<(&'static str, String)> {
@@ -52,10 +74,11 @@ impl Variant {
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
-            // The launch below, checked by the kernel against its own constants.
+            ("CALICO_GEMM_TMA", u8::from(self.tma).to_string()),
+            // The launch, checked by the kernel against its own constants.
             ("CALICO_GEMM_TILE_M", BM.to_string()),
             ("CALICO_GEMM_TILE_N", BN.to_string()),
-            ("CALICO_GEMM_THREADS", THREADS.to_string()),
+            ("CALICO_GEMM_THREADS", self.threads().to_string()),
             ("CALICO_GEMM_SMEM_BYTES", self.smem_bytes().to_string()),
         ];
         defines.extend(Sm80Params::layout_defines());
@@ -66,7 +89,8 @@ impl Variant {
 impl KernelVariant for Variant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
         let sets = [vendor, calico_core::device_headers(), GEMM_HEADERS];
-        KernelSource::assemble(ENTRY, SOURCE, &sets, &self.defines())
+        let entry = if self.tma { TMA_ENTRY } else { ENTRY };
+        KernelSource::assemble(entry, SOURCE, &sets, &self.defines())
     }
 }
 
@@ -80,7 +104,7 @@ fn batch_stride_ok(x: &MatrixArg, batch: usize) -> bool {
 }
 
 /// A as M x K with K contiguous.
-fn a_fits(p: &GemmProblem) -> bool {
+pub(super) fn a_fits(p: &GemmProblem) -> bool {
     let a = &p.a;
     (a.col_stride == 1 || p.k <= 1)
         && row_stride_ok(a.row_stride, p.m)
@@ -90,7 +114,7 @@ fn a_fits(p: &GemmProblem) -> bool {
 
 /// `Some(true)` when B is read as an N x K weight (K contiguous), `Some(false)` as K x N
 /// (N contiguous), `None` when neither fits.
-fn b_kmajor(p: &GemmProblem) -> Option<bool> {
+pub(super) fn b_kmajor(p: &GemmProblem) -> Option<bool> {
     let b = &p.b;
     if !batch_stride_ok(b, p.batch) || (b.ptr & 15) != 0 {
         return None;
@@ -141,11 +165,12 @@ fn variant(arch: &Arch, p: &GemmProblem) -> Result<Variant> {
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
         has_bias: p.bias.is_some(),
+        tma: false,
     })
 }
 
 /// The kernel's parameters: C only when it is read, batch strides 0 for a single batch.
-fn params(p: &GemmProblem, has_c: bool, grid_z: u32) -> Result<Sm80Params> {
+pub(super) fn params(p: &GemmProblem, has_c: bool, grid_z: u32) -> Result<Sm80Params> {
     let zero = MatrixArg {
         ptr: 0,
         rows: 0,
@@ -226,6 +251,7 @@ pub(crate) fn catalog(vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
                     epilogue,
                     has_c: i == 1,
                     has_bias: i != 1,
+                    tma: false,
                 };
                 let label =
                     format!("sm80 {in_dtype}->{out_dtype} b_kmajor={b_kmajor} {epilogue:?}");
@@ -308,6 +334,7 @@ mod tests {
             epilogue: Epilogue::Gelu,
             has_c: true,
             has_bias: true,
+            tma: false,
         };
         let text = v.source(calico_cuda::device_headers()).unwrap().text;
         assert!(text.starts_with("#define CALICO_GEMM_IN f16\n#define CALICO_GEMM_OUT float\n"));
