@@ -364,6 +364,8 @@ CALICO_DEVICE void tile_tma(const tensor_map& map_a, const tensor_map& map_b, in
         if (producer && kt + STAGES - 1 < k_tiles) issue_tma(map_a, map_b, a_batch, b_batch, tile_m, tile_n, kt + STAGES - 1, ring, produced, smem);
         __syncwarp();
         ring.wait_full(consumed);
+        // Lanes leave the wait loop on their own; ldmatrix and mma.sync need the whole warp.
+        __syncwarp();
         compute_stage(acc, base + unsigned(consumed.slot()) * STAGE_BYTES, wm, wn, lane);
         // Every lane's ldmatrix reads of the slot are done before it is handed back.
         __syncwarp();
