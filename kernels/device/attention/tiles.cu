@@ -8,10 +8,11 @@
 // 16 of them and keeps its Q rows (ELEM) and its output accumulator (f32) in register tiles,
 // in chunks of 16 head-dimension columns (any head dim that is a multiple of 16, up to 256).
 // Keys come in blocks of BN (64; 16 above head dim 128, for registers). Per block:
-//   1. the warps stage K's block and V's block transposed in shared tiles (st), each warp
+//   1. the warps write K's block and V's block transposed into shared tiles (st), each warp
 //      moving 16 x 16 pieces global -> registers -> shared (load / store; rows past the
 //      sequence read as zeros; V's pieces are loaded col_l and turned into row_l tiles of V^T
-//      by `transpose`, which moves no data);
+//      by `transpose`, which moves no data), then issue the next block's global loads, which
+//      travel while the warps compute on this one;
 //   2. S = Q K^T (mma_ABt, K's fragments read row_l from the shared tile);
 //   3. scale, soft-cap and mask S, in base 2: map_rc gives each score its (row, col), so the
 //      mask is common.cuh's `visible` (blocks every row sees in full skip it: one mul);
@@ -66,25 +67,42 @@ constexpr int Q_TILES = Q_HELD ? CHUNKS : 1;
 typedef st<ELEM, BN, DS> k_tile;
 typedef st<ELEM, D, BN> vt_tile;
 
-// Shared <- the rows [tile * BN, tile * BN + BN) of K and of V (zeros past their rows), by
-// the whole block: warp w moves the 16 x 16 pieces w, w + WARPS, ... of each through
-// registers; V's pieces are loaded col_l and stored transposed.
-CALICO_DEVICE void stage(k_tile& ks, vt_tile& vts, const gl<ELEM>& kg, const gl<ELEM>& vg, int tile, int warp) {
-    constexpr int PIECES = (BN / 16) * CHUNKS;
+// One block of K and V on its way to shared memory: the rows [tile * BN, tile * BN + BN)
+// (zeros past the sequence), cut into 16 x 16 pieces; warp w moves pieces w, w + WARPS, ...
+// of each. `fetch` issues the global loads into registers, `commit` writes them to the shared
+// tiles, so the next block's loads travel while the matrix units work on the current one.
+struct block_in_flight {
+    static constexpr int PIECES = (BN / 16) * CHUNKS;
+    static constexpr int PER_WARP = (PIECES + WARPS - 1) / WARPS;
+    rt<ELEM, 16, 16> k[PER_WARP];
+    rt<ELEM, 16, 16, col_l> v[PER_WARP];  // V's pieces col_l: transposed for free in commit
+
+    CALICO_DEVICE void fetch(const gl<ELEM>& kg, const gl<ELEM>& vg, int tile, int warp) {
 #pragma unroll
-    for (int piece = warp; piece < PIECES; piece += WARPS) {
-        const int r = piece / CHUNKS, c = piece % CHUNKS;
-        const coord at{0, tile * (BN / 16) + r, c};
-        rt<ELEM, 16, 16> kp;
-        rt<ELEM, 16, 16, col_l> vp;
-        load(kp, kg, at);
-        load(vp, vg, at);
-        store(ks, kp, 16 * r, 16 * c);
-        rt<ELEM, 16, 16> vpt;
-        transpose(vpt, vp);
-        store(vts, vpt, 16 * c, 16 * r);
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int piece = warp + i * WARPS;
+            if (piece < PIECES) {
+                const coord at{0, tile * (BN / 16) + piece / CHUNKS, piece % CHUNKS};
+                load(k[i], kg, at);
+                load(v[i], vg, at);
+            }
+        }
     }
-}
+
+    CALICO_DEVICE void commit(k_tile& ks, vt_tile& vts, int warp) const {
+#pragma unroll
+        for (int i = 0; i < PER_WARP; ++i) {
+            const int piece = warp + i * WARPS;
+            if (piece < PIECES) {
+                const int r = piece / CHUNKS, c = piece % CHUNKS;
+                store(ks, k[i], 16 * r, 16 * c);
+                rt<ELEM, 16, 16> vt;
+                transpose(vt, v[i]);
+                store(vts, vt, 16 * c, 16 * r);
+            }
+        }
+    }
+};
 
 // Scale, soft-cap, base 2, and -inf outside the mask, for the 16 x BN scores of one warp
 // whose first row is query `row0` and first column key `col0`.
@@ -150,9 +168,13 @@ CALICO_KERNEL CALICO_MAX_THREADS(8 * CALICO_LANES) void calico_attention_tiles_f
     const int first_tile = (int)(lo / BN);
     const int end_tile = hi_last > lo ? (int)((hi_last + BN - 1) / BN) : first_tile;
 
+    block_in_flight next;
+    if (first_tile < end_tile) next.fetch(kg, vg, first_tile, warp);
     for (int t = first_tile; t < end_tile; ++t) {
-        stage(ks, vts, kg, vg, t, warp);
+        // Every warp is past the previous block's fragment reads (the barrier ending it).
+        next.commit(ks, vts, warp);
         sync_threads();
+        if (t + 1 < end_tile) next.fetch(kg, vg, t + 1, warp);
 
         // S = Q K^T over the head dimension.
         rt_fl<16, BN> s;
@@ -201,7 +223,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(8 * CALICO_LANES) void calico_attention_tiles_f
             load(vf, vts, c * DC, 0);
             mma_ABt(acc[c], pr, vf, acc[c]);
         }
-        // The next block's staging overwrites the tiles just read.
+        // The next commit overwrites the tiles just read.
         sync_threads();
     }
 

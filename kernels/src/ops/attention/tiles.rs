@@ -23,6 +23,8 @@ const WARPS: u32 = 8;
 const BLOCK_ROWS: usize = 16 * WARPS as usize;
 /// The head dims the kernel covers: multiples of 16 up to 256.
 const MAX_HEAD_DIM: usize = 256;
+/// The head dims compiled in CI (see [`catalog`]).
+const CATALOG_HEAD_DIMS: [usize; 7] = [16, 48, 64, 96, 128, 160, 256];
 
 /// One compiled form of the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -165,11 +167,13 @@ pub(crate) fn launch_forward(
 }
 
 /// Every variant for `calico compile --op attention` and the compile checks: both dtypes at
-/// head dims 64, 96 (one no other GPU kernel takes), 128 and 256.
+/// head dims 64, 128 and 256 (the vendor kernels' dims) and 16, 48, 96, 160, which only this
+/// kernel takes on a GPU (shared rows unpadded, padded to 64 elements, padded to 128; 16-key
+/// blocks with Q re-read on NVIDIA).
 pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, KernelSource)>> {
     let mut out = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
-        for head_dim in [64, 96, 128, 256] {
+        for head_dim in CATALOG_HEAD_DIMS {
             if arch_ok(arch, dtype, head_dim) {
                 let v = TilesFwdVariant { dtype, head_dim };
                 out.push((v.label(), v.source(vendor)?));
@@ -202,7 +206,7 @@ mod tests {
         }
         assert!(!arch_ok(&rdna, DType::BF16, 128), "RDNA has no MFMA");
         let hip = calico_hip::hip_headers();
-        assert_eq!(catalog(&gfx942, hip).unwrap().len(), 8);
+        assert_eq!(catalog(&gfx942, hip).unwrap().len(), 14);
         assert_eq!(catalog(&rdna, hip).unwrap().len(), 0);
     }
 
