@@ -595,7 +595,11 @@ fn vendor_neutral_tile_attention_compiles_for_all_four_targets() {
             .into_iter()
             .filter(|e| e.label.starts_with("tiles fwd"))
             .collect();
-        assert_eq!(entries.len(), 14, "{target}: bf16/f16 x d16/48/64/96/128/160/256");
+        assert_eq!(
+            entries.len(),
+            14,
+            "{target}: bf16/f16 x d16/48/64/96/128/160/256"
+        );
         for e in &entries {
             let what = format!("{target} {}", e.label);
             if target.starts_with("gfx") {
