@@ -38,9 +38,7 @@
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
 // 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
-// CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_EXP_EMU 0..4 (eighths of the exponentials computed by
-// ex2_poly on the FMA pipe instead of MUFU.EX2; at d = 64 the MUFU is as busy as the tensor
-// cores, so moving some of its work to the FMA pipe may shorten the softmax).
+// CALICO_ATTN_SCHED 0|1|2.
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -60,11 +58,6 @@ constexpr int BN = CALICO_ATTN_BN;
 constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
 constexpr int SCHED = CALICO_ATTN_SCHED;  // 0 serial, 1 overlapped, 2 overlapped + ping-pong
-#ifndef CALICO_ATTN_EXP_EMU
-#define CALICO_ATTN_EXP_EMU 0
-#endif
-constexpr int EXP_EMU = CALICO_ATTN_EXP_EMU;
-static_assert(EXP_EMU >= 0 && EXP_EMU <= 4, "CALICO_ATTN_EXP_EMU: 0..4 eighths");
 constexpr bool PINGPONG = SCHED == 2;
 constexpr int TURN_BARRIER = 1;  // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
@@ -216,20 +209,6 @@ CALICO_DEVICE float ex2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
     return y;
-}
-
-// 2^x for x <= 0 on the FMA pipe (no MUFU): x = j + f with j = round(x) and f in [-1/2, 1/2],
-// 2^f from a cubic (relative error 2e-4, far below the 16-bit rounding of P), 2^j added to the
-// exponent bits. Adding 1.5 * 2^23 rounds x to an integer whose two's complement sits in the
-// sum's low mantissa bits, so shifting the sum's bits left by 23 gives j << 23 exactly (the
-// constant's own bits shift out). x < -125 (masked keys: -inf) gives exactly 0, as ex2 does.
-CALICO_DEVICE float ex2_poly(float x) {
-    const float round_magic = 12582912.0f;  // 1.5 * 2^23
-    const float t = x + round_magic;
-    const float f = x - (t - round_magic);
-    const float p = fmaf(fmaf(fmaf(0.05323359f, f, 0.24225129f), f, 0.69353926f), f, 0.99995559f);
-    const int bits = __float_as_int(p) + (__float_as_int(t) << 23);
-    return x >= -125.0f ? __int_as_float(bits) : 0.0f;
 }
 
 // Keeps registers that an asynchronous wgmma reads (its A operand) live and unchanged up to
@@ -499,8 +478,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
-                        const float x = fmaf(s[4 * j + 2 * h + e], sc, -m_use);
-                        const float pv = j % 8 < EXP_EMU ? ex2_poly(x) : ex2(x);
+                        const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -m_use));
                         s[4 * j + 2 * h + e] = pv;
                         sum += pv;
                     }

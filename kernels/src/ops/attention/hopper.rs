@@ -37,21 +37,6 @@ pub(crate) struct HopperFwdVariant {
     stages: usize,
     softcap: bool,
     schedule: Schedule,
-    /// Of every 8 columns of 8 scores, how many take exp2 from a polynomial on the FMA pipe
-    /// instead of MUFU.EX2 (hopper_fwd.cu, `ex2_poly`): 0 (default) to 4.
-    exp_emu: u8,
-}
-
-/// `CALICO_ATTN_HOPPER_EXP_EMU` = 0..=4 (A/B runs): the `exp_emu` share of the forward's
-/// exponentials, in eighths; 0 when unset.
-fn exp_emu_chosen() -> u8 {
-    static CHOSEN: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
-    *CHOSEN.get_or_init(|| {
-        std::env::var("CALICO_ATTN_HOPPER_EXP_EMU")
-            .ok()
-            .and_then(|v| v.trim().parse::<u8>().ok())
-            .map_or(0, |v| v.min(4))
-    })
 }
 
 /// How a consumer warpgroup orders its GEMMs and softmax (hopper_fwd.cu, "Schedule").
@@ -98,7 +83,6 @@ impl HopperFwdVariant {
             stages: 0,
             softcap,
             schedule,
-            exp_emu: exp_emu_chosen(),
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -117,17 +101,8 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bn={} stages={} softcap={} {:?}{}",
-            self.dtype,
-            self.head_dim,
-            self.block_n,
-            self.stages,
-            self.softcap,
-            self.schedule,
-            match self.exp_emu {
-                0 => String::new(),
-                e => format!(" exp_emu={e}/8"),
-            }
+            "hopper fwd {} d={} bn={} stages={} softcap={} {:?}",
+            self.dtype, self.head_dim, self.block_n, self.stages, self.softcap, self.schedule
         )
     }
 }
@@ -141,7 +116,6 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_STAGES", self.stages.to_string()),
             ("CALICO_ATTN_SOFTCAP", u8::from(self.softcap).to_string()),
             ("CALICO_ATTN_SCHED", (self.schedule as u8).to_string()),
-            ("CALICO_ATTN_EXP_EMU", self.exp_emu.to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
