@@ -387,6 +387,13 @@ fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
                     }
                 };
                 let hmma = calico_cuda::disasm::count_opcode(&sass, "HMMA");
+                // Both products read row_l fragments (ldmatrix without .trans: V^T is staged).
+                let ldsm = calico_cuda::disasm::count_opcode(&sass, "LDSM.16.M88");
+                let ldsm_t = calico_cuda::disasm::count_opcode(&sass, "LDSM.16.MT88");
+                assert!(
+                    ldsm > 0 && ldsm_t == 0,
+                    "{what}: {ldsm} LDSM, {ldsm_t} LDSM.T"
+                );
                 println!("{what}: {hmma} HMMA");
                 assert!(hmma > 0, "{what}: no HMMA");
             }
@@ -575,8 +582,9 @@ fn tile_kernel_example_compiles_for_all_four_targets() {
 /// The vendor-neutral tile attention forward (kernels/device/attention/tiles.cu, one source
 /// for both vendors) compiles for sm_80, sm_90a, gfx90a and gfx942 and lands on each vendor's
 /// matrix instructions (HMMA / v_mfma_f32_16x16x16) with no spills (no STL/LDL local memory on
-/// NVIDIA, no scratch on AMD); on AMD at least two waves per SIMD, as `calico compile --op
-/// attention --target gfx942 --disasm` shows a user.
+/// NVIDIA, no scratch on AMD) and reads K and V^T from shared memory as row_l fragments
+/// (LDSM without .trans / ds_read_b64); on AMD at least two waves per SIMD, as `calico compile
+/// --op attention --target gfx942 --disasm` shows a user.
 #[test]
 fn vendor_neutral_tile_attention_compiles_for_all_four_targets() {
     let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
@@ -606,8 +614,18 @@ fn vendor_neutral_tile_attention_compiles_for_all_four_targets() {
                 let (asm, kernels) = compile_amd(target, e);
                 let mfma = asm.matches("v_mfma_f32_16x16x16").count();
                 assert!(mfma > 0, "{what}: no MFMA");
+                // K and V^T fragments are row_l reads: one ds_read_b64 per base tile, never
+                // the four 2-byte reads of a col_l fragment.
+                let (reads, narrow) = (
+                    asm.matches("ds_read_b64").count(),
+                    asm.matches("ds_read_u16").count(),
+                );
+                assert!(
+                    reads > 0 && narrow == 0,
+                    "{what}: {reads} ds_read_b64, {narrow} ds_read_u16"
+                );
                 let k = &kernels[0];
-                println!("{what}: {mfma} MFMA; {}", k.summary());
+                println!("{what}: {mfma} MFMA, {reads} ds_read_b64; {}", k.summary());
                 assert_fits(&what, k, 2);
             } else {
                 let binary = catalog::compile(target, &e.source).expect("compiles");
@@ -619,6 +637,13 @@ fn vendor_neutral_tile_attention_compiles_for_all_four_targets() {
                     }
                 };
                 let hmma = calico_cuda::disasm::count_opcode(&sass, "HMMA");
+                // Both products read row_l fragments (ldmatrix without .trans: V^T is staged).
+                let ldsm = calico_cuda::disasm::count_opcode(&sass, "LDSM.16.M88");
+                let ldsm_t = calico_cuda::disasm::count_opcode(&sass, "LDSM.16.MT88");
+                assert!(
+                    ldsm > 0 && ldsm_t == 0,
+                    "{what}: {ldsm} LDSM, {ldsm_t} LDSM.T"
+                );
                 let spills = calico_cuda::disasm::count_opcode(&sass, "STL")
                     + calico_cuda::disasm::count_opcode(&sass, "LDL");
                 println!("{what}: {hmma} HMMA, {spills} local-memory accesses");
