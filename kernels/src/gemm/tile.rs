@@ -270,6 +270,40 @@ mod tests {
         ));
     }
 
+    /// The kernel is written on the shared names alone: it includes the vocabulary and the
+    /// shared epilogue (which includes nothing), and names no vendor's types or instructions.
+    #[test]
+    fn the_kernel_includes_only_the_shared_vocabulary() {
+        let includes = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter(|l| l.trim_start().starts_with("#include"))
+                .map(str::to_string)
+                .collect()
+        };
+        assert_eq!(
+            includes(SOURCE),
+            [
+                "#include \"calico/tiles.h\"",
+                "#include \"gemm/epilogue.cuh\""
+            ]
+        );
+        let epilogue = include_str!("../../device/gemm/epilogue.cuh");
+        assert!(includes(epilogue).is_empty());
+        for vendor in [
+            "__nv",
+            "__half",
+            "hip::",
+            "mfma",
+            "mma_sync",
+            "ldmatrix",
+            "asm",
+            "__builtin",
+        ] {
+            assert!(!SOURCE.contains(vendor), "tile.cu names `{vendor}`");
+            assert!(!epilogue.contains(vendor), "epilogue.cuh names `{vendor}`");
+        }
+    }
+
     #[test]
     fn sources_assemble_for_both_vendors() {
         for vendor in [calico_cuda::device_headers(), calico_hip::hip_headers()] {
