@@ -136,6 +136,8 @@ struct TmaCase {
     in_dtype: DType,
     out_dtype: DType,
     batch: Option<usize>,
+    /// One B for every batch (batch stride 0; needs `batch`).
+    broadcast_b: bool,
     m: usize,
     n: usize,
     k: usize,
@@ -154,7 +156,8 @@ fn pad16(len: usize) -> usize {
 fn run_tma_case(dev: &Device, g: &TmaCase, seed: u64) -> Result<(), String> {
     let (bt, m, n, k) = (g.batch.unwrap_or(1), g.m, g.n, g.k);
     let what = format!(
-        "{m}x{n}x{k} batch={bt} {}->{} weight={} {:?}{}",
+        "{m}x{n}x{k} batch={bt}{} {}->{} weight={} {:?}{}",
+        if g.broadcast_b { " (one B)" } else { "" },
         g.in_dtype,
         g.out_dtype,
         g.weight,
@@ -169,7 +172,10 @@ fn run_tma_case(dev: &Device, g: &TmaCase, seed: u64) -> Result<(), String> {
     let mut rng = Rng::new(seed);
     let unit = Dist::Uniform { scale: 1.0 };
     let a = round_all(g.in_dtype, &unit.sample(&mut rng, bt * m * k));
-    let b = round_all(g.in_dtype, &unit.sample(&mut rng, bt * k * n));
+    // A broadcast B is one matrix, repeated for the reference.
+    let b_batches = if g.broadcast_b { 1 } else { bt };
+    let b = round_all(g.in_dtype, &unit.sample(&mut rng, b_batches * k * n));
+    let b_all: Vec<f64> = b.iter().copied().cycle().take(bt * k * n).collect();
     let c = round_all(g.out_dtype, &unit.sample(&mut rng, bt * m * n));
     let bias = round_all(g.out_dtype, &unit.sample(&mut rng, n));
     let row = |cols: usize| MatrixMemory {
@@ -186,7 +192,17 @@ fn run_tma_case(dev: &Device, g: &TmaCase, seed: u64) -> Result<(), String> {
         row(n)
     };
     let av = matrix(dev, g.in_dtype, g.batch, m, k, row(k), Some(&a)).map_err(err)?;
-    let bv = matrix(dev, g.in_dtype, g.batch, k, n, b_mem, Some(&b)).map_err(err)?;
+    let b_batch = if g.broadcast_b { None } else { g.batch };
+    let bv = matrix(dev, g.in_dtype, b_batch, k, n, b_mem, Some(&b)).map_err(err)?;
+    let b_op = if g.broadcast_b {
+        let s = bv.view.strides();
+        let offset = bv.view.layout().offset();
+        bv.view
+            .as_strided(&[bt, k, n], &[0, s[0], s[1]], offset)
+            .map_err(err)?
+    } else {
+        bv.view.clone()
+    };
     // C and D with any strides: D dense, C padded by one (not TMA-readable, read by the epilogue).
     let c_mem = MatrixMemory {
         pad: 1,
@@ -216,13 +232,13 @@ fn run_tma_case(dev: &Device, g: &TmaCase, seed: u64) -> Result<(), String> {
         bias: g.full_epilogue.then_some(&bias_t),
         epilogue: g.epilogue,
     };
-    let kernel = gemm_kernel(dev, &av.view, &bv.view, &dv.view, &opts).map_err(err)?;
+    let kernel = gemm_kernel(dev, &av.view, &b_op, &dv.view, &opts).map_err(err)?;
     if kernel != Some(GemmKernel::Sm80Tma) {
         return Err(format!(
             "{what}: routed to {kernel:?}, not the TMA + mma.sync kernel"
         ));
     }
-    ops::gemm(dev, &av.view, &bv.view, &mut dv.view, &opts).map_err(err)?;
+    ops::gemm(dev, &av.view, &b_op, &mut dv.view, &opts).map_err(err)?;
     let got = dv.view.to_f64_vec().map_err(err)?;
     let want = Gemm {
         batch: bt,
@@ -230,7 +246,7 @@ fn run_tma_case(dev: &Device, g: &TmaCase, seed: u64) -> Result<(), String> {
         n,
         k,
         a: &a,
-        b: &b,
+        b: &b_all,
         c: g.full_epilogue.then_some(&c[..]),
         bias: g.full_epilogue.then_some(&bias[..]),
         alpha: f64::from(alpha),
@@ -249,8 +265,8 @@ fn run_tma_case(dev: &Device, g: &TmaCase, seed: u64) -> Result<(), String> {
 
 /// The TMA + mma.sync kernel (`GemmKernel::Sm80Tma`, Blackwell's GEMM) on random inputs
 /// against the f64 reference: M, N and K at 1, 7, 129, 1000 and K tails past the 64-wide
-/// stage, both B layouts, bf16 and f16 in, every output dtype, batches, and with and without
-/// alpha, beta * C, bias and each epilogue. Each case asserts that this kernel ran it. Needs
+/// stage, both B layouts, bf16 and f16 in, every output dtype, batches (also one B for all),
+/// and with and without alpha, beta * C, bias and each epilogue. Each case asserts that this kernel ran it. Needs
 /// TMA on the device (an H100); else skipped.
 #[test]
 fn tma_mma_sync_gemm_matches_the_reference() {
@@ -293,6 +309,7 @@ fn tma_mma_sync_gemm_matches_the_reference() {
                     in_dtype,
                     out_dtype,
                     batch,
+                    broadcast_b: false,
                     m,
                     n,
                     k,
@@ -312,6 +329,25 @@ fn tma_mma_sync_gemm_matches_the_reference() {
                 ran += 1;
             }
         }
+    }
+    // One B (a shared weight) for a batch of A: the B map's batch extent is 1.
+    for weight in [true, false] {
+        let g = TmaCase {
+            in_dtype: DType::BF16,
+            out_dtype: DType::F32,
+            batch: Some(3),
+            broadcast_b: true,
+            m: 100,
+            n: 136,
+            k: 200,
+            weight,
+            full_epilogue: true,
+            epilogue: Epilogue::Silu,
+        };
+        if let Err(e) = run_tma_case(&dev, &g, 0x7a3a_1000 + u64::from(weight)) {
+            failures.push(e);
+        }
+        ran += 1;
     }
     println!(
         "[route_as tma gemm] {ran} cases on {}, {} failed",
