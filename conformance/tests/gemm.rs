@@ -960,12 +960,12 @@ fn gemv_and_odd_shapes_on_gpu() {
 
 /// One case on a kernel chosen by hand (`gemm::gemm_with_kernel`), checked like [`run_gemm`]:
 /// every element against the f64 reference, nothing written outside D, A and B intact.
-/// Returns the kernel the router itself would have taken.
+/// Returns the kernel the router itself would have taken, and D.
 fn run_gemm_on(
     dev: &Device,
     g: &GemmCase,
     kernel: GemmKernel,
-) -> Result<Option<GemmKernel>, String> {
+) -> Result<(Option<GemmKernel>, Vec<f64>), String> {
     let mut o = operands(dev, g)?;
     let what = format!(
         "gemm {}x{}x{} {}->{} on {kernel:?}",
@@ -990,7 +990,7 @@ fn run_gemm_on(
     untouched_outside(&o.dv, "d")?;
     intact(&o.av, &o.a, "a")?;
     intact(&o.bv, &o.b, "b")?;
-    Ok(routed)
+    Ok((routed, got))
 }
 
 /// The tile GEMM's four operand layouts, one per vocabulary product, every operand ending
@@ -1021,8 +1021,10 @@ fn tile_layouts(m: usize, n: usize, k: usize) -> [(&'static str, [MatrixMemory; 
 /// against the f64 reference: the four layout products; M, N and K in 1..=9, around its
 /// 64/128-row and 32-deep tile edges (17, 129) and at 1000 (K tails of every length mod 32);
 /// bf16 and f16 in, bf16, f16 and f32 out; alpha, beta with C (separate and in place), bias
-/// and each epilogue; batches. Where the router takes it by itself (rows whose byte stride the
-/// tuned kernels' 16-byte copies cannot read), `gemm_kernel` must name it.
+/// and each epilogue; batches. With f32 output it must also agree with the scalar portable
+/// kernel to f32 summation noise (one shared epilogue). For a K = 77 weight `gemm_kernel`
+/// must agree with the router's plan for the device's target (the tile kernel on CDNA, sm_80
+/// and sm_100; the padded Hopper path on an H100).
 #[test]
 fn tile_gemm_matches_reference() {
     report_skipped("tile_gemm_matches_reference");
@@ -1119,7 +1121,16 @@ fn tile_gemm_matches_reference() {
                         epilogue,
                         ..tail_case(m, n, k, mems, i as u64 * 16 + fi as u64)
                     };
-                    run_gemm_on(dev, &g, GemmKernel::Tile).unwrap_or_else(|e| fail(&g, name, e));
+                    let (_, tile) = run_gemm_on(dev, &g, GemmKernel::Tile)
+                        .unwrap_or_else(|e| fail(&g, name, e));
+                    // The same epilogue as every GEMM: the scalar portable kernel gives the
+                    // same f32 numbers up to the order of the K sums.
+                    if !cube && out_dtype == DType::F32 {
+                        let (_, portable) = run_gemm_on(dev, &g, GemmKernel::Portable)
+                            .unwrap_or_else(|e| fail(&g, name, e));
+                        check_close("d against the portable kernel's", &tile, &portable, 1e-5)
+                            .unwrap_or_else(|e| fail(&g, name, e));
+                    }
                 }
             }
         }
@@ -1149,7 +1160,7 @@ fn tile_gemm_matches_reference() {
         };
         let (m, n, k) = (257, 129, 77);
         let g = tail_case(m, n, k, [dense, weight, dense], 77);
-        let routed =
+        let (routed, _) =
             run_gemm_on(dev, &g, GemmKernel::Tile).unwrap_or_else(|e| fail(&g, "k = 77", e));
         let target = dev.arch().target.clone();
         let forced = std::env::var_os("CALICO_GEMM_ROUTE_AS").is_some()
