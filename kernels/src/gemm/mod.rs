@@ -212,8 +212,9 @@ fn launch_kernel(
 }
 
 /// [`gemm`] on a chosen GPU kernel instead of the router's choice, for tests and comparisons:
-/// the vendor-neutral kernels only ([`GemmKernel::Tile`], [`GemmKernel::Portable`]), which
-/// run wherever their requirements hold; an `Err` when the kernel cannot take the problem.
+/// the vendor-neutral kernels ([`GemmKernel::Tile`], [`GemmKernel::Portable`]) and the TMA +
+/// mma.sync kernel ([`GemmKernel::Sm80Tma`], Blackwell's, which runs on any GPU with TMA), each
+/// wherever its requirements hold; an `Err` when the kernel cannot take the problem.
 pub fn gemm_with_kernel(
     dev: &Device,
     kernel: GemmKernel,
@@ -231,8 +232,15 @@ pub fn gemm_with_kernel(
         .ok_or_else(|| Error::unsupported("a chosen GEMM kernel needs a GPU device"))?;
     match kernel {
         GemmKernel::Tile | GemmKernel::Portable => launch_kernel(gpu, kernel, &p),
+        GemmKernel::Sm80Tma if sm80_tma::can_run(gpu.arch(), &p) => launch_kernel(gpu, kernel, &p),
+        GemmKernel::Sm80Tma => Err(Error::unsupported(format!(
+            "the TMA + mma.sync GEMM kernel cannot run this problem on {} (it needs TMA and \
+             operands TMA can read: 16-byte aligned rows, unit stride along K or N)",
+            gpu.arch().target
+        ))),
         _ => Err(Error::unsupported(format!(
-            "the {kernel:?} GEMM kernel cannot be chosen by hand; only Tile and Portable can"
+            "the {kernel:?} GEMM kernel cannot be chosen by hand; only Tile, Portable and \
+             Sm80Tma can"
         ))),
     }
 }

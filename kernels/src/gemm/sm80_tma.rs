@@ -59,10 +59,13 @@ fn problem_fits(p: &GemmProblem) -> bool {
 /// True when the router should send `p` here on `arch`: a GPU with TMA and mma.sync but no
 /// wgmma (sm_100), and operands TMA can read.
 pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
-    runs_on(arch, p.in_dtype)
-        && !arch.has_mma(MmaKind::Wgmma, p.in_dtype)
-        && stages(arch).is_some()
-        && problem_fits(p)
+    !arch.has_mma(MmaKind::Wgmma, p.in_dtype) && can_run(arch, p)
+}
+
+/// True when the kernel can run `p` on `arch` at all (TMA, mma.sync, the ring fits, operands
+/// TMA can read), whether or not the router would choose it: for `gemm_with_kernel`.
+pub(crate) fn can_run(arch: &Arch, p: &GemmProblem) -> bool {
+    runs_on(arch, p.in_dtype) && stages(arch).is_some() && problem_fits(p)
 }
 
 fn catalog_variant(in_dtype: DType, out_dtype: DType, b_kmajor: bool) -> Variant {
