@@ -1016,12 +1016,51 @@ fn tile_layouts(m: usize, n: usize, k: usize) -> [(&'static str, [MatrixMemory; 
     ]
 }
 
+/// (block tile, (M, N)) for each block tile the tile GEMM has: sizes that its chooser
+/// (kernels/src/gemm/tile.rs: the first of 128x128, 128x64, 64x128 and 64x64 blocks that gives
+/// every one of `units` compute units a block) sends to that tile, the smallest on a grid of
+/// odd sizes, so that each variant runs on this GPU.
+fn sizes_per_block_tile(units: usize) -> Vec<((usize, usize), (usize, usize))> {
+    const TILES: [(usize, usize); 4] = [(128, 128), (128, 64), (64, 128), (64, 64)];
+    let pick = |m: usize, n: usize| {
+        TILES
+            .into_iter()
+            .find(|&(bm, bn)| m.div_ceil(bm) * n.div_ceil(bn) >= units)
+            .unwrap_or((64, 64))
+    };
+    let mut found: Vec<((usize, usize), (usize, usize))> = Vec::new();
+    for m in (100..3000).step_by(37) {
+        for n in (100..3000).step_by(37) {
+            let tile = pick(m, n);
+            match found.iter_mut().find(|(t, _)| *t == tile) {
+                Some((_, best)) if best.0 * best.1 <= m * n => {}
+                Some((_, best)) => *best = (m, n),
+                None => found.push((tile, (m, n))),
+            }
+        }
+    }
+    found
+}
+
+/// The size search finds every block tile on GPUs from 104 to 304 compute units (H100 PCIe and
+/// SXM, MI250X's GCD, MI300X).
+#[test]
+fn tile_gemm_sizes_reach_every_block_tile() {
+    for units in [104, 114, 132, 110, 228, 304] {
+        let found = sizes_per_block_tile(units);
+        assert_eq!(found.len(), 4, "{units} units: {found:?}");
+    }
+    let on_h100 = sizes_per_block_tile(132);
+    assert!(on_h100.contains(&((128, 128), (655, 2690))), "{on_h100:?}");
+}
+
 /// The vendor-neutral tile GEMM (kernels/device/gemm/tile.cu, written only against the shared
 /// tile vocabulary), run by hand on every GPU backend (CUDA and HIP through this same code)
 /// against the f64 reference: the four layout products; M, N and K in 1..=9, around its
 /// 64/128-row and 32-deep tile edges (17, 129) and at 1000 (K tails of every length mod 32);
 /// bf16 and f16 in, bf16, f16 and f32 out; alpha, beta with C (separate and in place), bias
-/// and each epilogue; batches. With f32 output it must also agree with the scalar portable
+/// and each epilogue; batches; every block tile (sizes chosen for this GPU's compute units).
+/// With f32 output it must also agree with the scalar portable
 /// kernel to f32 summation noise (one shared epilogue). For a K = 77 weight `gemm_kernel`
 /// must agree with the router's plan for the device's target (the tile kernel on CDNA, sm_80
 /// and sm_100; the padded Hopper path on an H100).
@@ -1131,6 +1170,29 @@ fn tile_gemm_matches_reference() {
                         check_close("d against the portable kernel's", &tile, &portable, 1e-5)
                             .unwrap_or_else(|e| fail(&g, name, e));
                     }
+                }
+            }
+        }
+        // Every block tile (the sizes above all take 64x64 blocks on a large GPU), K = 40 (a
+        // tail of 8 past the 32-deep steps), every layout, two flavours.
+        let units = dev.arch().compute_units as usize;
+        for (bi, ((bm, bn), (m, n))) in sizes_per_block_tile(units).into_iter().enumerate() {
+            let k = 40;
+            for (name, mems) in tile_layouts(m, n, k) {
+                for &(in_dtype, out_dtype, epilogue, c_mode, bias, alpha, beta) in &flavours[..2] {
+                    let g = GemmCase {
+                        in_dtype,
+                        out_dtype,
+                        alpha,
+                        beta,
+                        c_mode,
+                        bias,
+                        epilogue,
+                        ..tail_case(m, n, k, mems, 9000 + bi as u64)
+                    };
+                    run_gemm_on(dev, &g, GemmKernel::Tile).unwrap_or_else(|e| {
+                        fail(&g, name, format!("{bm}x{bn} blocks on {units} units: {e}"))
+                    });
                 }
             }
         }
