@@ -387,7 +387,18 @@ fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
                     }
                 };
                 let hmma = calico_cuda::disasm::count_opcode(&sass, "HMMA");
-                println!("{what}: {hmma} HMMA");
+                // Fragments come from shared tiles by ldmatrix: row_l ones (A of mma_AB /
+                // mma_ABt, B of mma_ABt / mma_AtBt) plain, col_l ones (the transposed
+                // operands) with .trans.
+                let ldsm = calico_cuda::disasm::count_opcode(&sass, "LDSM.16.M88");
+                let ldsm_t = calico_cuda::disasm::count_opcode(&sass, "LDSM.16.MT88");
+                let plain = !e.label.contains(" mma_AtB ");
+                let transposed = !e.label.contains(" mma_ABt ");
+                assert!(
+                    (ldsm > 0) == plain && (ldsm_t > 0) == transposed,
+                    "{what}: {ldsm} LDSM, {ldsm_t} LDSM.T"
+                );
+                println!("{what}: {hmma} HMMA, {ldsm} LDSM, {ldsm_t} LDSM.T");
                 assert!(hmma > 0, "{what}: no HMMA");
             }
         }
