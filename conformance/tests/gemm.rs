@@ -1017,11 +1017,11 @@ fn tile_layouts(m: usize, n: usize, k: usize) -> [(&'static str, [MatrixMemory; 
 }
 
 /// (block tile, (M, N)) for each block tile the tile GEMM has: sizes that its chooser
-/// (kernels/src/gemm/tile.rs: the first of 128x128, 128x64, 64x128 and 64x64 blocks that gives
-/// every one of `units` compute units a block) sends to that tile, the smallest on a grid of
-/// odd sizes, so that each variant runs on this GPU.
+/// (kernels/src/gemm/tile.rs: the first of 256x128, 128x128, 128x64, 64x128 and 64x64 blocks
+/// that gives every one of `units` compute units a block) sends to that tile, the smallest on
+/// a grid of odd sizes, so that each variant runs on this GPU.
 fn sizes_per_block_tile(units: usize) -> Vec<((usize, usize), (usize, usize))> {
-    const TILES: [(usize, usize); 4] = [(128, 128), (128, 64), (64, 128), (64, 64)];
+    const TILES: [(usize, usize); 5] = [(256, 128), (128, 128), (128, 64), (64, 128), (64, 64)];
     let pick = |m: usize, n: usize| {
         TILES
             .into_iter()
@@ -1029,8 +1029,8 @@ fn sizes_per_block_tile(units: usize) -> Vec<((usize, usize), (usize, usize))> {
             .unwrap_or((64, 64))
     };
     let mut found: Vec<((usize, usize), (usize, usize))> = Vec::new();
-    for m in (100..3000).step_by(37) {
-        for n in (100..3000).step_by(37) {
+    for m in (100..4000).step_by(37) {
+        for n in (100..4000).step_by(37) {
             let tile = pick(m, n);
             match found.iter_mut().find(|(t, _)| *t == tile) {
                 Some((_, best)) if best.0 * best.1 <= m * n => {}
@@ -1048,10 +1048,11 @@ fn sizes_per_block_tile(units: usize) -> Vec<((usize, usize), (usize, usize))> {
 fn tile_gemm_sizes_reach_every_block_tile() {
     for units in [104, 114, 132, 110, 228, 304] {
         let found = sizes_per_block_tile(units);
-        assert_eq!(found.len(), 4, "{units} units: {found:?}");
+        assert_eq!(found.len(), 5, "{units} units: {found:?}");
     }
     let on_h100 = sizes_per_block_tile(132);
     assert!(on_h100.contains(&((128, 128), (655, 2690))), "{on_h100:?}");
+    assert!(on_h100.contains(&((256, 128), (1025, 3356))), "{on_h100:?}");
 }
 
 /// The vendor-neutral tile GEMM (kernels/device/gemm/tile.cu, written only against the shared

@@ -3,10 +3,10 @@
 // shared epilogue, so the same source compiles to mma.sync on NVIDIA (sm_80, sm_90a) and to
 // MFMA on CDNA (gfx90a, gfx942).
 //
-// A block is four warps/wavefronts over a BM x BN output tile, each owning a BM/2 x BN/2
-// quarter. Every BK step the four load one quarter each of the A and B slabs from global
-// memory into registers (`load(rt, gl, coord)`: element loads, zeros outside the matrix, so
-// any M, N, K and any row stride), store them into shared tiles, and read back the fragments
+// A block is four warps/wavefronts over a BM x BN output tile (eight for 256 x 128), each
+// owning a BM/2 x BN/2 quarter (a 64 x 64 eighth). Every BK step the warps load an equal share
+// each of the A and B slabs from global memory into registers (`load(rt, gl, coord)`: element
+// loads, zeros outside the matrix, so any M, N, K and any row stride), store them into shared tiles, and read back the fragments
 // the product needs; the next slab's global loads are in flight during the current product
 // (two shared buffers, one barrier per step).
 //
@@ -18,7 +18,7 @@
 // Defines:
 //   CALICO_GEMM_IN        bf16 | f16           element type of A and B
 //   CALICO_GEMM_OUT       bf16 | f16 | float   element type of C, bias and D
-//   CALICO_GEMM_BM, CALICO_GEMM_BN   block tile, 64 or 128 each
+//   CALICO_GEMM_BM, CALICO_GEMM_BN   block tile: 64 or 128 each, or 256 x 128 (eight warps)
 //   CALICO_GEMM_A_KMAJOR  1: A's K stride is 1 (row-major); 0: A's M stride is 1
 //   CALICO_GEMM_B_KMAJOR  1: B's K stride is 1 (N x K weight); 0: B's N stride is 1
 //   and the epilogue defines of gemm/epilogue.cuh.
@@ -54,13 +54,15 @@ typedef long long i64;
 constexpr int BM = CALICO_GEMM_BM;
 constexpr int BN = CALICO_GEMM_BN;
 constexpr int BK = 32;
-constexpr int WARPS = 4;
-constexpr int WM = BM / 2;  // each warp's output quarter
+// Warps along M (two, or four for 256-row blocks) by two along N; each owns WM x WN outputs.
+constexpr int WARPS_M = BM == 256 ? 4 : 2;
+constexpr int WARPS = WARPS_M * 2;
+constexpr int WM = BM / WARPS_M;
 constexpr int WN = BN / 2;
 constexpr bool A_KMAJOR = CALICO_GEMM_A_KMAJOR != 0;
 constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
-static_assert(BM == 64 || BM == 128, "CALICO_GEMM_BM must be 64 or 128");
-static_assert(BN == 64 || BN == 128, "CALICO_GEMM_BN must be 64 or 128");
+static_assert((BM == 64 || BM == 128 || (BM == 256 && BN == 128)) && (BN == 64 || BN == 128),
+              "block tiles: 64 or 128 each, or 256 x 128");
 
 // X when C is true, else Y.
 template <bool C, class X, class Y>
@@ -74,10 +76,11 @@ struct pick<false, X, Y> {
 
 // One operand's BK-deep slab of a block: MN rows of the output side (BM of A, BN of B) by BK.
 // Stored as it lies in memory: MN x BK when the operand is K-major, BK x MN otherwise; either
-// way the matrix `g` is read row-major and each warp moves a quarter of the MN side.
+// way the matrix `g` is read row-major and each warp moves an equal share of the MN side.
 template <int MN, bool KMAJOR>
 struct Slab {
-    static constexpr int Q = MN / WARPS;  // the quarter one warp moves
+    static constexpr int Q = MN / WARPS;  // the share one warp moves
+    static_assert(Q % 16 == 0, "each warp moves whole 16-row base tiles");
     typedef st<In, KMAJOR ? MN : BK, KMAJOR ? BK : MN> shared;
     typedef rt<In, KMAJOR ? Q : BK, KMAJOR ? BK : Q, row_l> part;
     // A product operand: W rows/columns of the MN side by BK, as MMA takes it (row_l when the
@@ -237,7 +240,7 @@ CALICO_DEVICE gl<T> matrix(const T* p, int rows, int cols, i64 row_stride, i64 b
 // the unit strides the defines promise are not read. Block (x, y) computes D[y*BM.., x*BN..]
 // of batches z, z + grid_z, ... (z = blockIdx.z). c and bias may be null when their defines
 // are 0.
-CALICO_KERNEL void CALICO_MAX_THREADS(4 * CALICO_LANES) calico_gemm_tile(
+CALICO_KERNEL void CALICO_MAX_THREADS((CALICO_GEMM_BM == 256 ? 8 : 4) * CALICO_LANES) calico_gemm_tile(
     const CALICO_GEMM_IN* __restrict__ a, long long a_rs, long long a_cs, long long a_bs,
     const CALICO_GEMM_IN* __restrict__ b, long long b_rs, long long b_cs, long long b_bs,
     const CALICO_GEMM_OUT* __restrict__ c, long long c_rs, long long c_cs, long long c_bs,

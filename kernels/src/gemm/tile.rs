@@ -18,11 +18,11 @@ const ENTRY: &str = "calico_gemm_tile";
 /// Grid y and z limit on both vendors; grid z is folded (blocks loop over batches).
 const MAX_GRID_YZ: usize = 65_535;
 
-/// Warps (wavefronts) per block.
-const WARPS: u32 = 4;
-
 /// Block tiles, largest first: the first that gives every compute unit a block is used.
-const TILES: [(usize, usize); 4] = [(128, 128), (128, 64), (64, 128), (64, 64)];
+/// 256 x 128 runs eight warps (wavefronts), the others four, each owning a 64 x 64 (or
+/// smaller) quarter: the larger block loads 48 elements per lane and step for the same 64
+/// MMAs per warp where 128 x 128 loads 64.
+const TILES: [(usize, usize); 5] = [(256, 128), (128, 128), (128, 64), (64, 128), (64, 64)];
 
 /// The kernel indexes rows, columns and batches with 32-bit ints (the vocabulary's `gl` and
 /// `coord`); a block tile past the end must still fit.
@@ -100,6 +100,15 @@ impl Variant {
         ]
     }
 
+    /// Warps (wavefronts) per block.
+    pub(crate) fn warps(self) -> u32 {
+        if self.bm == 256 {
+            8
+        } else {
+            4
+        }
+    }
+
     /// The vocabulary product this variant's layouts use.
     pub(crate) fn product(self) -> &'static str {
         match (self.a_k_major, self.b_k_major) {
@@ -146,7 +155,7 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
 
 /// (grid, threads): x over N tiles, y over M tiles, z over batches (folded past the limit).
 fn grid(p: &GemmProblem, v: Variant, lanes: u32) -> Result<LaunchConfig> {
-    let threads = WARPS * lanes;
+    let threads = v.warps() * lanes;
     let x = p.n.div_ceil(v.bn).max(1);
     let y = p.m.div_ceil(v.bm).max(1);
     let z = p.batch.clamp(1, MAX_GRID_YZ);
@@ -187,6 +196,7 @@ pub(crate) fn catalog(vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
         (64, 64, true, false),
         (128, 64, false, true),
         (64, 128, false, false),
+        (256, 128, true, true),
     ];
     for (i, (bm, bn, a_k_major, b_k_major)) in shapes.into_iter().enumerate() {
         for in_dtype in [DType::BF16, DType::F16] {
