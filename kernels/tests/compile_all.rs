@@ -373,8 +373,17 @@ fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
                 let (asm, kernels) = compile_amd(target, e);
                 let mfma = asm.matches("v_mfma_f32_16x16x16").count();
                 assert!(mfma > 0, "{what}: no v_mfma_f32_16x16x16");
+                // Operands with 16-byte aligned rows move in 16-byte chunks.
+                let wide = asm.matches("global_load_dwordx4").count();
+                assert!(
+                    (wide > 0) == e.label.contains("=true"),
+                    "{what}: {wide} global_load_dwordx4"
+                );
                 assert_eq!(kernels.len(), 1, "{what}");
-                println!("{what}: {mfma} MFMA; {}", kernels[0].summary());
+                println!(
+                    "{what}: {mfma} MFMA, {wide} dwordx4; {}",
+                    kernels[0].summary()
+                );
                 assert_fits(&what, &kernels[0], 2);
             } else {
                 let cubin = catalog::compile(target, &e.source)
@@ -398,7 +407,12 @@ fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
                     (ldsm > 0) == plain && (ldsm_t > 0) == transposed,
                     "{what}: {ldsm} LDSM, {ldsm_t} LDSM.T"
                 );
-                println!("{what}: {hmma} HMMA, {ldsm} LDSM, {ldsm_t} LDSM.T");
+                let wide = calico_cuda::disasm::count_opcode(&sass, "LDG.E.128");
+                assert!(
+                    (wide > 0) == e.label.contains("=true"),
+                    "{what}: {wide} LDG.E.128"
+                );
+                println!("{what}: {hmma} HMMA, {ldsm} LDSM, {ldsm_t} LDSM.T, {wide} LDG.128");
                 assert!(hmma > 0, "{what}: no HMMA");
             }
         }

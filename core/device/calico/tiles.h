@@ -22,6 +22,10 @@
 //                                               outside writes are dropped
 //   load(rt, st, row0, col0)  store(st, rt, row0, col0)     16-bit shared tiles; row0/col0
 //                                               default to 0; callers sync_threads() between
+//   load(gt, gl, coord, thread)  store(st, gt, thread)   a 16-bit tile global -> shared by a
+//                                               whole block in 16-byte chunks, through the
+//                                               staging registers gt<T, R, C, THREADS> (below;
+//                                               written once here on st::ptr, for both vendors)
 //   mma_AB(d, a, b, c)   d, c: rt<float, M, N, row_l>; a: rt<T, M, K, row_l>; b: rt<T, K, N, col_l>
 //   mma_ABt(d, a, b, c)  b: rt<T, N, K, row_l>   (D = A B^T + C)
 //   mma_AtB(d, a, b, c)  a: rt<T, K, M, col_l>   (D = A^T B + C)
@@ -32,3 +36,71 @@
 #include "calico/calico.h"
 #include "calico/tile_types.h"
 #include "calico/vendor_tiles.h"
+
+namespace calico {
+
+// gt<T, R, C, THREADS>: an R x C tile of 16-bit T on its way from global to shared memory,
+// moved by all THREADS threads of a block in 16-byte chunks (8 elements of a row), each thread
+// holding R * C / (8 * THREADS) of them in registers; consecutive threads take consecutive
+// chunks of a row, so the global loads coalesce. The shared tile's swizzle (either vendor's)
+// keeps every aligned 8-byte unit contiguous, so a chunk is written as two 8-byte halves.
+struct alignas(16) chunk16 {
+    unsigned short h[8];
+};
+struct alignas(8) chunk8 {
+    unsigned short h[4];
+};
+
+template <class T, int R, int C, int THREADS>
+struct gt {
+    static_assert(sizeof(T) == 2, "gt moves 16-bit elements");
+    static_assert(C % 8 == 0 && (R * C / 8) % THREADS == 0, "whole chunks, the same count per thread");
+    static constexpr int chunks_per_row = C / 8;
+    static constexpr int per_thread = R * C / 8 / THREADS;
+    chunk16 data[per_thread];
+};
+
+// Registers <- global: tile `tc` of `src` (R x C elements). A chunk wholly inside the matrix is
+// one 16-byte load, so the element at every chunk's start must be 16-byte aligned: src.ptr,
+// row_stride and batch_stride multiples of 16 bytes. A chunk across the right or bottom edge
+// is read element by element, zeros outside.
+template <class T, int R, int C, int THREADS>
+CALICO_DEVICE void load(gt<T, R, C, THREADS>& dst, const gl<T>& src, coord tc, int thread) {
+#pragma unroll
+    for (int i = 0; i < gt<T, R, C, THREADS>::per_thread; ++i) {
+        const int idx = thread + i * THREADS;
+        const int r = tc.row * R + idx / gt<T, R, C, THREADS>::chunks_per_row;
+        const int c = tc.col * C + (idx % gt<T, R, C, THREADS>::chunks_per_row) * 8;
+        if (r < src.rows && c + 8 <= src.cols) {
+            dst.data[i] = *reinterpret_cast<const chunk16*>(src.at(tc.batch, r, c));
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const bool inside = r < src.rows && c + e < src.cols;
+                dst.data[i].h[e] = inside ? *reinterpret_cast<const unsigned short*>(src.at(tc.batch, r, c + e)) : 0;
+            }
+        }
+    }
+}
+
+// Shared <- registers: the chunks `thread` loaded, at the same place in `dst` (R x C).
+// Callers sync_threads() before the tile is read.
+template <class T, int R, int C, int THREADS>
+CALICO_DEVICE void store(st<T, R, C>& dst, const gt<T, R, C, THREADS>& src, int thread) {
+#pragma unroll
+    for (int i = 0; i < gt<T, R, C, THREADS>::per_thread; ++i) {
+        const int idx = thread + i * THREADS;
+        const int r = idx / gt<T, R, C, THREADS>::chunks_per_row;
+        const int c = (idx % gt<T, R, C, THREADS>::chunks_per_row) * 8;
+        chunk8 lo, hi;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            lo.h[e] = src.data[i].h[e];
+            hi.h[e] = src.data[i].h[e + 4];
+        }
+        *reinterpret_cast<chunk8*>(dst.ptr(r, c)) = lo;
+        *reinterpret_cast<chunk8*>(dst.ptr(r, c + 4)) = hi;
+    }
+}
+
+}  // namespace calico

@@ -21,6 +21,9 @@
 //   CALICO_GEMM_BM, CALICO_GEMM_BN   block tile: 64 or 128 each, or 256 x 128 (eight warps)
 //   CALICO_GEMM_A_KMAJOR  1: A's K stride is 1 (row-major); 0: A's M stride is 1
 //   CALICO_GEMM_B_KMAJOR  1: B's K stride is 1 (N x K weight); 0: B's N stride is 1
+//   CALICO_GEMM_A_VEC, CALICO_GEMM_B_VEC   1 when the operand's base, row stride (the non-unit
+//                         one) and batch stride are multiples of 16 bytes: its slabs then move
+//                         in 16-byte chunks (gt) instead of element by element
 //   and the epilogue defines of gemm/epilogue.cuh.
 #include "calico/tiles.h"
 #include "gemm/epilogue.cuh"
@@ -42,6 +45,12 @@
 #endif
 #ifndef CALICO_GEMM_B_KMAJOR
 #define CALICO_GEMM_B_KMAJOR 1
+#endif
+#ifndef CALICO_GEMM_A_VEC
+#define CALICO_GEMM_A_VEC 0
+#endif
+#ifndef CALICO_GEMM_B_VEC
+#define CALICO_GEMM_B_VEC 0
 #endif
 
 namespace calico {
@@ -76,13 +85,16 @@ struct pick<false, X, Y> {
 
 // One operand's BK-deep slab of a block: MN rows of the output side (BM of A, BN of B) by BK.
 // Stored as it lies in memory: MN x BK when the operand is K-major, BK x MN otherwise; either
-// way the matrix `g` is read row-major and each warp moves an equal share of the MN side.
-template <int MN, bool KMAJOR>
+// way the matrix `g` is read row-major. VEC (rows 16-byte aligned): the whole block moves the
+// slab in 16-byte chunks (gt); otherwise each warp moves an equal share of the MN side as a
+// register tile, element by element.
+template <int MN, bool KMAJOR, bool VEC>
 struct Slab {
     static constexpr int Q = MN / WARPS;  // the share one warp moves
     static_assert(Q % 16 == 0, "each warp moves whole 16-row base tiles");
-    typedef st<In, KMAJOR ? MN : BK, KMAJOR ? BK : MN> shared;
-    typedef rt<In, KMAJOR ? Q : BK, KMAJOR ? BK : Q, row_l> part;
+    static constexpr int SR = KMAJOR ? MN : BK, SC = KMAJOR ? BK : MN;
+    typedef st<In, SR, SC> shared;
+    typedef typename pick<VEC, gt<In, SR, SC, WARPS * CALICO_LANES>, rt<In, KMAJOR ? Q : BK, KMAJOR ? BK : Q, row_l>>::type part;
     // A product operand: W rows/columns of the MN side by BK, as MMA takes it (row_l when the
     // slab is MN x BK, the transpose col_l when it is BK x MN).
     template <int W>
@@ -103,14 +115,21 @@ struct Slab {
         }
         return s;
     }
-    // Global -> registers: slab `kt` of the block at MN tile `block`, this warp's quarter.
+    // Global -> registers: slab `kt` of the block at MN tile `block` (VEC: this thread's
+    // chunks of it; else this warp's share).
     static CALICO_DEVICE void fetch(part& r, const gl<In>& g, int batch, int block, int kt, int warp) {
-        const int q = block * WARPS + warp;
-        load(r, from_step(g, kt), KMAJOR ? coord{batch, q, 0} : coord{batch, 0, q});
+        if constexpr (VEC) {
+            load(r, from_step(g, kt), KMAJOR ? coord{batch, block, 0} : coord{batch, 0, block}, static_cast<int>(thread_x()));
+        } else {
+            const int q = block * WARPS + warp;
+            load(r, from_step(g, kt), KMAJOR ? coord{batch, q, 0} : coord{batch, 0, q});
+        }
     }
     // Registers -> shared.
     static CALICO_DEVICE void put(shared& s, const part& r, int warp) {
-        if constexpr (KMAJOR)
+        if constexpr (VEC)
+            store(s, r, static_cast<int>(thread_x()));
+        else if constexpr (KMAJOR)
             store(s, r, warp * Q, 0);
         else
             store(s, r, 0, warp * Q);
@@ -125,8 +144,8 @@ struct Slab {
     }
 };
 
-typedef Slab<BM, A_KMAJOR> SlabA;
-typedef Slab<BN, B_KMAJOR> SlabB;
+typedef Slab<BM, A_KMAJOR, CALICO_GEMM_A_VEC != 0> SlabA;
+typedef Slab<BN, B_KMAJOR, CALICO_GEMM_B_VEC != 0> SlabB;
 
 // This warp's B fragment for one BK step: BK x WN (col_l) or WN x BK (row_l, the weight's rows).
 typedef SlabB::fragment_t<WN> FragB;

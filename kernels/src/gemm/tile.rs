@@ -39,6 +39,11 @@ pub(crate) struct Variant {
     pub a_k_major: bool,
     /// B's K stride is 1 (an N x K weight); otherwise its N stride is.
     pub b_k_major: bool,
+    /// A's rows are 16-byte aligned (base, row and batch strides): its slabs move in 16-byte
+    /// chunks instead of element by element.
+    pub a_vec: bool,
+    /// The same for B.
+    pub b_vec: bool,
     pub epilogue: Epilogue,
     pub has_c: bool,
     pub has_bias: bool,
@@ -51,6 +56,14 @@ fn unit_along_cols(x: &MatrixArg) -> bool {
 }
 fn unit_along_rows(x: &MatrixArg) -> bool {
     x.row_stride == 1 || x.rows <= 1
+}
+
+/// Whether the lines of `x` that the kernel reads as rows (`line_stride` apart) start on
+/// 16-byte boundaries in every batch entry: 16-bit elements, 8 to 16 bytes.
+fn lines_16b(x: &MatrixArg, line_stride: usize, batch: usize) -> bool {
+    x.ptr.is_multiple_of(16)
+        && line_stride.is_multiple_of(8)
+        && (batch <= 1 || x.batch_stride.is_multiple_of(8))
 }
 
 impl Variant {
@@ -73,13 +86,27 @@ impl Variant {
             } else {
                 (128, 64)
             });
+        let a_k_major = unit_along_cols(&p.a);
+        let b_k_major = !unit_along_cols(&p.b);
+        let a_line = if a_k_major {
+            p.a.row_stride
+        } else {
+            p.a.col_stride
+        };
+        let b_line = if b_k_major {
+            p.b.col_stride
+        } else {
+            p.b.row_stride
+        };
         Variant {
             in_dtype: p.in_dtype,
             out_dtype: p.out_dtype,
             bm,
             bn,
-            a_k_major: unit_along_cols(&p.a),
-            b_k_major: !unit_along_cols(&p.b),
+            a_k_major,
+            b_k_major,
+            a_vec: lines_16b(&p.a, a_line, p.batch),
+            b_vec: lines_16b(&p.b, b_line, p.batch),
             epilogue: p.epilogue,
             has_c: p.c.is_some() && p.beta != 0.0,
             has_bias: p.bias.is_some(),
@@ -94,6 +121,8 @@ impl Variant {
             ("CALICO_GEMM_BN", self.bn.to_string()),
             ("CALICO_GEMM_A_KMAJOR", u8::from(self.a_k_major).to_string()),
             ("CALICO_GEMM_B_KMAJOR", u8::from(self.b_k_major).to_string()),
+            ("CALICO_GEMM_A_VEC", u8::from(self.a_vec).to_string()),
+            ("CALICO_GEMM_B_VEC", u8::from(self.b_vec).to_string()),
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
@@ -209,13 +238,17 @@ pub(crate) fn catalog(vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
                 bn,
                 a_k_major,
                 b_k_major,
+                a_vec: i != 1,
+                b_vec: i != 3,
                 epilogue,
                 has_c: i % 2 == 0,
                 has_bias: i % 2 == 1,
             };
             let label = format!(
-                "tile {in_dtype}->{out_dtype} {bm}x{bn} {} {epilogue:?}",
-                v.product()
+                "tile {in_dtype}->{out_dtype} {bm}x{bn} {} {epilogue:?} vec a={} b={}",
+                v.product(),
+                v.a_vec,
+                v.b_vec
             );
             out.push(CatalogEntry {
                 op: "gemm",
@@ -278,6 +311,32 @@ mod tests {
             &Arch::for_target("sm_75").unwrap(),
             &problem(64, 64, 64, false)
         ));
+    }
+
+    #[test]
+    fn rows_on_16_byte_boundaries_move_in_chunks() {
+        let arch = Arch::for_target("sm_90a").unwrap();
+        let v = Variant::for_problem(&arch, &problem(1000, 999, 1000, true));
+        assert!(v.a_vec && v.b_vec, "{v:?}");
+        // K = 77: A's rows and the weight's rows are 154 bytes apart.
+        let v = Variant::for_problem(&arch, &problem(257, 129, 77, true));
+        assert!(!v.a_vec && !v.b_vec, "{v:?}");
+        // A view at an odd element offset; B's rows (N = 100) 200 bytes apart.
+        let mut p = problem(64, 100, 64, false);
+        p.a.ptr += 2;
+        let v = Variant::for_problem(&arch, &p);
+        assert!(!v.a_vec && !v.b_vec, "{v:?}");
+        // Column-major A: its lines are columns, M apart.
+        let mut p = problem(48, 64, 64, false);
+        p.a.row_stride = 1;
+        p.a.col_stride = 48;
+        let v = Variant::for_problem(&arch, &p);
+        assert!(!v.a_k_major && v.a_vec && v.b_vec, "{v:?}");
+        // Batches whose entries do not start on 16-byte boundaries.
+        let mut p = problem(16, 16, 16, true);
+        p.batch = 2;
+        p.a.batch_stride = 16 * 16 + 4;
+        assert!(!Variant::for_problem(&arch, &p).a_vec);
     }
 
     /// The kernel is written on the shared names alone: it includes the vocabulary and the
