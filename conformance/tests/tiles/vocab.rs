@@ -46,6 +46,9 @@ const VOCAB_ROUNDTRIP: VocabFamily = VocabFamily {
         "tiles_vocab_roundtrip_f16_col_p2_32x32",
         "tiles_vocab_roundtrip_bf16_row_p2_32x16",
         "tiles_vocab_roundtrip_bf16_col_p2_32x16",
+        "tiles_vocab_roundtrip_bf16_row_p3_16x64",
+        "tiles_vocab_roundtrip_f16_col_p3_32x32",
+        "tiles_vocab_roundtrip_bf16_col_p3_32x16",
     ],
     isa: &[
         ("_p2_", "STS", "ds_write_b64"),
@@ -501,7 +504,12 @@ fn vocab_register_tile_round_trips() {
             let shape = dims_of(entry);
             let (r, c) = (shape[0], shape[1]);
             let (rows, cols) = (extent(tr, rr, r), extent(tc, rc, c));
-            let pad = 3 * pad;
+            // Path 3 (gt) reads 16-byte chunks: its source rows start on 16-byte boundaries.
+            let pad = if entry.contains("_p3_") {
+                (8 - cols % 8) % 8 + 8 * pad
+            } else {
+                3 * pad
+            };
             let mut rng = Rng::new(seed);
             let src_m = Mat::new(rows, cols, batch, pad, 8 * pad, 0);
             let dst_m = Mat::new(rows, cols, batch, pad + 1, 5, 37);

@@ -6,6 +6,8 @@
 //
 //   PATH 0  gl -> rt<L> -> gl
 //   PATH 2  gl -> rt<row_l> -> st -> rt<L> -> gl      (16-bit; the shared tile's swizzle)
+//   PATH 3  gl -> gt -> st -> rt<L> -> gl              (16-bit, 16-byte chunks; rows of the
+//                                                      source must start on 16-byte boundaries)
 #include "calico/tiles.h"
 
 namespace vocab_roundtrip {
@@ -19,6 +21,14 @@ CALICO_DEVICE void run(const T* src, T* dst, int rows, int cols, long long src_s
     calico::rt<T, R, C, L> t;
     if constexpr (PATH == 0) {
         calico::load(t, s, tc);
+    } else if constexpr (PATH == 3) {
+        __shared__ calico::st<T, R, C> sh;
+        calico::gt<T, R, C, CALICO_LANES> staged;
+        const int thread = static_cast<int>(calico::thread_x());
+        calico::load(staged, s, tc, thread);
+        calico::store(sh, staged, thread);
+        calico::sync_threads();
+        calico::load(t, sh);
     } else {
         __shared__ calico::st<T, R, C> sh;
         calico::rt<T, R, C, calico::row_l> r;
@@ -52,3 +62,7 @@ CALICO_VOCAB_ROUNDTRIP(tiles_vocab_roundtrip_f16_row_p2_32x32, f16, row_l, 32, 3
 CALICO_VOCAB_ROUNDTRIP(tiles_vocab_roundtrip_f16_col_p2_32x32, f16, col_l, 32, 32, 2)
 CALICO_VOCAB_ROUNDTRIP(tiles_vocab_roundtrip_bf16_row_p2_32x16, bf16, row_l, 32, 16, 2)
 CALICO_VOCAB_ROUNDTRIP(tiles_vocab_roundtrip_bf16_col_p2_32x16, bf16, col_l, 32, 16, 2)
+// Path 3 (16-byte chunks through gt; a block of one warp/wavefront moves the whole tile).
+CALICO_VOCAB_ROUNDTRIP(tiles_vocab_roundtrip_bf16_row_p3_16x64, bf16, row_l, 16, 64, 3)
+CALICO_VOCAB_ROUNDTRIP(tiles_vocab_roundtrip_f16_col_p3_32x32, f16, col_l, 32, 32, 3)
+CALICO_VOCAB_ROUNDTRIP(tiles_vocab_roundtrip_bf16_col_p3_32x16, bf16, col_l, 32, 16, 3)
