@@ -1212,6 +1212,25 @@ fn tile_gemm_matches_reference() {
                 run_gemm_on(dev, &g, GemmKernel::Tile).unwrap_or_else(|e| fail(&g, name, e));
             }
         }
+        // The two staging paths on one shape: rows padded to 16 bytes at a 16-byte offset
+        // (16-byte chunks, zeros past the M/N/K edges), then the same rows from a base one
+        // element off the 16-byte grid (element loads), every layout.
+        for (oi, offset) in [8, 1].into_iter().enumerate() {
+            let (m, n, k) = (203, 150, 91);
+            for (name, mut mems) in tile_layouts(m, n, k) {
+                for (mem, (row_line, col_line)) in mems.iter_mut().zip([(k, m), (n, k), (n, m)]) {
+                    let line = if mem.col_major { col_line } else { row_line };
+                    mem.pad = (8 - line % 8) % 8;
+                    mem.offset = offset;
+                }
+                let g = GemmCase {
+                    out_dtype: DType::F32,
+                    ..tail_case(m, n, k, mems, 8000 + oi as u64)
+                };
+                run_gemm_on(dev, &g, GemmKernel::Tile)
+                    .unwrap_or_else(|e| fail(&g, name, format!("base offset {offset}: {e}")));
+            }
+        }
         // K = 77: rows 154 bytes apart, which the tuned kernels' 16-byte copies cannot read.
         // Where no other kernel takes it (gfx90a/gfx942, sm_80, sm_100; an H100 pads it for
         // the Hopper kernel instead), the router must pick the tile kernel by itself: the

@@ -379,6 +379,12 @@ fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
                     (wide > 0) == e.label.contains("=true"),
                     "{what}: {wide} global_load_dwordx4"
                 );
+                // ... and go into LDS in one ds_write_b128 each (gt's store).
+                let lds16 = asm.matches("ds_write_b128").count();
+                assert!(
+                    (lds16 > 0) == e.label.contains("=true"),
+                    "{what}: {lds16} ds_write_b128"
+                );
                 assert_eq!(kernels.len(), 1, "{what}");
                 println!(
                     "{what}: {mfma} MFMA, {wide} dwordx4; {}",
@@ -411,6 +417,11 @@ fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
                 assert!(
                     (wide > 0) == e.label.contains("=true"),
                     "{what}: {wide} LDG.E.128"
+                );
+                let sts16 = calico_cuda::disasm::count_opcode(&sass, "STS.128");
+                assert!(
+                    (sts16 > 0) == e.label.contains("=true"),
+                    "{what}: {sts16} STS.128"
                 );
                 println!("{what}: {hmma} HMMA, {ldsm} LDSM, {ldsm_t} LDSM.T, {wide} LDG.128");
                 assert!(hmma > 0, "{what}: no HMMA");

@@ -346,6 +346,15 @@ CALICO_DEVICE void store(st<T, SR, SC>& dst, const rt<S, R, C, row_l>& src, int 
     });
 }
 
+namespace detail {
+// Shared tile <- 16 bytes: 8 elements of row r from column c (a multiple of 8) on, in one
+// STS.128. st's swizzle XORs whole 16-byte units, so the 8 stay contiguous and aligned.
+template <class T, int R, int C>
+CALICO_DEVICE void st_store16(st<T, R, C>& dst, int r, int c, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
+    *reinterpret_cast<uint4*>(dst.ptr(r, c)) = make_uint4(w0, w1, w2, w3);
+}
+}  // namespace detail
+
 // A plain row-major f32 array (shared or global; `pitch` floats per row, e.g. padded against
 // bank conflicts) <- registers, element pairs at (row0 + r, col0 + c); `dst` and the pitch must
 // keep pairs 8-byte aligned.

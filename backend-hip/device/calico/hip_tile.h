@@ -391,6 +391,19 @@ CALICO_DEVICE void store(st<T, SR, SC>& dst, const rt<S, R, C, row_l>& src, int 
         }
 }
 
+namespace detail {
+typedef unsigned u32x4 __attribute__((ext_vector_type(4)));
+// LDS tile <- 16 bytes: 8 elements of row r from column c (a multiple of 8) on, in one
+// ds_write_b128. st's swizzle XORs 8-byte units with a row key: the chunk's two halves stay in
+// one aligned 16-byte unit, swapped when the key is odd (bit 3 of the first half's offset).
+template <class T, int R, int C>
+CALICO_DEVICE void st_store16(st<T, R, C>& dst, int r, int c, unsigned w0, unsigned w1, unsigned w2, unsigned w3) {
+    const unsigned o = st<T, R, C>::offset(r, c);
+    const u32x4 v = (o & 8u) ? u32x4{w2, w3, w0, w1} : u32x4{w0, w1, w2, w3};
+    *reinterpret_cast<u32x4*>(dst.raw + (o & ~15u)) = v;
+}
+}  // namespace detail
+
 // ---- matrix multiply on the matrix cores (16x16x16 per base-tile triple)
 namespace detail {
 template <bool TRANSPOSED, class TILE>

@@ -52,6 +52,7 @@ const VOCAB_ROUNDTRIP: VocabFamily = VocabFamily {
     ],
     isa: &[
         ("_p2_", "STS", "ds_write_b64"),
+        ("_p3_", "STS.128", "ds_write_b128"),
         ("_row_p2_", "LDSM.16.M88", "ds_read_b64"),
         ("_col_p2_", "LDSM.16.MT88", "ds_read_u16"),
     ],

@@ -42,13 +42,10 @@ namespace calico {
 // gt<T, R, C, THREADS>: an R x C tile of 16-bit T on its way from global to shared memory,
 // moved by all THREADS threads of a block in 16-byte chunks (8 elements of a row), each thread
 // holding R * C / (8 * THREADS) of them in registers; consecutive threads take consecutive
-// chunks of a row, so the global loads coalesce. The shared tile's swizzle (either vendor's)
-// keeps every aligned 8-byte unit contiguous, so a chunk is written as two 8-byte halves.
+// chunks of a row, so the global loads coalesce.
+// A chunk as four 32-bit words (element pairs), the registers a 16-byte load fills.
 struct alignas(16) chunk16 {
-    unsigned short h[8];
-};
-struct alignas(8) chunk8 {
-    unsigned short h[4];
+    unsigned w[4];
 };
 
 template <class T, int R, int C, int THREADS>
@@ -75,15 +72,18 @@ CALICO_DEVICE void load(gt<T, R, C, THREADS>& dst, const gl<T>& src, coord tc, i
             dst.data[i] = *reinterpret_cast<const chunk16*>(src.at(tc.batch, r, c));
         } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-                const bool inside = r < src.rows && c + e < src.cols;
-                dst.data[i].h[e] = inside ? *reinterpret_cast<const unsigned short*>(src.at(tc.batch, r, c + e)) : 0;
+            for (int e = 0; e < 8; e += 2) {
+                const bool lo = r < src.rows && c + e < src.cols, hi = r < src.rows && c + e + 1 < src.cols;
+                const unsigned x0 = lo ? *reinterpret_cast<const unsigned short*>(src.at(tc.batch, r, c + e)) : 0u;
+                const unsigned x1 = hi ? *reinterpret_cast<const unsigned short*>(src.at(tc.batch, r, c + e + 1)) : 0u;
+                dst.data[i].w[e / 2] = x0 | (x1 << 16);
             }
         }
     }
 }
 
-// Shared <- registers: the chunks `thread` loaded, at the same place in `dst` (R x C).
+// Shared <- registers: the chunks `thread` loaded, at the same place in `dst` (R x C), one
+// 16-byte shared store each (the vendor's detail::st_store16 places it in the swizzle).
 // Callers sync_threads() before the tile is read.
 template <class T, int R, int C, int THREADS>
 CALICO_DEVICE void store(st<T, R, C>& dst, const gt<T, R, C, THREADS>& src, int thread) {
@@ -92,14 +92,8 @@ CALICO_DEVICE void store(st<T, R, C>& dst, const gt<T, R, C, THREADS>& src, int 
         const int idx = thread + i * THREADS;
         const int r = idx / gt<T, R, C, THREADS>::chunks_per_row;
         const int c = (idx % gt<T, R, C, THREADS>::chunks_per_row) * 8;
-        chunk8 lo, hi;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            lo.h[e] = src.data[i].h[e];
-            hi.h[e] = src.data[i].h[e + 4];
-        }
-        *reinterpret_cast<chunk8*>(dst.ptr(r, c)) = lo;
-        *reinterpret_cast<chunk8*>(dst.ptr(r, c + 4)) = hi;
+        const unsigned* w = src.data[i].w;
+        detail::st_store16(dst, r, c, w[0], w[1], w[2], w[3]);
     }
 }
 
