@@ -25,7 +25,8 @@
 //   load(gt, gl, coord, thread)  store(st, gt, thread)   a 16-bit tile global -> shared by a
 //                                               whole block in 16-byte chunks, through the
 //                                               staging registers gt<T, R, C, THREADS> (below;
-//                                               written once here on st::ptr, for both vendors)
+//                                               written once here; each vendor places a
+//                                               16-byte chunk in its swizzle: st_store16)
 //   mma_AB(d, a, b, c)   d, c: rt<float, M, N, row_l>; a: rt<T, M, K, row_l>; b: rt<T, K, N, col_l>
 //   mma_ABt(d, a, b, c)  b: rt<T, N, K, row_l>   (D = A B^T + C)
 //   mma_AtB(d, a, b, c)  a: rt<T, K, M, col_l>   (D = A^T B + C)
