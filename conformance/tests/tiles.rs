@@ -523,15 +523,16 @@ impl Mat {
 
     /// The matrix elements of a buffer, in order.
     fn gather(&self, buf: &[f64]) -> Vec<f64> {
-        let mut v = Vec::with_capacity(self.batch * self.rows * self.cols);
-        for b in 0..self.batch {
-            for r in 0..self.rows {
-                for c in 0..self.cols {
-                    v.push(buf[self.at(b, r, c)]);
-                }
-            }
-        }
-        v
+        (0..self.batch)
+            .flat_map(|b| self.gather_batch(buf, b))
+            .collect()
+    }
+
+    /// The elements of batch entry `b` of a buffer, in order.
+    fn gather_batch(&self, buf: &[f64], b: usize) -> Vec<f64> {
+        (0..self.rows * self.cols)
+            .map(|i| buf[self.at(b, i / self.cols, i % self.cols)])
+            .collect()
     }
 
     /// Every buffer element outside the matrix still holds the sentinel.

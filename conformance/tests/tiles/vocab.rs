@@ -728,11 +728,7 @@ fn vocab_reductions_and_broadcasts() {
                 (r0..r0 + tile_r).map(move |rr| at(rr, c))
             };
             let red_got = red.read()?;
-            let got = |b: usize| -> Vec<f64> {
-                (0..rows * cols)
-                    .map(|i| red_got[red_m.at(b, i / cols, i % cols)])
-                    .collect()
-            };
+            let got = |b: usize| red_m.gather_batch(&red_got, b);
             let each = |f: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
                 (0..rows * cols).map(|i| f(i / cols, i % cols)).collect()
             };
@@ -786,9 +782,7 @@ fn vocab_reductions_and_broadcasts() {
                         round(dtype, f(x[i], if *by_row { v_row[r] } else { v_col[c] }))
                     })
                     .collect();
-                let got: Vec<f64> = (0..rows * cols)
-                    .map(|i| y_got[y_m.at(b, i / cols, i % cols)])
-                    .collect();
+                let got = y_m.gather_batch(&y_got, b);
                 check_close(
                     &format!("{entry} {name}"),
                     &got,
@@ -863,11 +857,7 @@ fn vocab_maps_and_conversions() {
             );
             vocab_launch(dev, &VOCAB_MAPS, entry, grid, &args)?;
             let z_got = gz.read()?;
-            let z = |b: usize| -> Vec<f64> {
-                (0..rows * cols)
-                    .map(|i| z_got[z_m.at(b, i / cols, i % cols)])
-                    .collect()
-            };
+            let z = |b: usize| z_m.gather_batch(&z_got, b);
             let map = |f: &dyn Fn(usize) -> f64| -> Vec<f64> {
                 (0..rows * cols).map(|i| round(ti, f(i))).collect()
             };
@@ -958,11 +948,7 @@ fn vocab_coordinates_and_vector_maps() {
             let grid = (div_up(cols, tile_c) as u32, div_up(rows, tile_r) as u32, 1);
             vocab_launch(dev, &VOCAB_COORDS, entry, grid, &args)?;
             let z_got = gz.read()?;
-            let z = |b: usize| -> Vec<f64> {
-                (0..rows * cols)
-                    .map(|i| z_got[z_m.at(b, i / cols, i % cols)])
-                    .collect()
-            };
+            let z = |b: usize| z_m.gather_batch(&z_got, b);
             let each = |f: &dyn Fn(usize, usize) -> f64| -> Vec<f64> {
                 (0..rows * cols).map(|i| f(i / cols, i % cols)).collect()
             };
