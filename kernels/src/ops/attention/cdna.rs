@@ -5,12 +5,10 @@
 //! checked by compilation and its ISA (compile_all), see docs/attention.md.
 
 use super::check::Problem;
-use super::gpu::{self as common, ArgList};
+use super::gpu as common;
 use crate::gpu::cdna_rows::is_cdna;
 use crate::Device;
-use calico_core::{
-    Arch, DType, HeaderSet, KernelArg, KernelSource, KernelVariant, MmaKind, Result, Tensor,
-};
+use calico_core::{Arch, DType, HeaderSet, KernelSource, KernelVariant, MmaKind, Result, Tensor};
 use calico_cpu::AttentionParams;
 
 const SOURCE: &str = include_str!("../../../device/attention/cdna_fwd.cu");
@@ -124,14 +122,7 @@ pub(crate) fn launch_forward(
 ) -> Result<()> {
     let gpu = common::launcher(dev)?;
     let config = common::grid(p.q_len, BLOCK_ROWS, p.q_heads, p.batch, THREADS, 0)?;
-    let mut args = ArgList::new();
-    for t in [q, k, v, o] {
-        args.extend(common::operand(t));
-    }
-    args.push(KernelArg::Ptr(common::ptr(lse)));
-    args.extend(common::lse_strides(p, varlen.is_some()));
-    args.extend(common::offsets_args(varlen));
-    args.extend(common::params_args(p, params));
+    let args = common::forward_args(p, params, [q, k, v, o, lse], varlen);
     gpu.launch_variant(&variant, &config, args.as_slice())
 }
 

@@ -224,6 +224,26 @@ impl ArgList {
     }
 }
 
+/// The argument list every forward kernel but Hopper's takes (the sm_80 tile, portable, CDNA
+/// and vendor-neutral tile kernels): Q, K, V, O with their strides, the LSE and its strides,
+/// the varlen offsets, then the problem and mask parameters.
+pub(super) fn forward_args(
+    p: &Problem,
+    params: &AttentionParams,
+    [q, k, v, o, lse]: [&Tensor; 5],
+    varlen: Option<[&Tensor; 2]>,
+) -> ArgList {
+    let mut args = ArgList::new();
+    for t in [q, k, v, o] {
+        args.extend(operand(t));
+    }
+    args.push(KernelArg::Ptr(ptr(lse)));
+    args.extend(lse_strides(p, varlen.is_some()));
+    args.extend(offsets_args(varlen));
+    args.extend(params_args(p, params));
+    args
+}
+
 pub(super) fn launcher(dev: &Device) -> Result<&dyn GpuBackend> {
     dev.as_gpu()
         .ok_or_else(|| Error::unsupported("device has no kernel launcher"))
@@ -315,14 +335,7 @@ pub(crate) fn forward(
             variant.smem_bytes(),
         )?,
     };
-    let mut args = ArgList::new();
-    for t in [q, k, v, o] {
-        args.extend(operand(t));
-    }
-    args.push(KernelArg::Ptr(ptr(lse)));
-    args.extend(lse_strides(p, varlen.is_some()));
-    args.extend(offsets_args(varlen));
-    args.extend(params_args(p, params));
+    let args = forward_args(p, params, tensors, varlen);
     gpu.launch_variant(&variant, &config, args.as_slice())
 }
 

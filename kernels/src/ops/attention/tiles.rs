@@ -7,11 +7,11 @@
 //! kernel (A/B benchmarks); [`with_tile_forward`] does the former for one thread (tests).
 
 use super::check::Problem;
-use super::gpu::{self as common, ArgList};
+use super::gpu as common;
 use crate::gpu::cdna_rows::is_cdna;
 use crate::Device;
 use calico_core::{
-    Arch, DType, HeaderSet, KernelArg, KernelSource, KernelVariant, MmaKind, Result, Tensor, Vendor,
+    Arch, DType, HeaderSet, KernelSource, KernelVariant, MmaKind, Result, Tensor, Vendor,
 };
 use calico_cpu::AttentionParams;
 
@@ -155,14 +155,7 @@ pub(crate) fn launch_forward(
     let gpu = common::launcher(dev)?;
     let threads = WARPS * dev.arch().lanes.max(1);
     let config = common::grid(p.q_len, BLOCK_ROWS, p.q_heads, p.batch, threads, 0)?;
-    let mut args = ArgList::new();
-    for t in [q, k, v, o] {
-        args.extend(common::operand(t));
-    }
-    args.push(KernelArg::Ptr(common::ptr(lse)));
-    args.extend(common::lse_strides(p, varlen.is_some()));
-    args.extend(common::offsets_args(varlen));
-    args.extend(common::params_args(p, params));
+    let args = common::forward_args(p, params, [q, k, v, o, lse], varlen);
     gpu.launch_variant(&variant, &config, args.as_slice())
 }
 
