@@ -20,6 +20,22 @@ fn toolchain_or_skip(what: &str, available: Result<(), String>) -> bool {
     }
 }
 
+/// sm_80, sm_90a, gfx90a and gfx942, less those whose compiler is missing here (said once per
+/// toolchain; a missing toolchain fails under CI).
+fn four_targets() -> Vec<&'static str> {
+    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
+    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
+    [
+        ("sm_80", nvidia),
+        ("sm_90a", nvidia),
+        ("gfx90a", amd),
+        ("gfx942", amd),
+    ]
+    .into_iter()
+    .filter_map(|(target, available)| available.then_some(target))
+    .collect()
+}
+
 fn nvrtc_available() -> Result<(), String> {
     calico_cuda::probe::require_nvrtc().map_err(|e| format!("nvrtc not found ({e})"))?;
     if calico_cuda::nvrtc::include_dirs().is_empty() {
@@ -296,22 +312,11 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
 #[test]
 fn shared_vocabulary_kernel_compiles_for_all_four_targets() {
     const KERNEL: &str = include_str!("../device/tiles/vocabulary.cu");
-    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
-    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
-    let targets = [
-        ("sm_80", nvidia, "HMMA"),
-        ("sm_90a", nvidia, "HMMA"),
-        ("gfx90a", amd, "v_mfma_f32_16x16x16"),
-        ("gfx942", amd, "v_mfma_f32_16x16x16"),
-    ];
-    for (target, available, mma) in targets {
-        if !available {
-            continue;
-        }
-        let vendor = if target.starts_with("gfx") {
-            calico_hip::hip_headers()
+    for target in four_targets() {
+        let (vendor, mma) = if target.starts_with("gfx") {
+            (calico_hip::hip_headers(), "v_mfma_f32_16x16x16")
         } else {
-            calico_cuda::device_headers()
+            (calico_cuda::device_headers(), "HMMA")
         };
         let source = calico_core::KernelSource::assemble(
             "vocabulary_attention_tile",
@@ -344,17 +349,7 @@ fn shared_vocabulary_kernel_compiles_for_all_four_targets() {
 /// least two waves per SIMD.
 #[test]
 fn tile_gemm_compiles_on_the_shared_vocabulary_for_all_four_targets() {
-    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
-    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
-    for (target, available) in [
-        ("sm_80", nvidia),
-        ("sm_90a", nvidia),
-        ("gfx90a", amd),
-        ("gfx942", amd),
-    ] {
-        if !available {
-            continue;
-        }
+    for target in four_targets() {
         let entries: Vec<_> = catalog::entries(target, Some("gemm"))
             .expect("catalog assembles")
             .into_iter()
@@ -591,20 +586,11 @@ fn tile_kernel_example_compiles_for_all_four_targets() {
         include_str!("../examples/tile_softmax.cu"),
     )
     .define("COLS", 64);
-    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
-    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
-    for (target, available) in [
-        ("sm_80", nvidia),
-        ("sm_90a", nvidia),
-        ("gfx90a", amd),
-        ("gfx942", amd),
-    ] {
-        if available {
-            let binary = kernel
-                .compile_for(target)
-                .unwrap_or_else(|e| panic!("{target}: {e}"));
-            assert!(!binary.is_empty(), "{target}");
-        }
+    for target in four_targets() {
+        let binary = kernel
+            .compile_for(target)
+            .unwrap_or_else(|e| panic!("{target}: {e}"));
+        assert!(!binary.is_empty(), "{target}");
     }
 }
 
@@ -616,17 +602,7 @@ fn tile_kernel_example_compiles_for_all_four_targets() {
 /// --op attention --target gfx942 --disasm` shows a user.
 #[test]
 fn vendor_neutral_tile_attention_compiles_for_all_four_targets() {
-    let nvidia = toolchain_or_skip("sm_80/sm_90a", nvrtc_available());
-    let amd = toolchain_or_skip("gfx90a/gfx942", clang_available());
-    for (target, available) in [
-        ("sm_80", nvidia),
-        ("sm_90a", nvidia),
-        ("gfx90a", amd),
-        ("gfx942", amd),
-    ] {
-        if !available {
-            continue;
-        }
+    for target in four_targets() {
         let entries: Vec<_> = catalog::entries(target, Some("attention"))
             .expect("catalog assembles")
             .into_iter()
