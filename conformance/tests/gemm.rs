@@ -949,6 +949,26 @@ fn gemv_and_odd_shapes_on_gpu() {
             ..base.clone()
         });
     }
+    // A few rows and columns past whole 128x256 tiles (the slivers CALICO_GEMM_ODD=split
+    // hands to the GEMV): bias (which keeps the column sliver untransposed), C, f32 out.
+    for (i, &(m, n, k)) in [(4100, 2050, 1001), (4097, 2049, 4097), (2053, 4097, 1003)]
+        .iter()
+        .enumerate()
+    {
+        cases.push(GemmCase {
+            m,
+            n,
+            k,
+            b_mem: weight,
+            out_dtype: [DType::BF16, DType::F32, DType::BF16][i],
+            beta: [0.0, 1.0, 0.5][i],
+            c_mode: [CMode::None, CMode::Separate, CMode::InPlace][i],
+            bias: i != 1,
+            epilogue: [Epilogue::None, Epilogue::Gelu, Epilogue::Silu][i],
+            seed: 400 + i as u64,
+            ..base.clone()
+        });
+    }
     for dev in gpus {
         for g in &cases {
             if let Err(e) = run_gemm_sampled(&dev, g) {

@@ -245,6 +245,15 @@ pub(crate) fn tiles(arch: &Arch, p: &GemmProblem) -> Option<usize> {
     config(arch, p).map(|cfg| cfg.tiles(p))
 }
 
+/// The (rows, columns) of the output tile the Hopper kernel would run `p` with, and the CTAs
+/// that share its tiles at once (the persistent grid), or `None` (see [`config`]).
+pub(super) fn tile_shape(arch: &Arch, p: &GemmProblem) -> Option<(usize, usize, usize)> {
+    let grid = Tune::get()
+        .grid
+        .unwrap_or(arch.compute_units.max(1) as usize);
+    config(arch, p).map(|cfg| (cfg.bm, cfg.bn, grid.max(1)))
+}
+
 /// True when D can take the TMA-store epilogue: 16-bit output, contiguous rows, 16-byte
 /// aligned base and row/batch strides, one matrix per batch.
 pub(super) fn d_tma_ok(p: &GemmProblem) -> bool {

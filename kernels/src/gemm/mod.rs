@@ -14,6 +14,7 @@ mod cdna;
 mod cdna_gemv;
 mod gemv;
 mod hopper;
+mod odd_split;
 mod padded;
 mod params;
 mod plan;

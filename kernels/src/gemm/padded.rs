@@ -11,7 +11,7 @@
 //! without allocating; held by this call while both launches are queued, and stream order
 //! keeps the GEMM's reads of it ahead of the next op's use).
 
-use super::{hopper, GemmProblem, MatrixArg};
+use super::{hopper, odd_split, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
 use calico_core::{
     Arch, DType, Error, GpuBackend, HeaderSet, KernelArg, KernelSource, KernelVariant,
@@ -312,6 +312,11 @@ fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
         q.b.ptr = base + c.offset as u64;
     }
     let Some((stride, at)) = plan.d else {
+        if odd_split::enabled() {
+            if let Some(split) = odd_split::split(arch, &q) {
+                return odd_split::launch(gpu, &split);
+            }
+        }
         return hopper::launch(gpu, &q);
     };
     q.d.ptr = base + at as u64;

@@ -1,0 +1,238 @@
+//! Odd shapes a few rows or columns past a whole number of tiles (4097 = 16 x 256 + 1): on the
+//! padded copies the Hopper kernel spends an extra wave on 1-row and 1-column tiles (4097^3:
+//! 561 tiles of 128x256 on 132 SMs, 5 waves instead of 4). With `CALICO_GEMM_ODD=split` the
+//! padded problem is cut into the bulk (M and N rounded down to the tile) for the Hopper kernel
+//! and the slivers left over (at most 16 rows and 16 columns), which the router sends to the
+//! GEMV: the row sliver against B as the weight, the column sliver transposed (D^T = B^T A^T,
+//! A as the weight) so that it streams A once over every SM. The slivers run first, while the
+//! pad's copies are still partly in L2. The default (`off`) runs the padded problem whole.
+
+use super::{hopper, launch_kernel, route, GemmKernel, GemmProblem, MatrixArg};
+use calico_core::{Arch, GpuBackend, Result};
+
+/// The widest sliver split off: the GEMV's largest M.
+const MAX_SLIVER: usize = super::gemv::MAX_M;
+
+/// True when `CALICO_GEMM_ODD=split` asks for the split (read once).
+pub(super) fn enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| parse_mode(&std::env::var("CALICO_GEMM_ODD").unwrap_or_default()))
+}
+
+fn parse_mode(text: &str) -> bool {
+    text.split([',', ' ', ';'])
+        .any(|item| item.trim().eq_ignore_ascii_case("split"))
+}
+
+/// The aligned bulk and the slivers (each with the kernel the router gives it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Split {
+    bulk: GemmProblem,
+    rows: Option<(GemmKernel, GemmProblem)>,
+    cols: Option<(GemmKernel, GemmProblem)>,
+}
+
+/// `x` from row `r0` and column `c0` on, `rows` x `cols` (elements of `elem` bytes).
+fn sub(x: &MatrixArg, elem: usize, r0: usize, rows: usize, c0: usize, cols: usize) -> MatrixArg {
+    MatrixArg {
+        ptr: x.ptr + ((r0 * x.row_stride + c0 * x.col_stride) * elem) as u64,
+        rows,
+        cols,
+        ..*x
+    }
+}
+
+fn transposed(x: MatrixArg) -> MatrixArg {
+    MatrixArg {
+        rows: x.cols,
+        cols: x.rows,
+        row_stride: x.col_stride,
+        col_stride: x.row_stride,
+        ..x
+    }
+}
+
+/// The part of `q` that writes D's rows `r0 .. r0 + m` and columns `c0 .. c0 + n`.
+fn part(q: &GemmProblem, r0: usize, m: usize, c0: usize, n: usize) -> GemmProblem {
+    let (ie, oe) = (q.in_dtype.size_bytes(), q.out_dtype.size_bytes());
+    GemmProblem {
+        m,
+        n,
+        a: sub(&q.a, ie, r0, m, 0, q.k),
+        b: sub(&q.b, ie, 0, q.k, c0, n),
+        c: q.c.map(|c| sub(&c, oe, r0, m, c0, n)),
+        d: sub(&q.d, oe, r0, m, c0, n),
+        bias: q.bias.map(|b| b + (c0 * oe) as u64),
+        ..*q
+    }
+}
+
+/// `p` as D^T = B^T A^T (only without a bias: the bias runs along D's columns).
+fn transpose_problem(p: &GemmProblem) -> Option<GemmProblem> {
+    p.bias.is_none().then(|| GemmProblem {
+        m: p.n,
+        n: p.m,
+        a: transposed(p.b),
+        b: transposed(p.a),
+        c: p.c.map(transposed),
+        d: transposed(p.d),
+        ..*p
+    })
+}
+
+/// A sliver's kernel: any the router picks but the padded path (which would take the
+/// workspace this call holds).
+fn routed(arch: &Arch, p: GemmProblem) -> Option<(GemmKernel, GemmProblem)> {
+    match route(arch, &p).ok()? {
+        GemmKernel::Padded => None,
+        kernel => Some((kernel, p)),
+    }
+}
+
+/// The split of `q` (a problem the Hopper kernel runs as it is: the padded copies), or `None`
+/// when it would not save a wave of the Hopper kernel's tiles or a sliver has no kernel.
+pub(super) fn split(arch: &Arch, q: &GemmProblem) -> Option<Split> {
+    if q.batch > 1 || q.k == 0 {
+        return None;
+    }
+    let (bm, bn, ctas) = hopper::tile_shape(arch, q)?;
+    let sliver = |extent: usize, tile: usize| {
+        let left = extent % tile;
+        if extent > tile && (1..=MAX_SLIVER).contains(&left) {
+            left
+        } else {
+            0
+        }
+    };
+    let (ms, ns) = (sliver(q.m, bm), sliver(q.n, bn));
+    if ms == 0 && ns == 0 {
+        return None;
+    }
+    let (mb, nb) = (q.m - ms, q.n - ns);
+    let bulk = part(q, 0, mb, 0, nb);
+    let waves = |tiles: usize| tiles.div_ceil(ctas);
+    if waves(hopper::tiles(arch, &bulk)?) >= waves(hopper::tiles(arch, q)?) {
+        return None;
+    }
+    let rows = match ms {
+        0 => None,
+        _ => Some(routed(arch, part(q, mb, ms, 0, q.n))?),
+    };
+    let cols = match ns {
+        0 => None,
+        _ => {
+            let p = part(q, 0, mb, nb, ns);
+            let gemv = transpose_problem(&p)
+                .and_then(|t| routed(arch, t))
+                .filter(|(kernel, _)| *kernel == GemmKernel::Gemv);
+            Some(gemv.or_else(|| routed(arch, p))?)
+        }
+    };
+    Some(Split { bulk, rows, cols })
+}
+
+/// Queues the slivers, then the bulk on the Hopper kernel.
+pub(super) fn launch(gpu: &dyn GpuBackend, s: &Split) -> Result<()> {
+    for (kernel, p) in s.rows.iter().chain(s.cols.iter()) {
+        launch_kernel(gpu, *kernel, p)?;
+    }
+    hopper::launch(gpu, &s.bulk)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gemm::portable::tests::problem;
+
+    fn h100() -> Arch {
+        Arch::for_target("sm_90a").unwrap()
+    }
+
+    /// `m x n x k` with the operands as the padded path leaves them (rows of `k` rounded up to
+    /// 64 elements, B as an N x K weight) and D with its odd rows.
+    fn padded(m: usize, n: usize, k: usize) -> GemmProblem {
+        let mut q = problem(m, n, k, true);
+        let rs = k.div_ceil(64) * 64;
+        q.a.row_stride = rs;
+        q.b.col_stride = rs;
+        q
+    }
+
+    #[test]
+    fn the_mode_is_opt_in() {
+        assert!(parse_mode("split"));
+        assert!(parse_mode(" Split ,x"));
+        assert!(!parse_mode(""));
+        assert!(!parse_mode("off"));
+    }
+
+    #[test]
+    fn one_past_a_tile_splits_into_bulk_and_two_gemv_slivers() {
+        let q = padded(4097, 4097, 4097);
+        let s = split(&h100(), &q).expect("split");
+        assert_eq!((s.bulk.m, s.bulk.n, s.bulk.k), (4096, 4096, 4097));
+        assert_eq!(hopper::tiles(&h100(), &s.bulk), Some(512));
+        let (kernel, rows) = s.rows.unwrap();
+        assert_eq!(kernel, GemmKernel::Gemv);
+        assert_eq!((rows.m, rows.n), (1, 4097));
+        assert_eq!(rows.a.ptr, q.a.ptr + 4096 * 4160 * 2);
+        assert_eq!(rows.b, q.b);
+        assert_eq!(rows.d.ptr, q.d.ptr + 4096 * 4097 * 2);
+        // The column sliver transposed: B's last row is the activation, A the weight.
+        let (kernel, cols) = s.cols.unwrap();
+        assert_eq!(kernel, GemmKernel::Gemv);
+        assert_eq!((cols.m, cols.n, cols.k), (1, 4096, 4097));
+        assert_eq!(cols.a.ptr, q.b.ptr + 4096 * 4160 * 2);
+        assert_eq!((cols.a.row_stride, cols.a.col_stride), (4160, 1));
+        assert_eq!((cols.b.row_stride, cols.b.col_stride), (1, 4160));
+        assert_eq!(cols.b.ptr, q.a.ptr);
+        assert_eq!(cols.d.ptr, q.d.ptr + 4096 * 2);
+        assert_eq!((cols.d.row_stride, cols.d.col_stride), (1, 4097));
+    }
+
+    #[test]
+    fn a_bias_keeps_the_column_sliver_untransposed() {
+        let mut q = padded(4097, 4097, 4097);
+        q.bias = Some(5 << 20);
+        let s = split(&h100(), &q).expect("split");
+        let (kernel, cols) = s.cols.unwrap();
+        assert_ne!(kernel, GemmKernel::Padded);
+        assert_eq!((cols.m, cols.n), (4096, 1));
+        assert_eq!(cols.bias, Some((5 << 20) + 4096 * 2));
+        assert_eq!(s.rows.unwrap().1.bias, Some(5 << 20));
+    }
+
+    #[test]
+    fn c_follows_d() {
+        let mut q = padded(4100, 2050, 1001);
+        let mut c = q.d;
+        c.ptr = 7 << 20;
+        q.c = Some(c);
+        q.beta = 1.0;
+        let s = split(&h100(), &q).expect("split");
+        assert_eq!((s.bulk.m, s.bulk.n), (4096, 2048));
+        let (_, rows) = s.rows.unwrap();
+        assert_eq!(rows.c.unwrap().ptr, (7 << 20) + 4096 * 2050 * 2);
+        let (kernel, cols) = s.cols.unwrap();
+        assert_eq!(kernel, GemmKernel::Gemv);
+        assert_eq!(cols.m, 2);
+        let c = cols.c.unwrap();
+        assert_eq!(c.ptr, (7 << 20) + 2048 * 2);
+        assert_eq!((c.row_stride, c.col_stride), (1, 2050));
+    }
+
+    #[test]
+    fn no_split_without_a_saved_wave() {
+        for (m, n, k) in [
+            (4096, 4096, 4095),
+            (8191, 8191, 8191),
+            (1000, 999, 1000),
+            (300, 513, 4097),
+        ] {
+            assert!(split(&h100(), &padded(m, n, k)).is_none(), "{m}x{n}x{k}");
+        }
+        let mut batched = padded(4097, 4097, 4097);
+        batched.batch = 2;
+        assert!(split(&h100(), &batched).is_none());
+    }
+}
