@@ -842,8 +842,9 @@ fn attention_varlen_rejects_bad_offsets_on_the_cpu() {
 /// Shapes the Hopper (sm_90a) forward takes (head dim 64/128/256, 16-byte aligned Q/K/V),
 /// around its 128-row and 128-key tiles: N = 1, odd N, Nq != Nkv both ways, GQA, causal,
 /// windows, soft-cap, large logits, rows that see no key, several key blocks per row, each O
-/// store width. The Hopper kernel takes them on sm_90a (CALICO_ATTN_HOPPER=0 sends them to the
-/// tile kernels).
+/// store width, and d = 64 around 192-row units. The Hopper kernel takes them on sm_90a
+/// (CALICO_ATTN_HOPPER=0 sends them to the tile kernels; CALICO_ATTN_HOPPER_CONSUMERS=3 gives
+/// d = 64 three consumer warpgroups).
 #[test]
 fn attention_hopper_shapes_forward() {
     report_skipped("attention_hopper_shapes_forward");
@@ -895,6 +896,15 @@ fn attention_hopper_shapes_forward() {
             fixed(DType::F16, (1, 2, 2), (600, 700, 128), window(90, 30), 1.0),
             2,
             2,
+        ),
+        // d = 64 around 192-row units (CALICO_ATTN_HOPPER_CONSUMERS=3), causal over 136
+        // heads: three row blocks, the last partial (folded pairs, then the middle blocks);
+        // two row blocks (folded pairs with a tail), Nkv < Nq.
+        fixed(DType::F16, (2, 17, 4), (400, 400, 64), causal, 1.0),
+        with_o(
+            fixed(DType::BF16, (1, 17, 8), (384, 300, 64), causal, 1.0),
+            8,
+            8,
         ),
     ];
     for dev in calico_conformance::backends().0 {

@@ -2,12 +2,14 @@
 // log-sum-exp, bf16/f16 in, f32 softmax and accumulation.
 //
 // DESIGN
-//  * Warp-specialised and persistent (calico/pipeline.cuh): 384 threads = 3 warpgroups.
+//  * Warp-specialised and persistent (calico/pipeline.cuh): CONSUMERS + 1 warpgroups.
 //    Warpgroup 0 is the producer (setmaxnreg.dec): one thread loads, per work unit, the
-//    128-row Q tile once (q_full / q_empty) and then the unit's K and V tiles of BN keys into
+//    BM-row Q tile once (q_full / q_empty) and then the unit's K and V tiles of BN keys into
 //    two rings of STAGES slots (K and V have their own barriers, so S = Q K^T starts before V
-//    lands). Consumer warpgroups 1 and 2 (setmaxnreg.inc) own query rows 0-63 and 64-127.
-//  * Work units are (batch, head, 128-row block). The order walks a chunk of heads whose K/V
+//    lands). Consumer warpgroups 1.. (setmaxnreg.inc) own 64 query rows each: two consumers
+//    (BM = 128, 384 threads) by default, three (BM = 192, 512 threads) at d = 64 on request,
+//    so that two consumers' softmax can run under the third's MMAs.
+//  * Work units are (batch, head, BM-row block). The order walks a chunk of heads whose K/V
 //    fit in L2 (heads_per_chunk, from the host) from the last row block to the first: under a
 //    causal mask the last blocks see the most keys, so the longest units start first.
 //  * Per key block: S[64 x BN] = Q K^T with wgmma m64nBNk16, both operands from shared memory
@@ -23,9 +25,9 @@
 //  * Schedule (CALICO_ATTN_SCHED). 0: serial, each block's S, softmax, P V in turn. 1:
 //    overlapped inside a warpgroup: S of block n is issued (async, its own commit group)
 //    before P V of block n + 1, then wait_group<1> waits for S only, so the softmax of block
-//    n runs while P V of block n + 1 is on the tensor cores. 2: 1 plus ping-pong: the two
-//    consumers take turns issuing their GEMMs (named barriers 1 and 2), so one consumer's
-//    softmax runs under the other's MMAs instead of both competing at once.
+//    n runs while P V of block n + 1 is on the tensor cores. 2: 1 plus ping-pong: the
+//    consumers take turns issuing their GEMMs in a fixed round (named barriers 1..CONSUMERS),
+//    so one consumer's softmax runs under the others' MMAs instead of all competing at once.
 //  * Epilogue from registers: O / l stored as 2-element vectors (scalars when O's strides or
 //    base are odd), rows >= Nq skipped; LSE = (m + log2 l) * ln 2 by one lane per row.
 // EDGES
@@ -38,7 +40,7 @@
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
 // 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
-// CALICO_ATTN_SCHED 0|1|2.
+// CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -53,13 +55,14 @@ using calico::uint64_t;
 using in_t = CALICO_ATTN_T;
 
 constexpr int D = CALICO_ATTN_D;
-constexpr int BM = 128;
+constexpr int CONSUMERS = CALICO_ATTN_CONSUMERS;
+constexpr int BM = 64 * CONSUMERS;
 constexpr int BN = CALICO_ATTN_BN;
 constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
 constexpr int SCHED = CALICO_ATTN_SCHED;  // 0 serial, 1 overlapped, 2 overlapped + ping-pong
 constexpr bool PINGPONG = SCHED == 2;
-constexpr int TURN_BARRIER = 1;  // named barriers 1 and 2: the consumers' turns (0 is __syncthreads)
+constexpr int TURN_BARRIER = 1;  // named barriers 1..CONSUMERS: the consumers' turns (0 is __syncthreads)
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
 constexpr int CHUNKS = D / CHUNK;
 constexpr int Q_BYTES = BM * D * 2;
@@ -67,11 +70,12 @@ constexpr int KV_BYTES = BN * D * 2;
 constexpr int S_REGS = BN / 2;
 constexpr int O_REGS = D / 2;
 constexpr int P_STEPS = BN / 16;
-constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
-constexpr int PRODUCER_REGS = 40;
-constexpr int CONSUMER_REGS = 232;
+// Registers per thread after setmaxnreg; the CTA's 64K are all handed out: 128 * (40 + 2 * 232)
+// = 64512 with two consumers, 128 * (32 + 3 * 160) = 65536 with three.
+constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 32;
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
@@ -80,6 +84,8 @@ static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
 static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
 static_assert(STAGES >= 2, "at least two stages");
 static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
+static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64), "two consumers, or three at d = 64 (registers)");
+static_assert(BM <= 256, "a TMA box has at most 256 rows");
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int Q_OFFSET = 0;
@@ -107,6 +113,7 @@ struct params {
 // Tuning bits (the host sets all by default; CALICO_ATTN_HOPPER_TUNE clears them for A/B runs).
 constexpr int TUNE_KV_FIRST = 1;  // the producer loads a unit's first K/V block before its Q
 constexpr int TUNE_FOLD = 2;      // pair long and short row blocks on one CTA (masks that grow with the row)
+constexpr int TUNE_FOLD_ODD = 4;  // fold odd row-block counts too: the unpaired middle blocks come last
 
 struct unit {
     int b, h, m0;
@@ -174,13 +181,19 @@ CALICO_DEVICE void folded_at(const params& p, int w, int& bh, int& m_block) {
 }
 
 CALICO_DEVICE bool folded(const params& p) {
-    return (p.tune & TUNE_FOLD) && (p.has_left || p.has_right) && p.m_blocks % 2 == 0;
+    const bool blocks_pair = p.m_blocks % 2 == 0 || (p.tune & TUNE_FOLD_ODD);
+    return (p.tune & TUNE_FOLD) && (p.has_left || p.has_right) && blocks_pair;
 }
 
 CALICO_DEVICE unit unit_at(const params& p, int w) {
     int bh, m_block;
-    if (folded(p)) {
+    const int paired = 2 * p.batch * p.q_heads * (p.m_blocks / 2);  // units in folded pairs
+    if (folded(p) && w < paired) {
         folded_at(p, w, bh, m_block);
+    } else if (folded(p)) {
+        // Odd m_blocks: each head's middle block, half a pair's cost, after all pairs.
+        bh = w - paired;
+        m_block = p.m_blocks / 2;
     } else {
         const int heads = p.batch * p.q_heads;
         const int per_chunk = p.heads_per_chunk * p.m_blocks;
@@ -273,7 +286,7 @@ CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
 }  // namespace attn_hopper
 
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
-//  map_q: 4-D map over Q {D, Nq, Hq, B} (real strides), box {64, 128, 1, 1}, 128B swizzle.
+//  map_q: 4-D map over Q {D, Nq, Hq, B} (real strides), box {64, BM, 1, 1}, 128B swizzle.
 //  map_k, map_v: {D, Nkv, Hkv, B}, box {64, BN, 1, 1}, 128B swizzle.
 //  o: O's first element, element strides o_sb, o_sh, o_sn (head dim contiguous); o_store:
 //  O_STORE_* (what the base's and strides' alignment allows). lse: f32 [B, Hq, Nq] contiguous.
@@ -358,15 +371,18 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         for (; n >= u.n_lo; --n) load_kv(n);
     };
 
-    // Ping-pong (SCHED 2): the consumers take turns issuing their GEMMs, each turn ends
-    // with an arrival on the other's named barrier, so one's softmax runs under the other's
-    // MMAs. Consumer 1 opens with an arrival that lets consumer 0 take the first turn;
-    // consumer 0 ends with one wait that takes consumer 1's last arrival.
+    // Ping-pong (SCHED 2): the consumers take turns issuing their GEMMs in the round 0, 1,
+    // .., CONSUMERS - 1, 0, ..; each turn ends with an arrival on the next consumer's named
+    // barrier, so one's softmax runs under the others' MMAs. Every consumer of a unit takes
+    // the same number of turns, so the round never skips anyone. The last consumer opens with
+    // an arrival that lets consumer 0 take the first turn; consumer 0 ends with one wait that
+    // takes the last consumer's last arrival.
     auto take_turn = [&](int consumer) {
         if constexpr (PINGPONG) calico::named_barrier_sync(TURN_BARRIER + consumer, 2 * calico::WARPGROUP_THREADS);
     };
     auto pass_turn = [&](int consumer) {
-        if constexpr (PINGPONG) calico::named_barrier_arrive(TURN_BARRIER + 1 - consumer, 2 * calico::WARPGROUP_THREADS);
+        const int next = consumer + 1 == CONSUMERS ? 0 : consumer + 1;
+        if constexpr (PINGPONG) calico::named_barrier_arrive(TURN_BARRIER + next, 2 * calico::WARPGROUP_THREADS);
     };
 
     auto consume = [&](int consumer, int w) {
@@ -614,7 +630,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     };
 
     auto consume_all = [&](int consumer, int w) {
-        if (PINGPONG && consumer == 1 && w == (int)blockIdx.x) pass_turn(consumer);
+        if (PINGPONG && consumer == CONSUMERS - 1 && w == (int)blockIdx.x) pass_turn(consumer);
         consume(consumer, w);
         if (PINGPONG && consumer == 0 && w + (int)gridDim.x >= work) take_turn(consumer);
     };

@@ -14,10 +14,10 @@ use calico_cuda::tma::{Swizzle, TiledMap};
 
 const SOURCE: &str = include_str!("../../../device/attention/hopper_fwd.cu");
 const ENTRY: &str = "calico_attention_hopper_fwd";
-/// One producer and two consumer warpgroups.
-const THREADS: u32 = 384;
-/// Query rows per work unit (64 per consumer warpgroup).
-const BM: usize = 128;
+/// Threads per warpgroup; a CTA has one producer and `consumers` consumer warpgroups.
+const WARPGROUP: usize = 128;
+/// Query rows per consumer warpgroup (a work unit has 64 * `consumers` rows).
+const ROWS_PER_CONSUMER: usize = 64;
 /// Elements per 128-byte swizzled TMA box row.
 const CHUNK: usize = 64;
 /// The deepest K/V ring.
@@ -37,6 +37,8 @@ pub(crate) struct HopperFwdVariant {
     stages: usize,
     softcap: bool,
     schedule: Schedule,
+    /// Consumer warpgroups: 2, or 3 at d = 64 without a soft-cap ([`consumers_chosen`]).
+    consumers: usize,
 }
 
 /// How a consumer warpgroup orders its GEMMs and softmax (hopper_fwd.cu, "Schedule").
@@ -65,17 +67,39 @@ impl Schedule {
     }
 }
 
+/// Consumer warpgroups at `head_dim`: `CALICO_ATTN_HOPPER_CONSUMERS=3` asks for three at
+/// d = 64 (192-row units, opt-in until measured); everything else has two.
+fn consumers_chosen(head_dim: usize) -> usize {
+    static THREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let three =
+        *THREE.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_CONSUMERS").as_deref() == Ok("3"));
+    if three && head_dim == 64 {
+        3
+    } else {
+        2
+    }
+}
+
 impl HopperFwdVariant {
-    /// The variant for `head_dim` on `arch`, with as many K/V stages as shared memory holds
-    /// (at most [`MAX_STAGES`]); `None` when not even two fit.
+    /// The variant for `head_dim` on `arch` with `consumers` consumer warpgroups (3 only at
+    /// d = 64 without a soft-cap, else 2), with as many K/V stages as shared memory holds (at most [`MAX_STAGES`]);
+    /// `None` when not even two fit.
     fn new(
         arch: &Arch,
         dtype: DType,
         head_dim: usize,
         softcap: bool,
         schedule: Schedule,
+        consumers: usize,
     ) -> Option<Self> {
         let block_n = if head_dim > 128 { 64 } else { 128 };
+        // Three consumers have 160 registers each: enough at d = 64 without a soft-cap (no
+        // spills in the SASS), not with tanh's temporaries (stack traffic in the loop).
+        let consumers = if head_dim == 64 && !softcap {
+            consumers.clamp(2, 3)
+        } else {
+            2
+        };
         let one = HopperFwdVariant {
             dtype,
             head_dim,
@@ -83,6 +107,7 @@ impl HopperFwdVariant {
             stages: 0,
             softcap,
             schedule,
+            consumers,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -96,13 +121,30 @@ impl HopperFwdVariant {
     /// mbarriers.
     fn smem_bytes(&self) -> usize {
         let d = self.head_dim;
-        1024 + BM * d * 2 + 2 * self.stages * self.block_n * d * 2 + (4 * self.stages + 2) * 8
+        1024 + self.block_m() * d * 2
+            + 2 * self.stages * self.block_n * d * 2
+            + (4 * self.stages + 2) * 8
+    }
+
+    /// Query rows per work unit.
+    fn block_m(&self) -> usize {
+        ROWS_PER_CONSUMER * self.consumers
+    }
+
+    fn threads(&self) -> u32 {
+        (WARPGROUP * (self.consumers + 1)) as u32
     }
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bn={} stages={} softcap={} {:?}",
-            self.dtype, self.head_dim, self.block_n, self.stages, self.softcap, self.schedule
+            "hopper fwd {} d={} bm={} bn={} stages={} softcap={} {:?}",
+            self.dtype,
+            self.head_dim,
+            self.block_m(),
+            self.block_n,
+            self.stages,
+            self.softcap,
+            self.schedule
         )
     }
 }
@@ -116,6 +158,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_STAGES", self.stages.to_string()),
             ("CALICO_ATTN_SOFTCAP", u8::from(self.softcap).to_string()),
             ("CALICO_ATTN_SCHED", (self.schedule as u8).to_string()),
+            ("CALICO_ATTN_CONSUMERS", self.consumers.to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -135,15 +178,18 @@ pub(crate) fn catalog(
     if !arch_ok(arch) {
         return Ok(out);
     }
-    for (dtype, d, softcap, schedule) in [
-        (DType::BF16, 64, false, Schedule::PingPong),
-        (DType::BF16, 128, false, Schedule::PingPong),
-        (DType::BF16, 128, false, Schedule::Overlapped),
-        (DType::BF16, 128, false, Schedule::Serial),
-        (DType::F16, 128, true, Schedule::PingPong),
-        (DType::BF16, 256, false, Schedule::PingPong),
+    for (dtype, d, softcap, schedule, consumers) in [
+        (DType::BF16, 64, false, Schedule::PingPong, 2),
+        (DType::BF16, 64, false, Schedule::PingPong, 3),
+        (DType::BF16, 64, false, Schedule::Overlapped, 3),
+        (DType::F16, 64, false, Schedule::PingPong, 3),
+        (DType::BF16, 128, false, Schedule::PingPong, 2),
+        (DType::BF16, 128, false, Schedule::Overlapped, 2),
+        (DType::BF16, 128, false, Schedule::Serial, 2),
+        (DType::F16, 128, true, Schedule::PingPong, 2),
+        (DType::BF16, 256, false, Schedule::PingPong, 2),
     ] {
-        if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, schedule) {
+        if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, schedule, consumers) {
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
                 label: v.label(),
@@ -205,9 +251,11 @@ impl Tune {
             vector_stores: !off("novec"),
         }
     }
-    /// hopper_fwd.cu's TUNE_* bits.
-    fn bits(&self) -> i32 {
-        i32::from(self.kv_first) | i32::from(self.fold) << 1
+    /// hopper_fwd.cu's TUNE_* bits. `fold_odd`: fold odd row-block counts too (the middle
+    /// blocks last); on with three consumers (192-row blocks: N = 2048 and 8192 have 11 and
+    /// 43), off with two until measured there.
+    fn bits(&self, fold_odd: bool) -> i32 {
+        i32::from(self.kv_first) | i32::from(self.fold) << 1 | i32::from(self.fold && fold_odd) << 2
     }
 }
 
@@ -281,7 +329,7 @@ pub(crate) fn forward_variant(
         && matches!(p.head_dim, 64 | 128 | 256)
         && p.q_len <= MAX_LEN
         && p.k_len <= MAX_LEN
-        && p.batch * p.q_heads * p.q_len.div_ceil(BM) <= i32::MAX as usize;
+        && p.batch * p.q_heads * p.q_len.div_ceil(ROWS_PER_CONSUMER * 2) <= i32::MAX as usize;
     if !fits {
         return None;
     }
@@ -291,6 +339,7 @@ pub(crate) fn forward_variant(
         p.head_dim,
         params.softcap.is_some(),
         Schedule::chosen(),
+        consumers_chosen(p.head_dim),
     )
 }
 
@@ -306,7 +355,7 @@ pub(crate) fn try_forward(
     let [q, k, v, o, lse] = t;
     let arch = dev.arch();
     let gpu = dev.as_gpu()?;
-    let map_q = view_map(q, BM)?;
+    let map_q = view_map(q, variant.block_m())?;
     let map_k = view_map(k, variant.block_n)?;
     let map_v = view_map(v, variant.block_n)?;
     Some(launch(
@@ -343,7 +392,7 @@ fn launch(
     let side = |s: Option<usize>| (i32::from(s.is_some()), s.unwrap_or(0) as i64);
     let (has_left, left) = side(params.left);
     let (has_right, right) = side(params.right);
-    let work = p.batch * p.q_heads * p.q_len.div_ceil(BM);
+    let work = p.batch * p.q_heads * p.q_len.div_ceil(variant.block_m());
     let grid = work.min(arch.compute_units.max(1) as usize).max(1) as u32;
     let [map_q, map_k, map_v] = maps;
     let args = [
@@ -368,9 +417,9 @@ fn launch(
         KernelArg::I64(left),
         KernelArg::I32(has_right),
         KernelArg::I64(right),
-        KernelArg::I32(tune().bits()),
+        KernelArg::I32(tune().bits(variant.consumers == 3)),
     ];
-    let config = LaunchConfig::linear(grid, THREADS, variant.smem_bytes() as u32);
+    let config = LaunchConfig::linear(grid, variant.threads(), variant.smem_bytes() as u32);
     gpu.launch_variant(&variant, &config, &args)
 }
 
@@ -386,14 +435,44 @@ mod tests {
     fn variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = h100();
         for d in [64, 128, 256] {
-            let v =
-                HopperFwdVariant::new(&arch, DType::BF16, d, false, Schedule::PingPong).unwrap();
-            assert!(v.stages >= 2, "{v:?}");
-            assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+            for consumers in [2, 3] {
+                let v = HopperFwdVariant::new(
+                    &arch,
+                    DType::BF16,
+                    d,
+                    false,
+                    Schedule::PingPong,
+                    consumers,
+                )
+                .unwrap();
+                assert!(v.stages >= 2, "{v:?}");
+                assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+            }
         }
-        let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false, Schedule::PingPong).unwrap();
-        assert_eq!((v.block_n, v.stages), (128, 3));
+        let v =
+            HopperFwdVariant::new(&arch, DType::BF16, 128, false, Schedule::PingPong, 2).unwrap();
+        assert_eq!(
+            (v.block_m(), v.block_n, v.stages, v.threads()),
+            (128, 128, 3, 384)
+        );
         assert_eq!(v.smem_bytes(), 1024 + 32768 + 3 * 65536 + 14 * 8);
+    }
+
+    #[test]
+    fn three_consumers_only_at_head_dim_64() {
+        let arch = h100();
+        let v =
+            HopperFwdVariant::new(&arch, DType::BF16, 64, false, Schedule::PingPong, 3).unwrap();
+        assert_eq!((v.block_m(), v.threads(), v.stages), (192, 512, 4));
+        assert_eq!(
+            v.smem_bytes(),
+            1024 + 192 * 64 * 2 + 2 * 4 * 128 * 64 * 2 + 18 * 8
+        );
+        let v =
+            HopperFwdVariant::new(&arch, DType::BF16, 128, false, Schedule::PingPong, 3).unwrap();
+        assert_eq!((v.block_m(), v.threads()), (128, 384));
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 64, true, Schedule::PingPong, 3).unwrap();
+        assert_eq!(v.block_m(), 128);
     }
 
     #[test]
@@ -422,12 +501,13 @@ mod tests {
     #[test]
     fn tune_switches_turn_off_by_name() {
         let all = Tune::parse("");
-        assert_eq!(all.bits(), 3);
+        assert_eq!(all.bits(false), 3);
+        assert_eq!(all.bits(true), 7);
         assert!(all.vector_stores);
         let some = Tune::parse("nofold, novec");
-        assert_eq!(some.bits(), 1);
+        assert_eq!(some.bits(true), 1);
         assert!(!some.vector_stores);
-        assert_eq!(Tune::parse("nokvfirst,nofold").bits(), 0);
+        assert_eq!(Tune::parse("nokvfirst,nofold").bits(false), 0);
     }
 
     #[test]
