@@ -72,6 +72,8 @@ struct Inner {
     shared: Arc<Shared>,
     /// The scratch buffer of `GpuBackend::with_workspace`, grown on demand.
     workspace: Mutex<Option<CudaStorage>>,
+    /// The buffer of `GpuBackend::with_counters`: zeros between ops.
+    counters: Mutex<Option<CudaStorage>>,
 }
 
 /// What every handle of one GPU shares: its description and its loaded kernels.
@@ -161,6 +163,7 @@ impl CudaDevice {
                 queue,
                 shared,
                 workspace: Mutex::new(None),
+                counters: Mutex::new(None),
             }),
         })
     }
@@ -185,6 +188,7 @@ impl CudaDevice {
                 queue,
                 shared: self.inner.shared.clone(),
                 workspace: Mutex::new(None),
+                counters: Mutex::new(None),
             }),
         })
     }
@@ -592,6 +596,19 @@ impl GpuBackend for CudaDevice {
             *slot = Some(CudaStorage::alloc(&self.inner.queue, size)?);
         }
         let ptr = slot.as_ref().map_or(0, |w| w.ptr());
+        work(ptr)
+    }
+
+    fn with_counters(&self, bytes: usize, work: &mut dyn FnMut(u64) -> Result<()>) -> Result<()> {
+        let mut slot = self.inner.counters.lock().map_err(|_| poisoned())?;
+        if slot.as_ref().is_none_or(|c| c.size_bytes() < bytes) {
+            // A new buffer is zeroed in stream order (`CudaStorage::alloc`); the old one is
+            // freed in stream order, after the work queued on it.
+            let size = bytes.max(slot.as_ref().map_or(0, |c| c.size_bytes() * 3 / 2));
+            *slot = None;
+            *slot = Some(CudaStorage::alloc(&self.inner.queue, size)?);
+        }
+        let ptr = slot.as_ref().map_or(0, |c| c.ptr());
         work(ptr)
     }
 }

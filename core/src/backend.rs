@@ -243,6 +243,19 @@ pub trait GpuBackend: Backend {
     /// the work `work` queues may use it until the next op on the same stream. Ops that need
     /// scratch space use this, so that a repeated call allocates nothing.
     fn with_workspace(&self, bytes: usize, work: &mut dyn FnMut(u64) -> Result<()>) -> Result<()>;
+    /// Runs `work` with the device address of a buffer of at least `bytes` bytes that holds
+    /// zeros whenever no op runs on this device's stream: for counters that the blocks of one
+    /// launch share (the last block of a group to finish does a merge). The work must leave
+    /// every byte it touched zero again by the end of its kernels, so the next op (or a replay
+    /// of a captured graph) finds zeros without a memset. Kept and reused like the workspace;
+    /// call it inside [`GpuBackend::with_workspace`], never the reverse. Backends without it
+    /// return `Err(Unsupported)`.
+    fn with_counters(&self, bytes: usize, work: &mut dyn FnMut(u64) -> Result<()>) -> Result<()> {
+        let _ = (bytes, work);
+        Err(crate::Error::unsupported(
+            "this backend has no zeroed counter buffer",
+        ))
+    }
     /// Compiles (or fetches from the caches) and launches `source` with `args`. Args must
     /// match the kernel's parameters in order and type. Finds the loaded kernel by the
     /// source's digest: for one-off kernels; ops use [`GpuBackend::launch_variant`].

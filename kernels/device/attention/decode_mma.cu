@@ -21,8 +21,13 @@
 // (its page is looked up a tile ahead); the op runs decode.cu otherwise. Page indices are
 // clamped into the pool.
 //
+// FUSE = 1 folds the merge into the kernel: each block counts itself in on its group's
+// counter (`counters`: zeros between calls, GpuBackend::with_counters) and the last one merges
+// the group's splits (decode_merge_row, the combiner's code); FUSE = 0 leaves it to
+// decode_combine.cu and ignores `counters`.
+//
 // Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), PAGED (0 | 1), WARPS (warps per
-// block), STAGES (tiles in each warp's ring, >= 2).
+// block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/decode_common.h"
@@ -89,7 +94,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     T* o, long long o_sb, long long o_sh, long long o_sn, float* lse,
     float* part_o, float* part_lse,
     int hq, int hkv, int nq, int row_groups, int splits, long long split_tokens_ll,
-    float qk_scale, float softcap, int causal, long long win_left, long long win_right) {
+    float qk_scale, float softcap, int causal, long long win_left, long long win_right, unsigned* counters) {
     using namespace decode_mma;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -376,4 +381,29 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             if (d == 0) part_lse[row * splits + split] = lse2;
         }
     }
+#if FUSE
+    // The last block of the group (sequence, KV head, row group) to finish merges the splits,
+    // instead of a second launch. atomicInc wraps the group's counter back to 0 as it counts
+    // the last split in, so the counters are zero again for the next call (or graph replay).
+    if (splits > 1) {
+        __shared__ int merge_here;
+        __threadfence();  // this block's partials are visible before it is counted
+        sync_threads();
+        if (thread_x() == 0) {
+            const long long group = (long long)b * hkv * row_groups + block_y();
+            merge_here = atomicInc(counters + group, (unsigned)splits - 1) == (unsigned)splits - 1;
+        }
+        sync_threads();
+        if (merge_here) {
+            __threadfence();  // every split's partials are read after the count that saw them
+            for (int r = warp; r < ROWS; r += WARPS) {
+                int head, qi;
+                if (!row_of(r, head, qi)) continue;
+                const long long row = ((long long)b * hq + head) * nq + qi;
+                decode_merge_row<T, D>(part_o, part_lse, row, splits, o + b * o_sb + head * o_sh + qi * o_sn, lse + row,
+                                       lane);
+            }
+        }
+    }
+#endif
 }

@@ -315,11 +315,13 @@ const WARPS: usize = 4;
 /// Most query rows one block keeps in registers.
 const MAX_ROWS: usize = 8;
 const MAX_SPLITS: usize = 1024;
+/// Most split groups (sequences x KV heads x row groups) a fused call counts (4 bytes each).
+const MAX_FUSED_GROUPS: usize = 1 << 20;
 
 /// Tuning knobs, defaults from the H100 measurements in docs/perf-log.md;
 /// `CALICO_DECODE_TUNE="kernel=1,pipe=0,unroll=8,minblocks=2,blocks_per_sm=4,min_split=128"`
 /// overrides them for A/B runs. kernel: 2 = tensor cores where they run (stages, warps,
-/// splits_x), 1 =
+/// splits_x, fuse: the last block of a split group merges, no combine launch), 1 =
 /// the lane kernel (pipe, unroll: applies to blocks of at most 4 rows, larger blocks use half;
 /// minblocks, blocks_per_sm); min_split applies to both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -331,6 +333,8 @@ struct Tune {
     warps: usize,
     /// Multiplies kernel 2's split count (A/B runs of the split choice; 1 = as chosen).
     splits_x: usize,
+    /// Kernel 2 merges the splits in its last block per group instead of a second launch.
+    fuse: bool,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -345,6 +349,7 @@ const DEFAULT_TUNE: Tune = Tune {
     stages: 3,
     warps: 4,
     splits_x: 1,
+    fuse: false,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -372,6 +377,7 @@ fn parse_tune(text: &str) -> Tune {
             "stages" if (2..=8).contains(&n) => t.stages = n,
             "warps" if matches!(n, 1 | 2 | 4 | 8) => t.warps = n,
             "splits_x" if (1..=16).contains(&n) => t.splits_x = n,
+            "fuse" => t.fuse = n != 0,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -460,7 +466,7 @@ fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
 }
 
 /// Row groups of up to 16 rows (one MMA tile); splits from the waves of blocks the GPU runs.
-fn plan_mma(arch: &Arch, p: &Problem, variant: DecodeMmaVariant, tune: Tune) -> Plan {
+fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune) -> Plan {
     let row_groups = p.rows_per_kv_head().div_ceil(decode_mma::BLOCK_ROWS);
     let blocks = p.batch * p.hkv * row_groups;
     let slots = arch.compute_units.max(1) as usize * variant.blocks_per_sm(arch);
@@ -471,6 +477,8 @@ fn plan_mma(arch: &Arch, p: &Problem, variant: DecodeMmaVariant, tune: Tune) -> 
         split_tokens = decode_mma::split_tokens(p.capacity, want);
         splits = p.capacity.div_ceil(split_tokens).max(1);
     }
+    // One counter per split group; a single split needs no merge.
+    variant.fused = tune.fuse && splits > 1 && blocks <= MAX_FUSED_GROUPS;
     Plan {
         kernel: MainKernel::Mma(variant),
         row_groups,
@@ -604,7 +612,9 @@ fn launch(
             p.hkv, plan.row_groups, p.batch
         )));
     }
-    let launch_both = |ws_base: u64| -> Result<()> {
+    let fused = matches!(plan.kernel, MainKernel::Mma(v) if v.fused);
+    // The main kernel and, unless it merges itself (fused), the combiner.
+    let launch_both = |ws_base: u64, counters: u64| -> Result<()> {
         let part_o = ws_base;
         let part_lse = ws_base + (rows * plan.splits * p.dim * 4) as u64;
         let args = [
@@ -645,6 +655,8 @@ fn launch(
             KernelArg::I32(i32::from(p.mask.causal)),
             KernelArg::I64(win_left),
             KernelArg::I64(win_right),
+            // The tensor-core kernel's last parameter (the lane kernel has none).
+            KernelArg::Ptr(counters),
         ];
         let lanes = gpu.arch().lanes.max(1);
         let grid = (plan.splits as u32, grid_y as u32, p.batch as u32);
@@ -655,7 +667,7 @@ fn launch(
                     block: (WARPS as u32 * lanes, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                gpu.launch_variant(variant, &config, &args)?;
+                gpu.launch_variant(variant, &config, &args[..args.len() - 1])?;
             }
             MainKernel::Mma(variant) => {
                 let config = LaunchConfig {
@@ -666,7 +678,7 @@ fn launch(
                 gpu.launch_variant(variant, &config, &args)?;
             }
         }
-        if plan.splits > 1 {
+        if plan.splits > 1 && !fused {
             let combine = CombineVariant {
                 dtype: p.dtype,
                 head_dim: p.dim,
@@ -697,9 +709,16 @@ fn launch(
     if ws_bytes > 0 {
         // Both kernels are queued while the workspace is ours: another thread's call cannot
         // reuse the partials between them.
-        gpu.with_workspace(ws_bytes, &mut |address| launch_both(address))
+        gpu.with_workspace(ws_bytes, &mut |address| {
+            if fused {
+                let groups = p.batch * grid_y;
+                gpu.with_counters(groups * 4, &mut |counters| launch_both(address, counters))
+            } else {
+                launch_both(address, 0)
+            }
+        })
     } else {
-        launch_both(0)
+        launch_both(0, 0)
     }
 }
 
@@ -746,13 +765,16 @@ pub(crate) fn planned_kernels(
         ),
         MainKernel::Mma(v) => (
             format!(
-                "decode mma {dtype} d{dim}, {} warps, {} stages",
-                v.warps, v.stages
+                "decode mma {dtype} d{dim}, {} warps, {} stages{}",
+                v.warps,
+                v.stages,
+                if v.fused { ", merges its splits" } else { "" }
             ),
             DecodeKernel::Mma(v),
         ),
     }];
-    if plan.splits > 1 {
+    let fused = matches!(plan.kernel, MainKernel::Mma(v) if v.fused);
+    if plan.splits > 1 && !fused {
         let v = CombineVariant {
             dtype,
             head_dim: dim,
@@ -789,20 +811,24 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
             DecodeKernel::Decode(v),
         ));
     }
-    for (dtype, head_dim, paged, warps, stages) in [
-        (DType::BF16, 128, true, 4, 3),
-        (DType::BF16, 128, false, 4, 4),
-        (DType::F16, 64, true, 4, 3),
-        (DType::BF16, 256, false, 4, 3),
-        (DType::F16, 256, true, 2, 2),
+    for (dtype, head_dim, paged, warps, stages, fused) in [
+        (DType::BF16, 128, true, 4, 3, false),
+        (DType::BF16, 128, false, 4, 4, false),
+        (DType::F16, 64, true, 4, 3, false),
+        (DType::BF16, 256, false, 4, 3, false),
+        (DType::F16, 256, true, 2, 2, false),
+        (DType::BF16, 128, true, 4, 3, true),
+        (DType::F16, 256, false, 4, 3, true),
     ] {
         if !decode_mma::runs_here(arch, dtype, None) {
             break;
         }
-        if let Some(v) = DecodeMmaVariant::fitting(arch, dtype, head_dim, paged, warps, stages) {
+        if let Some(mut v) = DecodeMmaVariant::fitting(arch, dtype, head_dim, paged, warps, stages)
+        {
+            v.fused = fused;
             out.push((
                 format!(
-                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={}",
+                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused}",
                     v.stages
                 ),
                 DecodeKernel::Mma(v),
@@ -912,11 +938,32 @@ mod tests {
     }
 
     #[test]
+    fn fused_merge_only_where_a_call_splits() {
+        let h100 = Arch::for_target("sm_90a").unwrap();
+        let tune = Tune {
+            fuse: true,
+            ..DEFAULT_TUNE
+        };
+        let fused = |plan: &Plan| matches!(plan.kernel, MainKernel::Mma(v) if v.fused);
+        let one = plan_with(&h100, &problem(1, 32, 8, 1, 8192), true, tune);
+        assert!(one.splits > 1 && fused(&one));
+        let big = plan_with(&h100, &problem(64, 32, 8, 1, 8192), true, tune);
+        assert!(big.splits == 1 && !fused(&big));
+        let default = plan_with(&h100, &problem(1, 32, 8, 1, 8192), true, DEFAULT_TUNE);
+        assert!(!fused(&default));
+        // The combiner is planned only without the fused merge.
+        let kernels =
+            |arch: &Arch| planned_kernels(arch, DType::BF16, 1, 32, 8, 128, 8192, Some(16)).len();
+        assert_eq!(kernels(&h100), if super::tune().fuse { 1 } else { 2 });
+    }
+
+    #[test]
     fn tune_overrides_known_keys_only() {
         let t = parse_tune("pipe=0, unroll=8,minblocks=2,bogus=1,unroll=3,min_split=x,kernel=1");
         assert_eq!((t.pipe, t.unroll, t.min_blocks, t.kernel), (false, 8, 2, 1));
-        let t = parse_tune("kernel=3,stages=4,warps=3,splits_x=2");
+        let t = parse_tune("kernel=3,stages=4,warps=3,splits_x=2,fuse=1");
         assert_eq!((t.kernel, t.stages, t.warps, t.splits_x), (2, 4, 4, 2));
+        assert!(t.fuse && !DEFAULT_TUNE.fuse);
         assert_eq!(t.min_split, DEFAULT_TUNE.min_split);
         assert_eq!(parse_tune(""), DEFAULT_TUNE);
     }

@@ -26,6 +26,8 @@ pub(crate) struct DecodeMmaVariant {
     pub warps: usize,
     /// Tiles in each warp's cp.async ring.
     pub stages: usize,
+    /// The last block of each split group merges the splits (no combine launch).
+    pub fused: bool,
 }
 
 impl DecodeMmaVariant {
@@ -63,6 +65,7 @@ impl DecodeMmaVariant {
                 paged,
                 warps,
                 stages,
+                fused: false,
             };
             // 512 bytes of static shared memory (the warps' max and sum per row).
             (v.smem_bytes() + 512 <= arch.shared_mem_per_block).then_some(v)
@@ -78,6 +81,7 @@ impl KernelVariant for DecodeMmaVariant {
             ("PAGED", u8::from(self.paged).to_string()),
             ("WARPS", self.warps.to_string()),
             ("STAGES", self.stages.to_string()),
+            ("FUSE", u8::from(self.fused).to_string()),
         ];
         let sets = [
             vendor,
