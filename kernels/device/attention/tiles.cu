@@ -24,7 +24,10 @@
 // LSE is written (-inf for such a row): the per-row vector is broadcast over a 16 x 16 tile
 // and its first column stored into an LSE matrix of one column.
 //
-// Defines: ELEM (bf16 | f16), HEAD_DIM (a multiple of 16, at most 256), BN (keys per block).
+// Defines: ELEM (bf16 | f16), HEAD_DIM (a multiple of 16, at most 256), BN (keys per block),
+// PREFETCH (1: the next block's global loads are issued right after this block is committed,
+// as above; 0: each block is fetched and committed in one step, so no loads travel under the
+// compute but no registers hold them either; CALICO_ATTN_TILES_PREFETCH picks it).
 // No alignment is required of any operand (the global moves are element-wise).
 #include "calico/tiles.h"
 #include "attention/common.cuh"
@@ -37,6 +40,9 @@
 #endif
 #ifndef BN
 #define BN 64
+#endif
+#ifndef PREFETCH
+#define PREFETCH 1
 #endif
 
 namespace calico {
@@ -86,6 +92,23 @@ struct block_in_flight {
                 load(k[i], kg, at);
                 load(v[i], vg, at);
             }
+        }
+    }
+
+    // Without the early loads (PREFETCH 0): each piece loaded and stored in turn, so only one
+    // piece per operand is held in registers at a time.
+    static CALICO_DEVICE void stage(k_tile& ks, vt_tile& vts, const gl<ELEM>& kg, const gl<ELEM>& vg, int tile, int warp) {
+#pragma unroll
+        for (int piece = warp; piece < PIECES; piece += WARPS) {
+            const int r = piece / CHUNKS, c = piece % CHUNKS;
+            rt<ELEM, 16, 16> kp;
+            rt<ELEM, 16, 16, col_l> vp;
+            load(kp, kg, coord{0, tile * (BN / 16) + r, c});
+            load(vp, vg, coord{0, tile * (BN / 16) + r, c});
+            store(ks, kp, 16 * r, 16 * c);
+            rt<ELEM, 16, 16> vt;
+            transpose(vt, vp);
+            store(vts, vt, 16 * c, 16 * r);
         }
     }
 
@@ -169,12 +192,15 @@ CALICO_KERNEL CALICO_MAX_THREADS(8 * CALICO_LANES) void calico_attention_tiles_f
     const int end_tile = hi_last > lo ? (int)((hi_last + BN - 1) / BN) : first_tile;
 
     block_in_flight next;
-    if (first_tile < end_tile) next.fetch(kg, vg, first_tile, warp);
+    if (PREFETCH && first_tile < end_tile) next.fetch(kg, vg, first_tile, warp);
     for (int t = first_tile; t < end_tile; ++t) {
         // Every warp is past the previous block's fragment reads (the barrier ending it).
-        next.commit(ks, vts, warp);
+        if (PREFETCH)
+            next.commit(ks, vts, warp);
+        else
+            block_in_flight::stage(ks, vts, kg, vg, t, warp);
         sync_threads();
-        if (t + 1 < end_tile) next.fetch(kg, vg, t + 1, warp);
+        if (PREFETCH && t + 1 < end_tile) next.fetch(kg, vg, t + 1, warp);
 
         // S = Q K^T over the head dimension.
         rt_fl<16, BN> s;
