@@ -30,30 +30,57 @@ CALICO_DEVICE float decode_log2(float x) {
 #endif
 }
 
-// A float written by another block of the running launch: read from L2 (ld.global.cg on
-// NVIDIA, whose L1 is not coherent); a plain load on AMD, where only a later launch reads.
-CALICO_DEVICE float decode_load_l2(const float* p) {
+// N floats written by another block of the running launch (16-byte aligned when N is a
+// multiple of 4, 8-byte when even): read from L2 (ld.global.cg on NVIDIA, whose L1 is not
+// coherent); plain loads on AMD, where only a later launch reads them.
+template <int N>
+CALICO_DEVICE void decode_load_l2(const float* p, float (&v)[N]) {
 #if defined(__HIP__)
-    return *p;
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = p[i];
 #else
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
-    return v;
+    if constexpr (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i += 4)
+            asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                         : "=f"(v[i]), "=f"(v[i + 1]), "=f"(v[i + 2]), "=f"(v[i + 3])
+                         : "l"(p + i));
+    } else if constexpr (N % 2 == 0) {
+#pragma unroll
+        for (int i = 0; i < N; i += 2)
+            asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v[i]), "=f"(v[i + 1]) : "l"(p + i));
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; ++i) asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v[i]) : "l"(p + i));
+    }
 #endif
 }
 
+CALICO_DEVICE float decode_load_l2(const float* p) {
+    float v[1];
+    decode_load_l2<1>(p, v);
+    return v[0];
+}
+
 // Merges the split partials of one output row (sequence, query head, query token) in split
-// order, one warp per row: each split left its normalised output o_s (HEAD_DIM floats at
-// part_o + (row * splits + s) * HEAD_DIM) and base-2 LSE l_s (part_lse[row * splits + s]).
-// The row's output is sum_s 2^(l_s - M) o_s / sum_s 2^(l_s - M) with M = max_s l_s, written
-// to orow, and its LSE (natural log) (M + log2(sum_s 2^(l_s - M))) * ln 2 to *lse_out. A row
-// no split saw (M = -inf) gets O = 0 and LSE = -inf. The order of the sums is fixed, so the
-// result is bit-identical across runs and whichever kernel (the combiner or the last block
-// of a split group) does the merge.
+// order, one warp per row: each split left its normalised output o_s (HD floats at
+// part_o + (row * splits + s) * HD) and base-2 LSE l_s (part_lse[row * splits + s]). The
+// row's output is sum_s 2^(l_s - M) o_s / sum_s 2^(l_s - M) with M = max_s l_s, written to
+// orow, and its LSE (natural log) (M + log2(sum_s 2^(l_s - M))) * ln 2 to *lse_out. A row no
+// split saw (M = -inf) gets O = 0 and LSE = -inf. Each output element sums its splits in
+// split order with the same weights as decode_combine.cu's serial loop, so the result is
+// bit-identical to it, across runs, and whichever kernel does the merge.
+//
+// Lane j owns HD / lanes consecutive elements, read with vector loads, and the loads of a
+// batch of splits are all issued before the first multiply-add: a compiler free to interleave
+// each load with its use leaves one or two loads in flight per lane, a serial chain of L2 (or
+// DRAM) round trips that made the two-launch combiner take 17-19 us at 32 splits.
 template <typename T, int HD>
 CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, long long row, int splits,
                                     T* orow, float* lse_out, int lane) {
-    constexpr int PER_LANE = (HD + CALICO_LANES - 1) / CALICO_LANES;
+    static_assert(HD % CALICO_LANES == 0, "whole elements per lane");
+    constexpr int PER_LANE = HD / CALICO_LANES;
+    constexpr int BATCH = PER_LANE >= 8 ? 8 : 16;  // splits in flight: 64 floats of registers
     const float NEG_INF = decode_neg_inf();
     const float* ls = part_lse + row * splits;
 
@@ -70,31 +97,29 @@ CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, 
     for (int i = 0; i < PER_LANE; ++i) out[i] = 0.0f;
     if (total > 0.0f) {
         const float inv = 1.0f / total;
-        // Lane j computes the weight of split s0 + j; the loop body has no branch on the data,
-        // so the loads of several splits are in flight at once (a serial chain of L2 reads,
-        // one per split, would dominate at 32 splits). An empty split (LSE -inf) has weight 0
-        // and a zero partial: it adds nothing.
         for (int s0 = 0; s0 < splits; s0 += CALICO_LANES) {
-            const int mine = s0 + lane;
+            const int mine = s0 + lane;  // lane j computes the weight of split s0 + j
             const float w_mine = mine < splits ? exp2_approx(decode_load_l2(ls + mine) - base) * inv : 0.0f;
             const int n = splits - s0 < CALICO_LANES ? splits - s0 : CALICO_LANES;
-            const float* ps = part_o + (row * splits + s0) * HD;
-#pragma unroll 16
-            for (int j = 0; j < n; ++j) {
-                const float w = shfl(w_mine, j);
+            const float* ps = part_o + (row * splits + s0) * HD + lane * PER_LANE;
+            for (int j0 = 0; j0 < n; j0 += BATCH) {
+                float v[BATCH][PER_LANE];
 #pragma unroll
-                for (int i = 0; i < PER_LANE; ++i) {
-                    const int d = lane + i * CALICO_LANES;
-                    if (d < HD) out[i] = fmaf(w, decode_load_l2(ps + j * HD + d), out[i]);
+                for (int j = 0; j < BATCH; ++j)
+                    if (j0 + j < n) decode_load_l2<PER_LANE>(ps + (j0 + j) * HD, v[j]);
+#pragma unroll
+                for (int j = 0; j < BATCH; ++j) {
+                    const float w = shfl(w_mine, (j0 + j) % CALICO_LANES);
+                    if (j0 + j < n) {
+#pragma unroll
+                        for (int i = 0; i < PER_LANE; ++i) out[i] = fmaf(w, v[j][i], out[i]);
+                    }
                 }
             }
         }
     }
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) {
-        const int d = lane + i * CALICO_LANES;
-        if (d < HD) orow[d] = from_float<T>(out[i]);
-    }
+    for (int i = 0; i < PER_LANE; ++i) orow[lane * PER_LANE + i] = from_float<T>(out[i]);
     if (lane == 0) *lse_out = total > 0.0f ? (base + decode_log2(total)) * DECODE_LN2 : NEG_INF;
 }
 

@@ -302,6 +302,8 @@ pub(crate) struct DecodeVariant {
 pub(crate) struct CombineVariant {
     pub dtype: DType,
     pub head_dim: usize,
+    /// `decode_merge_row`'s batched vector loads instead of the serial loop (same sums).
+    pub batched: bool,
 }
 
 const DECODE_SOURCE: &str = include_str!("../../../device/attention/decode.cu");
@@ -323,7 +325,8 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// overrides them for A/B runs. kernel: 2 = tensor cores where they run (stages, warps,
 /// splits_x, fuse: the last block of a split group merges, no combine launch), 1 =
 /// the lane kernel (pipe, unroll: applies to blocks of at most 4 rows, larger blocks use half;
-/// minblocks, blocks_per_sm); min_split applies to both.
+/// minblocks, blocks_per_sm); min_split applies to both; merge=1: the combiner loads a batch of
+/// splits at once (vector loads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     kernel: usize,
@@ -335,6 +338,8 @@ struct Tune {
     splits_x: usize,
     /// Kernel 2 merges the splits in its last block per group instead of a second launch.
     fuse: bool,
+    /// The combine launch uses the batched merge.
+    merge_batched: bool,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -350,6 +355,7 @@ const DEFAULT_TUNE: Tune = Tune {
     warps: 4,
     splits_x: 1,
     fuse: false,
+    merge_batched: false,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -378,6 +384,7 @@ fn parse_tune(text: &str) -> Tune {
             "warps" if matches!(n, 1 | 2 | 4 | 8) => t.warps = n,
             "splits_x" if (1..=16).contains(&n) => t.splits_x = n,
             "fuse" => t.fuse = n != 0,
+            "merge" => t.merge_batched = n != 0,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -417,6 +424,7 @@ impl KernelVariant for CombineVariant {
         let defines = [
             ("ELEM", self.dtype.device_type().to_string()),
             ("HEAD_DIM", self.head_dim.to_string()),
+            ("MERGE_BATCHED", u8::from(self.batched).to_string()),
         ];
         let sets = [vendor, calico_core::device_headers(), DECODE_HEADERS];
         KernelSource::assemble(
@@ -446,6 +454,8 @@ pub(crate) struct Plan {
     pub splits: usize,
     /// KV tokens per split (a multiple of the warp tile).
     pub split_tokens: usize,
+    /// The combine launch (if any) uses the batched merge.
+    pub batched_merge: bool,
 }
 
 fn plan(arch: &Arch, p: &Problem, paged: bool) -> Plan {
@@ -484,6 +494,7 @@ fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune)
         row_groups,
         splits,
         split_tokens,
+        batched_merge: tune.merge_batched,
     }
 }
 
@@ -518,6 +529,7 @@ fn plan_lanes(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
         row_groups,
         splits,
         split_tokens,
+        batched_merge: tune.merge_batched,
     }
 }
 
@@ -682,6 +694,7 @@ fn launch(
             let combine = CombineVariant {
                 dtype: p.dtype,
                 head_dim: p.dim,
+                batched: plan.batched_merge,
             };
             let args = [
                 KernelArg::Ptr(part_o),
@@ -778,6 +791,7 @@ pub(crate) fn planned_kernels(
         let v = CombineVariant {
             dtype,
             head_dim: dim,
+            batched: plan.batched_merge,
         };
         out.push((
             format!("decode combine {dtype} d{dim} ({} splits)", plan.splits),
@@ -835,10 +849,21 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
             ));
         }
     }
-    for (dtype, head_dim) in [(DType::BF16, 128), (DType::F16, 64), (DType::BF16, 256)] {
+    for (dtype, head_dim, batched) in [
+        (DType::BF16, 128, false),
+        (DType::F16, 64, false),
+        (DType::BF16, 256, false),
+        (DType::BF16, 128, true),
+        (DType::F16, 64, true),
+        (DType::BF16, 256, true),
+    ] {
         out.push((
-            format!("combine {dtype} d{head_dim}"),
-            DecodeKernel::Combine(CombineVariant { dtype, head_dim }),
+            format!("combine {dtype} d{head_dim} batched={batched}"),
+            DecodeKernel::Combine(CombineVariant {
+                dtype,
+                head_dim,
+                batched,
+            }),
         ));
     }
     out
