@@ -300,10 +300,15 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
 // One parameter struct (gemm/params.cuh, strides in elements). A is M x K with K contiguous
 // (a_rs: its row stride); W is the N x K weight with K contiguous (w_rs: its row stride, i.e.
 // B's column stride); C and D take any strides. A, W and their row strides must be 16-byte
-// aligned. Grid (SPLIT, ceil(N / 64)).
+// aligned. Grid (SPLIT, ceil(N / 64), row groups): z takes rows [z * MP, z * MP + MP) of A, C
+// and D, so a narrow N can still give every SM a few CTAs (each re-reads its W slab from L2).
+// A whole cluster shares z, so a cluster past M returns together.
 CALICO_KERNEL void __cluster_dims__(CALICO_SKINNY_SPLIT, 1, 1) __launch_bounds__(128, 4)
     calico_gemm_skinny(const calico::gemm_skinny::params p) {
     extern __shared__ __align__(128) unsigned char calico_gemm_smem[];
-    calico::gemm_skinny::run(p.a, p.a_rs, p.w, p.w_rs, p.c, p.c_rs, p.c_cs, p.d, p.d_rs, p.d_cs, p.bias, p.m, p.n, p.k, p.alpha,
-                             p.beta, calico_gemm_smem);
+    const long long r0 = (long long)blockIdx.z * calico::gemm_skinny::MP;
+    if (r0 >= p.m) return;
+    calico::gemm_skinny::run(p.a + r0 * p.a_rs, p.a_rs, p.w, p.w_rs, p.c ? p.c + r0 * p.c_rs : p.c, p.c_rs, p.c_cs,
+                             p.d + r0 * p.d_rs, p.d_rs, p.d_cs, p.bias, p.m - r0, p.n, p.k, p.alpha, p.beta,
+                             calico_gemm_smem);
 }

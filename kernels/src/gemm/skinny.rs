@@ -172,11 +172,41 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
     arch_ok(arch, p.in_dtype) && dtypes && shape && a_ok && b_ok
 }
 
+/// Row groups (grid z): how many CTAs share one W slab, each taking `mt * 16` rows of A.
+/// `CALICO_SKINNY_ROWS=2|4` (read once) asks for that many groups when M has the rows for
+/// them (A/B runs for narrow N, where N / 64 clusters of 8 leave SMs with one CTA); the
+/// default is one group.
+fn row_groups(p: &GemmProblem) -> usize {
+    static ASKED: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let asked = *ASKED.get_or_init(|| {
+        match std::env::var("CALICO_SKINNY_ROWS")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
+            Some("2") => 2,
+            Some("4") => 4,
+            _ => 1,
+        }
+    });
+    let tiles = p.m.div_ceil(16).max(1);
+    asked.min(tiles)
+}
+
+/// m16 tiles of A rows per CTA (1, 2 or 4) when the rows are dealt to `groups` CTAs.
+fn m_tiles(m: usize, groups: usize) -> usize {
+    match m.div_ceil(16 * groups) {
+        0 | 1 => 1,
+        2 => 2,
+        _ => 4,
+    }
+}
+
 /// CTAs per cluster: the fewest (a power of two up to 8) that give every SM ~4 CTAs, as long
 /// as each split keeps at least a few K tiles.
 fn split(arch: &Arch, p: &GemmProblem) -> usize {
     let target = CTAS_PER_SM * arch.compute_units.max(1) as usize;
-    let col_blocks = p.n.div_ceil(BN);
+    let col_blocks = p.n.div_ceil(BN) * row_groups(p);
     let k_tiles = p.k.div_ceil(BK);
     let mut s = 1;
     while s < MAX_SPLIT && col_blocks * s < target && k_tiles >= 2 * s * MIN_TILES_PER_SPLIT {
@@ -190,11 +220,7 @@ fn variant(arch: &Arch, p: &GemmProblem) -> Variant {
     Variant {
         in_dtype: p.in_dtype,
         out_dtype: p.out_dtype,
-        mt: match p.m {
-            0..=16 => 1,
-            17..=32 => 2,
-            _ => 4,
-        },
+        mt: m_tiles(p.m, row_groups(p)),
         split: split(arch, p),
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
@@ -213,7 +239,11 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     }
     let v = variant(arch, p);
     let config = LaunchConfig {
-        grid: (v.split as u32, p.n.div_ceil(BN) as u32, 1),
+        grid: (
+            v.split as u32,
+            p.n.div_ceil(BN) as u32,
+            p.m.div_ceil(v.mt * 16) as u32,
+        ),
         block: (THREADS, 1, 1),
         shared_mem_bytes: v.smem_bytes(),
     };
@@ -278,6 +308,13 @@ mod tests {
         assert_eq!(variant(&h100(), &problem(33, 11008, 4096, true)).split, 4);
         assert_eq!(variant(&h100(), &problem(1, 64, 64, true)).split, 1);
         assert!(supports(&h100(), &problem(1, 1, 1, true)));
+    }
+
+    #[test]
+    fn row_groups_take_fewer_m_tiles_each() {
+        assert_eq!([m_tiles(16, 1), m_tiles(32, 1), m_tiles(33, 1)], [1, 2, 4]);
+        assert_eq!([m_tiles(64, 2), m_tiles(64, 4), m_tiles(48, 2)], [2, 1, 2]);
+        assert_eq!([m_tiles(40, 3), m_tiles(1, 4)], [1, 1]);
     }
 
     #[test]

@@ -223,7 +223,11 @@ mod tests {
         }
         assert!(!arch_ok(&rdna, DType::BF16, 128), "RDNA has no MFMA");
         let hip = calico_hip::hip_headers();
-        assert_eq!(catalog(&gfx942, hip).unwrap().len(), 15, "14 with the early loads, 1 without");
+        assert_eq!(
+            catalog(&gfx942, hip).unwrap().len(),
+            15,
+            "14 with the early loads, 1 without"
+        );
         assert_eq!(catalog(&rdna, hip).unwrap().len(), 0);
     }
 
