@@ -40,7 +40,8 @@
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
 // 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
-// CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap).
+// CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
+// CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -62,6 +63,9 @@ constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
 constexpr int SCHED = CALICO_ATTN_SCHED;  // 0 serial, 1 overlapped, 2 overlapped + ping-pong
 constexpr bool PINGPONG = SCHED == 2;
+constexpr bool ILP = CALICO_ATTN_ILP != 0;    // the softmax's reductions as trees (softmax_ilp)
+constexpr bool LAZY = CALICO_ATTN_LAZY != 0;  // the running max moves only by more than LAZY_SLACK
+constexpr float LAZY_SLACK = 8.0f;            // base-2 units: exponentials up to 256
 constexpr int TURN_BARRIER = 1;  // named barriers 1..CONSUMERS: the consumers' turns (0 is __syncthreads)
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
 constexpr int CHUNKS = D / CHUNK;
@@ -215,6 +219,27 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     u.n_lo = lo / BN;
     u.n_hi = hi_last > lo ? (hi_last + BN - 1) / BN : u.n_lo;
     return u;
+}
+
+// The running max (base-2 units) after a block whose max is m_blk, with CALICO_ATTN_LAZY:
+// kept unless the block exceeds it by more than LAZY_SLACK, so most blocks need no O rescale.
+// Exact either way: the sum and O share the stale max, and the exponentials it lets through
+// stay below 2^LAZY_SLACK (f32 sums, 16-bit P: no overflow, the same relative rounding).
+// m_run = -inf takes any finite m_blk (-inf + slack is -inf).
+CALICO_DEVICE float lazy_max(float m_run, float m_blk) { return m_blk > m_run + LAZY_SLACK ? m_blk : m_run; }
+
+// The max of v[0 .. 2W) as a tree (halving strides W, W / 2, .., 1; a template so that every
+// level is a constant-size loop that unrolls, keeping v in registers). Overwrites v.
+template <int W, int N>
+CALICO_DEVICE float tree_max(float (&v)[N]) {
+    static_assert(2 * W <= N, "the tree covers v");
+#pragma unroll
+    for (int i = 0; i < W; ++i) v[i] = fmaxf(v[i], v[i + W]);
+    if constexpr (W > 1) {
+        return tree_max<W / 2>(v);
+    } else {
+        return v[0];
+    }
 }
 
 // 2^x, flushing subnormal results to 0 (one MUFU.EX2; exp2f adds range handling). -inf gives 0.
@@ -453,6 +478,57 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             if (lane == 0) bars.v.release(vc);
             vc.advance();
         };
+        // The softmax's arithmetic after masking, written for instruction-level parallelism
+        // (CALICO_ATTN_ILP): each row's max as a tree of depth log2(BN / 4) + 1 rather than a
+        // chain of BN / 4, both rows' trees and shuffles side by side, the sums in four
+        // partial accumulators per row. Same instructions, shorter dependency chains: the
+        // consumers stall on fixed-latency dependencies, not on a saturated pipe.
+        auto softmax_ilp = [&](float (&s)[S_REGS], float (&scale_o)[2]) {
+            float mx[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v[BN / 8];
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+                mx[h] = tree_max<BN / 16>(v);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], calico::shfl_xor(mx[h], 1));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], calico::shfl_xor(mx[h], 2));
+            float m_use[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float m_new = LAZY ? lazy_max(m_run[h], mx[h] * sc) : fmaxf(m_run[h], mx[h] * sc);
+                // A row with no key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+                m_use[h] = m_new == ATTN_NEG_INF ? 0.0f : m_new;
+                // An unmoved max gives exactly 1 (rescale_o's skip test relies on it).
+                scale_o[h] = LAZY && m_new == m_run[h] ? 1.0f : ex2(m_run[h] - m_use[h]);
+                m_run[h] = m_new;
+            }
+            float part[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) part[h][k] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -m_use[h]));
+                        s[4 * j + 2 * h + e] = pv;
+                        part[h][(2 * j + e) % 4] += pv;
+                    }
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                l_run[h] = l_run[h] * scale_o[h] + ((part[h][0] + part[h][1]) + (part[h][2] + part[h][3]));
+            }
+        };
         // Scores of key block n (in s) to probabilities, in base 2: x = v * sc with v = s (or
         // tanh(s * score_scale) under a soft-cap) and sc > 0 (the host guarantees it), so the
         // row max is taken on v and the scale folds into the exponent's FMA. Updates the
@@ -477,6 +553,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     }
                 }
             }
+            if constexpr (ILP) {
+                softmax_ilp(s, scale_o);
+                return;
+            }
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 float mx = ATTN_NEG_INF;
@@ -484,10 +564,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 for (int j = 0; j < BN / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]));
                 mx = fmaxf(mx, calico::shfl_xor(mx, 1));
                 mx = fmaxf(mx, calico::shfl_xor(mx, 2));
-                const float m_new = fmaxf(m_run[h], mx * sc);
+                const float m_new = LAZY ? lazy_max(m_run[h], mx * sc) : fmaxf(m_run[h], mx * sc);
                 // A row with no key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
                 const float m_use = m_new == ATTN_NEG_INF ? 0.0f : m_new;
-                scale_o[h] = ex2(m_run[h] - m_use);
+                scale_o[h] = LAZY && m_new == m_run[h] ? 1.0f : ex2(m_run[h] - m_use);
                 m_run[h] = m_new;
                 float sum = 0.0f;
 #pragma unroll
@@ -503,6 +583,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             }
         };
         auto rescale_o = [&](const float (&scale_o)[2]) {
+            // Lazy maxima leave every row's factor at exactly 1 on most blocks: skip the
+            // multiplies when no row of the warp moved (a warp-uniform branch).
+            if (LAZY && !__any_sync(0xffffffffu, scale_o[0] != 1.0f || scale_o[1] != 1.0f)) return;
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) {
 #pragma unroll

@@ -39,6 +39,36 @@ pub(crate) struct HopperFwdVariant {
     schedule: Schedule,
     /// Consumer warpgroups: 2, or 3 at d = 64 without a soft-cap ([`consumers_chosen`]).
     consumers: usize,
+    softmax: SoftmaxForm,
+}
+
+/// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max); both off by
+/// default until measured. `CALICO_ATTN_HOPPER_SOFTMAX` names those to turn on
+/// (comma-separated: `ilp`, `lazy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub(crate) struct SoftmaxForm {
+    /// Row maxima and sums as trees / partial sums, both rows side by side.
+    ilp: bool,
+    /// The running max moves only when a block exceeds it by 2^8; the O rescale is skipped
+    /// for warps whose rows did not move.
+    lazy: bool,
+}
+
+impl SoftmaxForm {
+    fn parse(spec: &str) -> SoftmaxForm {
+        let on = |name: &str| spec.split(',').any(|s| s.trim() == name);
+        SoftmaxForm {
+            ilp: on("ilp"),
+            lazy: on("lazy"),
+        }
+    }
+
+    fn chosen() -> SoftmaxForm {
+        static CHOSEN: std::sync::OnceLock<SoftmaxForm> = std::sync::OnceLock::new();
+        *CHOSEN.get_or_init(|| {
+            SoftmaxForm::parse(&std::env::var("CALICO_ATTN_HOPPER_SOFTMAX").unwrap_or_default())
+        })
+    }
 }
 
 /// How a consumer warpgroup orders its GEMMs and softmax (hopper_fwd.cu, "Schedule").
@@ -91,6 +121,7 @@ impl HopperFwdVariant {
         softcap: bool,
         schedule: Schedule,
         consumers: usize,
+        softmax: SoftmaxForm,
     ) -> Option<Self> {
         let block_n = if head_dim > 128 { 64 } else { 128 };
         // Three consumers have 160 registers each: enough at d = 64 without a soft-cap (no
@@ -108,6 +139,7 @@ impl HopperFwdVariant {
             softcap,
             schedule,
             consumers,
+            softmax,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -137,14 +169,16 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} softcap={} {:?}",
+            "hopper fwd {} d={} bm={} bn={} stages={} softcap={} {:?}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
             self.softcap,
-            self.schedule
+            self.schedule,
+            if self.softmax.ilp { " ilp" } else { "" },
+            if self.softmax.lazy { " lazy" } else { "" },
         )
     }
 }
@@ -159,6 +193,8 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_SOFTCAP", u8::from(self.softcap).to_string()),
             ("CALICO_ATTN_SCHED", (self.schedule as u8).to_string()),
             ("CALICO_ATTN_CONSUMERS", self.consumers.to_string()),
+            ("CALICO_ATTN_ILP", u8::from(self.softmax.ilp).to_string()),
+            ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -178,18 +214,28 @@ pub(crate) fn catalog(
     if !arch_ok(arch) {
         return Ok(out);
     }
-    for (dtype, d, softcap, schedule, consumers) in [
-        (DType::BF16, 64, false, Schedule::PingPong, 2),
-        (DType::BF16, 64, false, Schedule::PingPong, 3),
-        (DType::BF16, 64, false, Schedule::Overlapped, 3),
-        (DType::F16, 64, false, Schedule::PingPong, 3),
-        (DType::BF16, 128, false, Schedule::PingPong, 2),
-        (DType::BF16, 128, false, Schedule::Overlapped, 2),
-        (DType::BF16, 128, false, Schedule::Serial, 2),
-        (DType::F16, 128, true, Schedule::PingPong, 2),
-        (DType::BF16, 256, false, Schedule::PingPong, 2),
+    let plain = SoftmaxForm::default();
+    let lean = SoftmaxForm {
+        ilp: true,
+        lazy: true,
+    };
+    for (dtype, d, softcap, schedule, consumers, softmax) in [
+        (DType::BF16, 64, false, Schedule::PingPong, 2, plain),
+        (DType::BF16, 64, false, Schedule::PingPong, 3, plain),
+        (DType::BF16, 64, false, Schedule::PingPong, 3, lean),
+        (DType::BF16, 64, false, Schedule::Overlapped, 3, plain),
+        (DType::F16, 64, false, Schedule::PingPong, 3, plain),
+        (DType::BF16, 128, false, Schedule::PingPong, 2, plain),
+        (DType::BF16, 128, false, Schedule::PingPong, 2, lean),
+        (DType::BF16, 128, false, Schedule::Overlapped, 2, plain),
+        (DType::BF16, 128, false, Schedule::Serial, 2, plain),
+        (DType::F16, 128, true, Schedule::PingPong, 2, plain),
+        (DType::F16, 128, true, Schedule::PingPong, 2, lean),
+        (DType::BF16, 256, false, Schedule::PingPong, 2, plain),
     ] {
-        if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, schedule, consumers) {
+        if let Some(v) =
+            HopperFwdVariant::new(arch, dtype, d, softcap, schedule, consumers, softmax)
+        {
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
                 label: v.label(),
@@ -340,6 +386,7 @@ pub(crate) fn forward_variant(
         params.softcap.is_some(),
         Schedule::chosen(),
         consumers_chosen(p.head_dim),
+        SoftmaxForm::chosen(),
     )
 }
 
@@ -443,14 +490,23 @@ mod tests {
                     false,
                     Schedule::PingPong,
                     consumers,
+                    SoftmaxForm::default(),
                 )
                 .unwrap();
                 assert!(v.stages >= 2, "{v:?}");
                 assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
             }
         }
-        let v =
-            HopperFwdVariant::new(&arch, DType::BF16, 128, false, Schedule::PingPong, 2).unwrap();
+        let v = HopperFwdVariant::new(
+            &arch,
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            SoftmaxForm::default(),
+        )
+        .unwrap();
         assert_eq!(
             (v.block_m(), v.block_n, v.stages, v.threads()),
             (128, 128, 3, 384)
@@ -461,17 +517,42 @@ mod tests {
     #[test]
     fn three_consumers_only_at_head_dim_64() {
         let arch = h100();
-        let v =
-            HopperFwdVariant::new(&arch, DType::BF16, 64, false, Schedule::PingPong, 3).unwrap();
+        let v = HopperFwdVariant::new(
+            &arch,
+            DType::BF16,
+            64,
+            false,
+            Schedule::PingPong,
+            3,
+            SoftmaxForm::default(),
+        )
+        .unwrap();
         assert_eq!((v.block_m(), v.threads(), v.stages), (192, 512, 4));
         assert_eq!(
             v.smem_bytes(),
             1024 + 192 * 64 * 2 + 2 * 4 * 128 * 64 * 2 + 18 * 8
         );
-        let v =
-            HopperFwdVariant::new(&arch, DType::BF16, 128, false, Schedule::PingPong, 3).unwrap();
+        let v = HopperFwdVariant::new(
+            &arch,
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            3,
+            SoftmaxForm::default(),
+        )
+        .unwrap();
         assert_eq!((v.block_m(), v.threads()), (128, 384));
-        let v = HopperFwdVariant::new(&arch, DType::BF16, 64, true, Schedule::PingPong, 3).unwrap();
+        let v = HopperFwdVariant::new(
+            &arch,
+            DType::BF16,
+            64,
+            true,
+            Schedule::PingPong,
+            3,
+            SoftmaxForm::default(),
+        )
+        .unwrap();
         assert_eq!(v.block_m(), 128);
     }
 
@@ -508,6 +589,15 @@ mod tests {
         assert_eq!(some.bits(true), 1);
         assert!(!some.vector_stores);
         assert_eq!(Tune::parse("nokvfirst,nofold").bits(false), 0);
+    }
+
+    #[test]
+    fn softmax_forms_turn_on_by_name() {
+        assert_eq!(SoftmaxForm::parse(""), SoftmaxForm::default());
+        let both = SoftmaxForm::parse("ilp, lazy");
+        assert!(both.ilp && both.lazy);
+        let one = SoftmaxForm::parse("lazy");
+        assert!(!one.ilp && one.lazy);
     }
 
     #[test]
