@@ -26,8 +26,16 @@
 // the group's splits (decode_merge_row, the combiner's code); FUSE = 0 leaves it to
 // decode_combine.cu and ignores `counters`.
 //
+// EARLY = 1: the first copies go out sooner: the block's key ranges by warp reductions (one
+// row per lane) instead of a serial loop over the rows, and (paged) each warp loads the pages
+// of its first 32 tiles (one per lane) beside the sequence length, the next 32 tiles' pages
+// 32 tiles ahead (a shuffle per lookup instead of a load a tile ahead); the merge of the warps
+// computes its per-row factors once per row. L2_AHEAD = n > 0: each warp asks L2 for the tile n
+// tiles past the one it copies (prefetch.global.L2), so more of the cache is requested early.
+//
 // Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), PAGED (0 | 1), WARPS (warps per
-// block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1).
+// block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1), EARLY (0 | 1),
+// L2_AHEAD (0..8).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/decode_common.h"
@@ -101,6 +109,10 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     q_tile& qs = *reinterpret_cast<q_tile*>(smem);
     kv_tile* ring = reinterpret_cast<kv_tile*>(smem + sizeof(q_tile));
     __shared__ float sh_m[WARPS][ROWS], sh_l[WARPS][ROWS];
+#if EARLY
+    __shared__ int sh_head[ROWS], sh_qi[ROWS];    // query head and token of block row r (head -1: none)
+    __shared__ float sh_c[WARPS][ROWS], sh_lt[ROWS], sh_mt[ROWS];  // the merge's per-row factors
+#endif
 
     const int split = block_x();
     const int h = block_y() / row_groups;
@@ -114,9 +126,29 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     const int num_pages = (int)num_pages_ll;
     const float NEG_INF = decode_neg_inf();
     const float inv_softcap = softcap > 0.0f ? 1.0f / softcap : 0.0f;
+    const long long split_start = (long long)split * split_tokens_ll;
+    const long long split_end = split_start + split_tokens_ll;
+    const int* table = block_table + b * bt_sb;
+    const int len_raw = seq_lens[b];
+    // A table entry clamped into the pool.
+    auto clamp_page = [&](int page) -> int { return page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page); };
+    // The table entry of the tile at token t (t inside the table's row), unclamped.
+    auto table_entry = [&](long long t) -> int { return page_shift >= 0 ? table[t >> page_shift] : table[t / page_size]; };
+#if PAGED && EARLY
+    // Lane j: the table entry of this warp's tile base + j (unclamped: nothing waits for the
+    // load until a lookup), for a split whose tiles start at its first token (every block
+    // without a window). The first batches are loaded beside the sequence length, so the first
+    // copies wait for one round trip instead of two (seq_lens, then the table).
+    auto load_pages = [&](int base) -> int {
+        const long long t = split_start + (long long)(warp + (base + lane) * WARPS) * BN;
+        return t < capacity && t < split_end ? table_entry(t) : 0;
+    };
+    int pages_base = 0;
+    int pages_cur = load_pages(0);
+    int pages_next = load_pages(32);
+#endif
 
-    int len = seq_lens[b];
-    len = len < 0 ? 0 : (len > capacity ? (int)capacity : len);
+    const int len = len_raw < 0 ? 0 : (len_raw > capacity ? (int)capacity : len_raw);
 
     // Row r of the block is query row rg * group_rows + r of this KV head, if it exists.
     auto row_of = [&](int r, int& head, int& qi) -> bool {
@@ -155,9 +187,42 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
 
     // This lane's rows (g and g + 8), and the keys any / every row of the block sees.
     int lo[2], hi[2];
+    int block_lo = len, block_hi = -1, common_lo = 0, common_hi = len - 1;
+#if EARLY
+    // Lanes r and r + 16 take row r (one division each, in parallel) and warp reductions
+    // combine the rows: a loop over the 16 rows was ~1100 dependent instructions (a division
+    // and 64-bit compares per row) between the sequence length and the first copy.
+    {
+        int a, z, head, qi;
+        bounds(lane % ROWS, a, z);
+        const bool exists = row_of(lane % ROWS, head, qi);
+        if (exists) {
+            common_lo = a;
+            common_hi = z;
+            if (a <= z) {
+                block_lo = a;
+                block_hi = z;
+            }
+        }
+#pragma unroll
+        for (int o = ROWS / 2; o >= 1; o /= 2) {
+            common_lo = max(common_lo, __shfl_xor_sync(0xffffffffu, common_lo, o));
+            common_hi = min(common_hi, __shfl_xor_sync(0xffffffffu, common_hi, o));
+            block_lo = min(block_lo, __shfl_xor_sync(0xffffffffu, block_lo, o));
+            block_hi = max(block_hi, __shfl_xor_sync(0xffffffffu, block_hi, o));
+        }
+        lo[0] = __shfl_sync(0xffffffffu, a, lane / 4);
+        hi[0] = __shfl_sync(0xffffffffu, z, lane / 4);
+        lo[1] = __shfl_sync(0xffffffffu, a, lane / 4 + 8);
+        hi[1] = __shfl_sync(0xffffffffu, z, lane / 4 + 8);
+        if (warp == 0 && lane < ROWS) {
+            sh_head[lane] = exists ? head : -1;
+            sh_qi[lane] = qi;
+        }
+    }
+#else
     bounds(lane / 4, lo[0], hi[0]);
     bounds(lane / 4 + 8, lo[1], hi[1]);
-    int block_lo = len, block_hi = -1, common_lo = 0, common_hi = len - 1;
     for (int r = 0; r < ROWS; ++r) {
         int head, qi, a, z;
         if (!row_of(r, head, qi)) continue;
@@ -169,8 +234,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             block_hi = z > block_hi ? z : block_hi;
         }
     }
-    const long long split_start = (long long)split * split_tokens_ll;
-    const long long split_end = split_start + split_tokens_ll;
+#endif
     const int start = split_start > block_lo ? (split_start > len ? len : (int)split_start) : block_lo;
     const int end = split_end < block_hi + 1 ? (int)split_end : block_hi + 1;
     // Tiles start at multiples of BN (split starts are), so a tile never crosses a split.
@@ -179,16 +243,30 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     const int mine = tiles > warp ? (tiles - warp + WARPS - 1) / WARPS : 0;
     auto tile_at = [&](int i) { return first + (warp + i * WARPS) * BN; };
 
-    // The page and first slot of the tile at token t (the sequence and t for contiguous caches).
-    const int* table = block_table + b * bt_sb;
+    // The page of the tile at token t (the sequence for contiguous caches).
     auto page_of = [&](int t) -> int {
 #if PAGED
-        if (t >= end) return 0;
-        const int page = page_shift >= 0 ? table[t >> page_shift] : table[t / page_size];
-        return page < 0 ? 0 : (page >= num_pages ? num_pages - 1 : page);
+        return t < end ? clamp_page(table_entry(t)) : 0;
 #else
         return b;
 #endif
+    };
+#if PAGED && EARLY
+    // Whether the early batches hold this block's tiles (block-uniform).
+    const bool early_ok = first == split_start;
+#endif
+    // The page of this warp's i-th tile (warp-uniform i): from the early batches where they
+    // cover it (a shuffle), else from the table.
+    auto page_at = [&](int i) -> int {
+#if PAGED && EARLY
+        if (early_ok && i >= pages_base && i < pages_base + 64) {
+            const int j = i - pages_base;
+            const int from_cur = __shfl_sync(0xffffffffu, pages_cur, j & 31);
+            const int from_next = __shfl_sync(0xffffffffu, pages_next, j & 31);
+            return clamp_page(j < 32 ? from_cur : from_next);
+        }
+#endif
+        return page_of(tile_at(i));
     };
 
     kv_tile* ks = ring + warp * 2 * STAGES;  // this warp's K ring, then its V ring
@@ -200,12 +278,15 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     const long long k_step = ROW_STEP * k_st, v_step = ROW_STEP * v_st;
     // Issues the copies of the tile at token t (in page `page`) into ring slot `stage`: row
     // pointers advance by adds; only the last tile of a range tests rows against `end`.
-    auto issue = [&](int t, int page, int stage) {
+    auto slot_of = [&](int t) -> int {
 #if PAGED
-        const int slot = page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
+        return page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
 #else
-        const int slot = t;
+        return t;
 #endif
+    };
+    auto issue = [&](int t, int page, int stage) {
+        const int slot = slot_of(t);
         const T* kt = kh + page * k_sp + slot * k_st;  // row 0 of the tile: always inside
         const T* vt = vh + page * v_sp + slot * v_st;
         const T* kp = kt + row0 * k_st;
@@ -227,6 +308,25 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             }
         }
     };
+#if L2_AHEAD > 0
+    // Asks L2 for the 128-byte lines of the tile at token t (page `page`), L2_AHEAD tiles
+    // before its copy: DRAM keeps streaming while the ring is full, at no cost in registers
+    // or shared memory.
+    constexpr int LINES_PER_ROW = D * (int)sizeof(T) / 128;
+    auto prefetch_l2 = [&](int t, int page) {
+        const int slot = slot_of(t);
+        const T* kt = k + h * k_sh + page * k_sp + slot * k_st;
+        const T* vt = v + h * v_sh + page * v_sp + slot * v_st;
+#pragma unroll
+        for (int idx = lane; idx < BN * LINES_PER_ROW; idx += 32) {
+            const int r = idx / LINES_PER_ROW, c = (idx % LINES_PER_ROW) * (128 / (int)sizeof(T));
+            if (t + r < end) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(kt + r * k_st + c));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(vt + r * v_st + c));
+            }
+        }
+    };
+#endif
 
     rt_fl<16, DC> acc[CHUNKS];
 #pragma unroll
@@ -236,10 +336,14 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     // Prologue: STAGES - 1 tiles in flight, the page of the next one looked up.
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < mine) issue(tile_at(i), page_of(tile_at(i)), i);
+        if (i < mine) issue(tile_at(i), page_at(i), i);
         cp_async_commit();
     }
-    int next_page = page_of(tile_at(STAGES - 1));
+    int next_page = page_at(STAGES - 1);
+#if L2_AHEAD > 0
+    for (int i = STAGES - 1; i < STAGES - 1 + L2_AHEAD; ++i)
+        if (i < mine) prefetch_l2(tile_at(i), page_at(i));
+#endif
 
 #pragma unroll
     for (int n = 0; n < Q_STEPS; ++n) {
@@ -259,8 +363,20 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         const int ahead = i + STAGES - 1;
         if (ahead < mine) {
             issue(tile_at(ahead), next_page, ahead % STAGES);
-            next_page = page_of(tile_at(ahead + 1));
+            next_page = page_at(ahead + 1);
+#if L2_AHEAD > 0
+            if (ahead + L2_AHEAD < mine) prefetch_l2(tile_at(ahead + L2_AHEAD), page_at(ahead + L2_AHEAD));
+#endif
         }
+#if PAGED && EARLY
+        // Every later lookup is past the first batch: the next one moves up and the batch
+        // after it is loaded, about 32 tiles before it is needed.
+        if (i == pages_base + 32) {
+            pages_base += 32;
+            pages_cur = pages_next;
+            pages_next = load_pages(pages_base + 32);
+        }
+#endif
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
         __syncwarp();
@@ -356,8 +472,36 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     sync_threads();
 
     const float* all_acc = reinterpret_cast<const float*>(ring);
+#if EARLY
+    // The per-row factors once per row (not once per element: 4 exponentials and a division
+    // by nq per element were most of the merge).
+    if (thread_x() < ROWS) {
+        const int r = thread_x();
+        float mt = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) mt = fmaxf(mt, sh_m[w][r]);
+        float lt = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) {
+            const float c = decode_rescale(sh_m[w][r], mt);
+            sh_c[w][r] = c;
+            lt += sh_l[w][r] * c;
+        }
+        sh_mt[r] = mt;
+        sh_lt[r] = lt;
+    }
+    sync_threads();
+#endif
     for (int idx = thread_x(); idx < ROWS * D; idx += WARPS * 32) {
         const int r = idx / D, d = idx % D;
+#if EARLY
+        const int head = sh_head[r], qi = sh_qi[r];
+        if (head < 0) continue;
+        const float mt = sh_mt[r], lt = sh_lt[r];
+        float ot = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) ot += all_acc[(w * ROWS + r) * ACC_STRIDE + d] * sh_c[w][r];
+#else
         int head, qi;
         if (!row_of(r, head, qi)) continue;
         float mt = NEG_INF;
@@ -370,6 +514,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             lt += sh_l[w][r] * c;
             ot += all_acc[(w * ROWS + r) * ACC_STRIDE + d] * c;
         }
+#endif
         const float out = lt > 0.0f ? ot / lt : 0.0f;
         const float lse2 = lt > 0.0f ? mt + decode_log2(lt) : NEG_INF;
         const long long row = ((long long)b * hq + head) * nq + qi;

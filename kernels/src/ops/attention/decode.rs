@@ -326,7 +326,8 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// splits_x, fuse: the last block of a split group merges, no combine launch), 1 =
 /// the lane kernel (pipe, unroll: applies to blocks of at most 4 rows, larger blocks use half;
 /// minblocks, blocks_per_sm); min_split applies to both; merge=1: the combiner loads a batch of
-/// splits at once (vector loads).
+/// splits at once (vector loads); early=1 (kernel 2): the first copies sooner;
+/// l2_ahead=n (kernel 2): L2 prefetch n tiles past each copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     kernel: usize,
@@ -340,6 +341,10 @@ struct Tune {
     fuse: bool,
     /// The combine launch uses the batched merge.
     merge_batched: bool,
+    /// Kernel 2: the first copies go out sooner (see decode_mma.cu's EARLY).
+    early: bool,
+    /// Kernel 2: tiles past the copied one each warp asks L2 for.
+    l2_ahead: usize,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -356,6 +361,8 @@ const DEFAULT_TUNE: Tune = Tune {
     splits_x: 1,
     fuse: false,
     merge_batched: false,
+    early: false,
+    l2_ahead: 0,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -385,6 +392,8 @@ fn parse_tune(text: &str) -> Tune {
             "splits_x" if (1..=16).contains(&n) => t.splits_x = n,
             "fuse" => t.fuse = n != 0,
             "merge" => t.merge_batched = n != 0,
+            "early" => t.early = n != 0,
+            "l2_ahead" if n <= 8 => t.l2_ahead = n,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -489,6 +498,8 @@ fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune)
     }
     // One counter per split group; a single split needs no merge.
     variant.fused = tune.fuse && splits > 1 && blocks <= MAX_FUSED_GROUPS;
+    variant.early = tune.early;
+    variant.l2_ahead = tune.l2_ahead;
     Plan {
         kernel: MainKernel::Mma(variant),
         row_groups,
@@ -839,11 +850,14 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
         }
         if let Some(mut v) = DecodeMmaVariant::fitting(arch, dtype, head_dim, paged, warps, stages)
         {
-            v.fused = fused;
+            if fused {
+                // The opt-in forms together (A/B knobs; each compiles alone as well).
+                (v.fused, v.early, v.l2_ahead) = (true, true, if paged { 2 } else { 4 });
+            }
             out.push((
                 format!(
-                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused}",
-                    v.stages
+                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={}",
+                    v.stages, v.early, v.l2_ahead
                 ),
                 DecodeKernel::Mma(v),
             ));

@@ -28,6 +28,11 @@ pub(crate) struct DecodeMmaVariant {
     pub stages: usize,
     /// The last block of each split group merges the splits (no combine launch).
     pub fused: bool,
+    /// The first copies go out sooner (key ranges by warp reductions; paged: each warp's first
+    /// pages loaded beside the sequence length).
+    pub early: bool,
+    /// Tiles past the copied one that each warp asks L2 for (0: none).
+    pub l2_ahead: usize,
 }
 
 impl DecodeMmaVariant {
@@ -35,6 +40,15 @@ impl DecodeMmaVariant {
     pub(crate) fn smem_bytes(&self) -> usize {
         let tile = TILE_TOKENS * self.head_dim * 2;
         1024 + BLOCK_ROWS * self.head_dim * 2 + self.warps * self.stages * 2 * tile
+    }
+
+    /// Static shared memory: the warps' max and sum per row (and EARLY's per-row tables).
+    fn static_smem(&self) -> usize {
+        if self.early {
+            1536
+        } else {
+            512
+        }
     }
 
     pub(crate) fn threads(&self) -> usize {
@@ -45,7 +59,7 @@ impl DecodeMmaVariant {
     /// hardware reserves per block is the SM's pool on sm_80 and sm_90) and registers.
     pub(crate) fn blocks_per_sm(&self, arch: &Arch) -> usize {
         let pool = arch.shared_mem_per_block + 1024;
-        (pool / (self.smem_bytes() + 1024 + 512)).clamp(1, MAX_BLOCKS_PER_SM)
+        (pool / (self.smem_bytes() + 1024 + self.static_smem())).clamp(1, MAX_BLOCKS_PER_SM)
     }
 
     /// The variant for `head_dim` with at most `stages` ring slots, fewer if shared memory is
@@ -66,9 +80,12 @@ impl DecodeMmaVariant {
                 warps,
                 stages,
                 fused: false,
+                early: false,
+                l2_ahead: 0,
             };
-            // 512 bytes of static shared memory (the warps' max and sum per row).
-            (v.smem_bytes() + 512 <= arch.shared_mem_per_block).then_some(v)
+            // With EARLY's tables, so that the choice holds for either form.
+            let v_early = DecodeMmaVariant { early: true, ..v };
+            (v.smem_bytes() + v_early.static_smem() <= arch.shared_mem_per_block).then_some(v)
         })
     }
 }
@@ -82,6 +99,8 @@ impl KernelVariant for DecodeMmaVariant {
             ("WARPS", self.warps.to_string()),
             ("STAGES", self.stages.to_string()),
             ("FUSE", u8::from(self.fused).to_string()),
+            ("EARLY", u8::from(self.early).to_string()),
+            ("L2_AHEAD", self.l2_ahead.to_string()),
         ];
         let sets = [
             vendor,
