@@ -658,3 +658,45 @@ fn vendor_neutral_tile_attention_compiles_for_all_four_targets() {
         }
     }
 }
+
+/// The NVIDIA decode GEMV keeps its loads in registers: every catalog variant (the M = 1 default
+/// and the M = 16 shape `CALICO_GEMV_TUNE=fit=1` picks among them) has mma.sync and no local
+/// memory on sm_90a, where it is timed (the 16-warp M = 16 shape spilled: 249 STL). sm_80's
+/// ptxas keeps one 8-byte spill in the M = 1 default's bounds-checked last K step.
+#[test]
+fn gemv_streams_the_weight_without_spills() {
+    if !toolchain_or_skip("sm_90a", nvrtc_available()) {
+        return;
+    }
+    let target = "sm_90a";
+    {
+        let entries: Vec<_> = catalog::entries(target, Some("gemm"))
+            .expect("catalog assembles")
+            .into_iter()
+            .filter(|e| e.label.starts_with("gemv ") && !e.label.contains("cdna"))
+            .collect();
+        assert!(
+            entries.len() >= 6,
+            "{target}: {} GEMV variants",
+            entries.len()
+        );
+        for (e, binary) in compile_entries(target, entries) {
+            let sass = match catalog::disassemble(target, &binary) {
+                Ok(s) => s,
+                Err(err) => {
+                    toolchain_or_skip(&format!("{target} disassembler"), Err(err.to_string()));
+                    return;
+                }
+            };
+            let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
+            let spills = count("STL") + count("LDL");
+            println!(
+                "{target} {}: {} HMMA, {spills} local-memory accesses",
+                e.label,
+                count("HMMA")
+            );
+            assert!(count("HMMA") > 0, "{target} {}: no HMMA", e.label);
+            assert_eq!(spills, 0, "{target} {}: spills to local memory", e.label);
+        }
+    }
+}

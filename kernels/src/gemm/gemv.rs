@@ -21,6 +21,13 @@ pub(crate) const MAX_M: usize = 16;
 const WARPS_PER_SM: usize = 16;
 const DEFAULT_UNROLL: usize = 8;
 const DEFAULT_PREFETCH: bool = false;
+/// Whether the warp count is capped so that a lane's loads fit its registers (`fit=1`).
+const DEFAULT_FIT: bool = false;
+/// 32-bit registers per SM (sm_80 .. sm_100): a block of W warps gets at most 65536 / (32 W)
+/// per thread (255 at most).
+const REGS_PER_SM: usize = 65536;
+/// Registers a lane needs besides its loads in flight: accumulators, pointers, indices.
+const OTHER_REGS: usize = 48;
 const MAX_GRID_X: usize = i32::MAX as usize;
 
 /// One compiled form of the kernel.
@@ -94,6 +101,8 @@ struct Tune {
     warps: Option<usize>,
     unroll: Option<usize>,
     prefetch: Option<bool>,
+    /// Cap the warps so that one step's loads fit a lane's registers.
+    fit: Option<bool>,
 }
 
 impl Tune {
@@ -109,6 +118,7 @@ impl Tune {
                 "warps" => t.warps = num.filter(|v| (1..=16).contains(v)),
                 "unroll" => t.unroll = num.filter(|v| [1, 2, 4, 8].contains(v)),
                 "prefetch" => t.prefetch = num.filter(|v| *v <= 1).map(|v| v == 1),
+                "fit" => t.fit = num.filter(|v| *v <= 1).map(|v| v == 1),
                 _ => {}
             }
         }
@@ -164,9 +174,20 @@ fn vector_loads_ok(p: &GemmProblem) -> bool {
         && rows_ok(p.b.col_stride, p.n)
 }
 
+/// True when a lane of a `warps`-warp block can hold one step's loads in registers: 4 per
+/// 16-byte load of W (NB x UNROLL) and of A (UNROLL, twice when M > 8). At 16 warps a thread
+/// gets 128 registers, and the M = 16 default (NB 4, UNROLL 8: 192 for its loads) spilled
+/// (249 STL, 112 LDL in its sm_90a SASS).
+fn loads_fit(nb: usize, unroll: usize, m16: bool, warps: usize) -> bool {
+    let loads = 4 * unroll * (nb + 1 + usize::from(m16));
+    let budget = (REGS_PER_SM / (32 * warps.max(1))).min(255);
+    loads + OTHER_REGS <= budget
+}
+
 /// The variant for `p` (call only when [`supports`] is true): more weight rows per CTA as M
 /// grows (A's bytes per weight byte are M / (8 NB)), and the fewest warps (a power of two up to
-/// 16) that give every SM ~16 warps while each keeps at least one K step.
+/// 16) that give every SM ~16 warps while each keeps at least one K step; with `fit=1`, no more
+/// than a lane's registers can feed (see [`loads_fit`]).
 fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
     let nb = tune.nb.unwrap_or(match p.m {
         0..=4 => 1,
@@ -184,6 +205,12 @@ fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
     while warps > 1 && warps > steps {
         warps /= 2;
     }
+    let m16 = p.m > 8;
+    if tune.fit.unwrap_or(DEFAULT_FIT) {
+        while warps > 1 && !loads_fit(nb, unroll, m16, warps) {
+            warps /= 2;
+        }
+    }
     Variant {
         in_dtype: p.in_dtype,
         out_dtype: p.out_dtype,
@@ -191,7 +218,7 @@ fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
         warps: tune.warps.unwrap_or(warps),
         unroll,
         vec: vector_loads_ok(p),
-        m16: p.m > 8,
+        m16,
         prefetch: tune.prefetch.unwrap_or(DEFAULT_PREFETCH),
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
@@ -239,9 +266,10 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
     };
     let variants = [
         base,
+        // 8 warps: at 16, NB 4 x UNROLL 4 with M > 8 spills (see `loads_fit`).
         Variant {
             nb: 4,
-            warps: 16,
+            warps: 8,
             m16: true,
             prefetch: true,
             ..base
@@ -260,6 +288,18 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
             m16: true,
             epilogue: Epilogue::Silu,
             unroll: 2,
+            ..base
+        },
+        // The defaults at M = 1 and (with fit=1) M = 16 against a 4096 x 4096 weight.
+        Variant {
+            unroll: DEFAULT_UNROLL,
+            ..base
+        },
+        Variant {
+            nb: 4,
+            warps: 8,
+            unroll: DEFAULT_UNROLL,
+            m16: true,
             ..base
         },
     ];
@@ -296,6 +336,32 @@ mod tests {
         assert_eq!((v.nb, v.warps), (1, 4));
         // Short K: no more warps than K steps.
         assert_eq!(variant(&h100(), &problem(1, 64, 100, true), t).warps, 1);
+    }
+
+    #[test]
+    fn fit_caps_the_warps_where_the_loads_would_spill() {
+        let fit = Tune::parse("fit=1");
+        assert_eq!(fit.fit, Some(true));
+        // M = 16 against 4096 x 4096 and 4096 x 14336: 16 warps spilled, 8 hold 192 + 48.
+        for k in [4096, 14336] {
+            let v = variant(&h100(), &problem(16, 4096, k, true), fit);
+            assert_eq!((v.nb, v.warps, v.unroll, v.m16), (4, 8, 8, true));
+        }
+        // M = 1 keeps its 8 warps, and 16 fit it (64 + 48 registers).
+        let v = variant(&h100(), &problem(1, 4096, 4096, true), fit);
+        assert_eq!(v.warps, 8);
+        assert!(loads_fit(1, 8, false, 16));
+        assert!(!loads_fit(2, 8, true, 16));
+        assert!(!loads_fit(4, 4, true, 16) && loads_fit(4, 4, true, 8));
+        // Without the knob the choice is unchanged; an explicit warps= still wins.
+        let v = variant(&h100(), &problem(16, 4096, 4096, true), Tune::default());
+        assert_eq!(v.warps, 16);
+        let v = variant(
+            &h100(),
+            &problem(16, 4096, 4096, true),
+            Tune::parse("fit=1,warps=16"),
+        );
+        assert_eq!(v.warps, 16);
     }
 
     #[test]
@@ -347,7 +413,7 @@ mod tests {
         assert_eq!(a[4], KernelArg::Ptr(3 << 20));
         assert_eq!(a[15], KernelArg::F32(0.5));
         let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
-        assert_eq!(entries.len(), 4);
+        assert_eq!(entries.len(), 6);
         assert!(entries[1]
             .source
             .text
