@@ -63,9 +63,66 @@ CALICO_KERNEL void calico_gemm_pad(CALICO_PAD_PARAMS(0), CALICO_PAD_PARAMS(1)) {
     }
 }
 
+// The 8 elements of a 16-byte aligned row `s` from element e on (e + 8 <= cols), from the one
+// or two aligned 16-byte chunks that hold them, shifted by r = e % 8 elements (R: a constant,
+// so the words are picked without an indexed array). A second chunk that reaches past column
+// `cols` holds padding no one wrote: those pieces are read element by element instead.
+template <int R>
+CALICO_DEVICE uint4 shift_words(uint4 lo, uint4 hi) {
+    const unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    unsigned o[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        o[i] = (R % 2 == 0) ? w[R / 2 + i] : (w[R / 2 + i] >> 16) | (w[R / 2 + i + 1] << 16);
+    }
+    return uint4{o[0], o[1], o[2], o[3]};
+}
+
+CALICO_DEVICE uint4 load8_shifted(const unsigned short* s, i64 e, i64 cols) {
+    const i64 r = e % 8;
+    const uint4* chunk = reinterpret_cast<const uint4*>(s + (e - r));
+    if (r == 0) return chunk[0];
+    if (e - r + 16 > cols) {
+        unsigned h[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) h[j] = s[e + j];
+        return uint4{h[0] | (h[1] << 16), h[2] | (h[3] << 16), h[4] | (h[5] << 16), h[6] | (h[7] << 16)};
+    }
+    const uint4 lo = chunk[0];
+    const uint4 hi = chunk[1];
+    switch (r) {
+        case 1: return shift_words<1>(lo, hi);
+        case 2: return shift_words<2>(lo, hi);
+        case 3: return shift_words<3>(lo, hi);
+        case 4: return shift_words<4>(lo, hi);
+        case 5: return shift_words<5>(lo, hi);
+        case 6: return shift_words<6>(lo, hi);
+        default: return shift_words<7>(lo, hi);
+    }
+}
+
+// One row into a contiguous destination row of any (2-byte) alignment: 16-byte stores on the
+// destination's 16-byte boundaries (whole sectors instead of 2-byte pieces), element stores
+// for the head before the first boundary and the tail after the last.
+CALICO_DEVICE void unpad_row_contiguous(const unsigned short* s, unsigned short* d, i64 cols) {
+    const i64 head = i64((16 - (reinterpret_cast<unsigned long long>(d) & 15)) & 15) / 2;
+    // Piece j covers columns [head + 8 (j - 1), head + 8 j): piece 0 is the head.
+    const i64 pieces = 1 + (cols > head ? (cols - head + 7) / 8 : 0);
+    for (i64 j = thread_x(); j < pieces; j += block_dim_x()) {
+        const i64 lo = head + 8 * (j - 1) > 0 ? head + 8 * (j - 1) : 0;
+        const i64 hi = head + 8 * j < cols ? head + 8 * j : cols;
+        if (hi - lo == 8) {
+            *reinterpret_cast<uint4*>(d + lo) = load8_shifted(s, lo, cols);
+        } else {
+            for (i64 e = lo; e < hi; ++e) d[e] = s[e];
+        }
+    }
+}
+
 // The reverse for an output: `batch` x `rows` x `cols` elements of a row-major buffer with
-// 16-byte aligned rows (src_rs a multiple of 8) go to dst with any strides: 16-byte loads,
-// element stores. A block per row (grid-stride).
+// 16-byte aligned rows (src_rs a multiple of 8) go to dst with any strides. Contiguous
+// destination rows (dst_cs = 1) take 16-byte stores on their own 16-byte boundaries; others
+// 16-byte loads and element stores. A block per row (grid-stride).
 CALICO_KERNEL void calico_gemm_unpad(const unsigned short* src, i64 src_rs, i64 src_bs, unsigned short* dst, i64 dst_rs,
                                      i64 dst_cs, i64 dst_bs, i64 batch, i64 rows, i64 cols) {
     const i64 chunks_per_row = (cols + 7) / 8;
@@ -74,6 +131,10 @@ CALICO_KERNEL void calico_gemm_unpad(const unsigned short* src, i64 src_rs, i64 
         const i64 row = r - b * rows;
         const unsigned short* s = src + b * src_bs + row * src_rs;
         unsigned short* d = dst + b * dst_bs + row * dst_rs;
+        if (dst_cs == 1) {
+            unpad_row_contiguous(s, d, cols);
+            continue;
+        }
         for (i64 chunk = thread_x(); chunk < chunks_per_row; chunk += block_dim_x()) {
             const i64 c0 = chunk * 8;
             const uint4 v = *reinterpret_cast<const uint4*>(s + c0);

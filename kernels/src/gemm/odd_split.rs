@@ -6,6 +6,7 @@
 //! GEMV: the row sliver against B as the weight, the column sliver transposed (D^T = B^T A^T,
 //! A as the weight) so that it streams A once over every SM. The slivers run first, while the
 //! pad's copies are still partly in L2. The default (`off`) runs the padded problem whole.
+//! With `CALICO_PAD_D=on` all parts write the aligned D buffer that is then copied to D.
 
 use super::{hopper, launch_kernel, route, GemmKernel, GemmProblem, MatrixArg};
 use calico_core::{Arch, GpuBackend, Result};
@@ -131,12 +132,17 @@ pub(super) fn split(arch: &Arch, q: &GemmProblem) -> Option<Split> {
     Some(Split { bulk, rows, cols })
 }
 
-/// Queues the slivers, then the bulk on the Hopper kernel.
-pub(super) fn launch(gpu: &dyn GpuBackend, s: &Split) -> Result<()> {
+/// Queues the slivers, then the bulk on the Hopper kernel; `padded_d`: D is the padded path's
+/// aligned buffer, which the bulk may write past its last column (TMA stores).
+pub(super) fn launch(gpu: &dyn GpuBackend, s: &Split, padded_d: bool) -> Result<()> {
     for (kernel, p) in s.rows.iter().chain(s.cols.iter()) {
         launch_kernel(gpu, *kernel, p)?;
     }
-    hopper::launch(gpu, &s.bulk)
+    if padded_d {
+        hopper::launch_into_padded_d(gpu, &s.bulk)
+    } else {
+        hopper::launch(gpu, &s.bulk)
+    }
 }
 
 #[cfg(test)]

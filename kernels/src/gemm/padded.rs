@@ -311,16 +311,21 @@ fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
     if let Some(c) = &plan.b {
         q.b.ptr = base + c.offset as u64;
     }
-    let Some((stride, at)) = plan.d else {
-        if odd_split::enabled() {
-            if let Some(split) = odd_split::split(arch, &q) {
-                return odd_split::launch(gpu, &split);
-            }
-        }
-        return hopper::launch(gpu, &q);
+    if let Some((_, at)) = plan.d {
+        q.d.ptr = base + at as u64;
+    }
+    let padded_d = plan.d.is_some();
+    match odd_split::enabled()
+        .then(|| odd_split::split(arch, &q))
+        .flatten()
+    {
+        Some(split) => odd_split::launch(gpu, &split, padded_d)?,
+        None if padded_d => hopper::launch_into_padded_d(gpu, &q)?,
+        None => hopper::launch(gpu, &q)?,
+    }
+    let Some((stride, _)) = plan.d else {
+        return Ok(());
     };
-    q.d.ptr = base + at as u64;
-    hopper::launch_into_padded_d(gpu, &q)?;
     // The aligned D back into the caller's D, a block per row.
     let d = &plan.original_d;
     let batch = plan.padded.batch.max(1);
