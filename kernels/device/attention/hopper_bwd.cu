@@ -38,8 +38,9 @@
 //
 // DEFINES (kernels/src/ops/attention/hopper_bwd.rs): CALICO_ATTN_KERNEL 0|1|2, CALICO_ATTN_T
 // bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
-// CALICO_ATTN_SCHED 1 (serial, the default) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ
-// 0 | 1 (main and finish kernels: dQ tiles by bulk reductions, see BULK_DQ).
+// CALICO_ATTN_SCHED 1 (serial) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ 0 | 1 (main
+// and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_MASK_RANGE 0 | 1
+// (masks as row ranges, see CALICO_ATTN_MASK_RANGE below).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -153,6 +154,9 @@ constexpr bool BULK_DQ = CALICO_ATTN_BULK_DQ != 0;
 // Schedule 1 (serial): each MMA batch is waited for before the next step of the block.
 // Schedule 2 (overlapped): P^T is computed while dP^T runs, and the dQ reductions while dK runs.
 constexpr bool OVERLAP = CALICO_ATTN_SCHED == 2;
+// CALICO_ATTN_MASK_RANGE: masks as row ranges. Blocks that need no mask run a P^T pass with no
+// mask code at all, the others one select per element against the rows that see the thread's
+// key, instead of a branch per element (which keeps ptxas from scheduling the exp2s together).
 // dQ by bulk reductions: each consumer stages its dQ tile in shared memory and warp 1 of the
 // producer warpgroup adds it to the accumulator with one cp.reduce.async.bulk (BULK_DQ).
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
@@ -257,6 +261,35 @@ CALICO_DEVICE bool block_visible(const params& p, long long m0, long long n0) {
     return n0 + BKV <= p.k_len && m0 + BQ <= p.q_len && (!p.has_right || n0 + BKV - 1 <= m0 + off + p.right) &&
            (!p.has_left || n0 >= m0 + BQ - 1 + off - p.left);
 }
+
+// The query rows lo .. lo + count - 1 of the block at m0, relative to m0, that see key j.
+struct row_range {
+    int lo, count;
+    // Column `col` of the block is one of them (one unsigned compare: col < lo wraps around).
+    CALICO_DEVICE bool has(int col) const { return (unsigned)(col - lo) < (unsigned)count; }
+};
+CALICO_DEVICE row_range rows_seeing(const params& p, long long m0, long long j) {
+    // Row i sees j iff i < Nq, j < Nkv, j >= c - left and j <= c + right (c = i + Nkv - Nq).
+    const long long off = (long long)p.k_len - p.q_len;
+    long long lo = p.has_right ? j - off - p.right : 0;
+    long long hi = p.has_left ? j - off + p.left : p.q_len - 1;
+    hi = hi > p.q_len - 1 ? p.q_len - 1 : hi;
+    if (j >= p.k_len) hi = -1;
+    lo -= m0;
+    hi -= m0;
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > BQ - 1 ? BQ - 1 : hi;
+    row_range r;
+    r.lo = lo > BQ ? BQ : (int)lo;
+    r.count = hi < lo ? 0 : (int)(hi - lo + 1);
+    return r;
+}
+
+// A compile-time flag for generic lambdas (masked and unmasked passes).
+template <bool B>
+struct flag {
+    static constexpr bool value = B;
+};
 
 template <class T>
 CALICO_DEVICE uint32_t pack2(float lo, float hi);
@@ -506,6 +539,90 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     const float* lse_s = reinterpret_cast<const float*>(smem + LSE_OFFSET + qc.slot() * ROW_BYTES);
                     const float* delta_s = reinterpret_cast<const float*>(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES);
                     const bool need_mask = !block_visible(p, m0, u.n0);
+#if CALICO_ATTN_MASK_RANGE
+                    // The rows that see this thread's two keys (masked blocks only).
+                    row_range seen[2] = {{0, BQ}, {0, BQ}};
+                    if (need_mask) {
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) seen[hh] = rows_seeing(p, m0, u.n0 + key_in_block + 8 * hh);
+                    }
+                    // P^T with the mask as a select per element, or (unmasked blocks) none.
+                    auto masked_p = [&](auto masked, float pr, int col, int hh) {
+                        if constexpr (decltype(masked)::value) {
+                            return seen[hh].has(col) ? pr : 0.0f;
+                        }
+                        return pr;
+                    };
+                    // Runs pass(flag<need_mask>): each block kind gets its own branch-free copy.
+                    auto with_mask = [&](auto&& pass) {
+                        if (need_mask) {
+                            pass(flag<true>{});
+                        } else {
+                            pass(flag<false>{});
+                        }
+                    };
+                    if constexpr (OVERLAP && !SOFTCAP) {
+                        // P^T while dP^T is still being computed, then dS^T.
+                        calico::wgmma::wait_group<1>();
+                        calico::wgmma::fence_operands(s);
+                        with_mask([&](auto masked) {
+#pragma unroll
+                            for (int j = 0; j < BQ / 8; ++j) {
+                                const int col = 8 * j + 2 * t;
+                                const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+#pragma unroll
+                                for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+                                    for (int e = 0; e < 2; ++e) {
+                                        const int i = 4 * j + 2 * hh + e;
+                                        s[i] = masked_p(masked, calico::exp2_approx(s[i] * score_scale - (e ? l.y : l.x)), col + e, hh);
+                                    }
+                                }
+                            }
+                        });
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(dp);
+#pragma unroll
+                        for (int j = 0; j < BQ / 8; ++j) {
+                            const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * j + 2 * t);
+#pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+                                dp[4 * j + 2 * hh] = s[4 * j + 2 * hh] * (dp[4 * j + 2 * hh] - dl.x);
+                                dp[4 * j + 2 * hh + 1] = s[4 * j + 2 * hh + 1] * (dp[4 * j + 2 * hh + 1] - dl.y);
+                            }
+                        }
+                    } else {
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(s);
+                        calico::wgmma::fence_operands(dp);
+                        with_mask([&](auto masked) {
+#pragma unroll
+                            for (int j = 0; j < BQ / 8; ++j) {
+                                const int col = 8 * j + 2 * t;
+                                const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+                                const float2 dl = *reinterpret_cast<const float2*>(delta_s + col);
+#pragma unroll
+                                for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+                                    for (int e = 0; e < 2; ++e) {
+                                        const int i = 4 * j + 2 * hh + e;
+                                        float x = s[i], dcap = 1.0f;
+                                        if constexpr (SOFTCAP) {
+                                            const float th = tanhf(x * score_scale);
+                                            x = cap_log2 * th;
+                                            dcap = 1.0f - th * th;
+                                        } else {
+                                            x *= score_scale;
+                                        }
+                                        const float pr = masked_p(masked, calico::exp2_approx(x - (e ? l.y : l.x)), col + e, hh);
+                                        s[i] = pr;
+                                        dp[i] = pr * (dp[i] - (e ? dl.y : dl.x)) * dcap;
+                                    }
+                                }
+                            }
+                        });
+                    }
+#else
                     if constexpr (OVERLAP && !SOFTCAP) {
                         // P^T while dP^T is still being computed, then dS^T.
                         calico::wgmma::wait_group<1>();
@@ -566,6 +683,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         }
                     }
                     }
+#endif
                     // 16-bit A fragments: k-step kk covers query rows 16kk..16kk+15.
                     uint32_t pa[P_STEPS][4], da[P_STEPS][4];
 #pragma unroll

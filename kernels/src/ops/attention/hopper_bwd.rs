@@ -52,6 +52,8 @@ pub(crate) struct HopperBwdVariant {
     overlapped: bool,
     /// Main and finish kernels: dQ tiles by bulk reductions (CALICO_ATTN_BULK_DQ).
     bulk_dq: bool,
+    /// Main kernel: masks as row ranges, no per-element branches (CALICO_ATTN_MASK_RANGE).
+    mask_range: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
@@ -61,11 +63,14 @@ pub(crate) struct HopperBwdVariant {
 /// made the backward 11-29% faster than the serial schedule with per-thread dQ atomics
 /// (docs/perf-log.md). `serial` and `nobulk` turn them off; `stagger` (each key block starts
 /// its walk over the query blocks at a different block) is off by default: it measured neutral.
+/// `rangemask` (masks as row ranges: no mask code in blocks every row sees all keys of, a
+/// select per element elsewhere, instead of a branch per element) is off until measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
     stagger: bool,
     bulk: bool,
+    mask_range: bool,
 }
 
 impl Default for Tune {
@@ -74,6 +79,7 @@ impl Default for Tune {
             overlapped: true,
             stagger: false,
             bulk: true,
+            mask_range: false,
         }
     }
 }
@@ -88,6 +94,8 @@ impl Tune {
                 "stagger" => t.stagger = true,
                 "bulk" => t.bulk = true,
                 "nobulk" => t.bulk = false,
+                "rangemask" => t.mask_range = true,
+                "branchmask" => t.mask_range = false,
                 _ => {}
             }
         }
@@ -122,26 +130,22 @@ impl HopperBwdVariant {
             overlapped: false,
             // The prepare kernel is the same either way.
             bulk_dq: bulk_dq && kernel == BwdKernel::Finish,
+            mask_range: false,
         }
     }
 
     /// The main kernel for `head_dim` on `arch`, with as many stages as shared memory holds
     /// (at most [`MAX_STAGES`]); `None` when not even two fit.
-    fn main(
-        arch: &Arch,
-        dtype: DType,
-        head_dim: usize,
-        softcap: bool,
-        (overlapped, bulk_dq): (bool, bool),
-    ) -> Option<Self> {
+    fn main(arch: &Arch, dtype: DType, head_dim: usize, softcap: bool, tune: Tune) -> Option<Self> {
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
             dtype,
             head_dim,
             stages: 0,
             softcap,
-            overlapped,
-            bulk_dq,
+            overlapped: tune.overlapped,
+            bulk_dq: tune.bulk,
+            mask_range: tune.mask_range,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -177,14 +181,15 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
             self.stages,
             self.softcap,
             if self.overlapped { " overlapped" } else { "" },
-            if self.bulk_dq { " bulk" } else { "" }
+            if self.bulk_dq { " bulk" } else { "" },
+            if self.mask_range { " rangemask" } else { "" }
         )
     }
 }
@@ -207,6 +212,10 @@ impl KernelVariant for HopperBwdVariant {
                 if self.overlapped { "2" } else { "1" }.to_string(),
             ),
             ("CALICO_ATTN_BULK_DQ", u8::from(self.bulk_dq).to_string()),
+            (
+                "CALICO_ATTN_MASK_RANGE",
+                u8::from(self.mask_range).to_string(),
+            ),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -234,15 +243,24 @@ pub(crate) fn catalog(
                 HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true),
             ];
             // The default (overlapped, bulk dQ) with and without the soft cap, then the A/B
-            // schedules: serial with per-thread dQ atomics (also soft-capped), and each
-            // change alone.
+            // schedules: serial with per-thread dQ atomics (also soft-capped), each change
+            // alone, and the default with masks as row ranges (also soft-capped, also serial).
+            let tune = |overlapped, bulk, mask_range| Tune {
+                overlapped,
+                stagger: false,
+                bulk,
+                mask_range,
+            };
             for (softcap, tune) in [
-                (false, (true, true)),
-                (true, (true, true)),
-                (false, (false, false)),
-                (true, (false, false)),
-                (false, (true, false)),
-                (false, (false, true)),
+                (false, tune(true, true, false)),
+                (true, tune(true, true, false)),
+                (false, tune(false, false, false)),
+                (true, tune(false, false, false)),
+                (false, tune(true, false, false)),
+                (false, tune(false, true, false)),
+                (false, tune(true, true, true)),
+                (true, tune(true, true, true)),
+                (false, tune(false, false, true)),
             ] {
                 variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune));
             }
@@ -332,10 +350,13 @@ pub(crate) fn backward_variant(
     if !fits {
         return None;
     }
-    HopperBwdVariant::main(arch, p.dtype, p.head_dim, params.softcap.is_some(), {
-        let tune = Tune::get();
-        (tune.overlapped, tune.bulk)
-    })
+    HopperBwdVariant::main(
+        arch,
+        p.dtype,
+        p.head_dim,
+        params.softcap.is_some(),
+        Tune::get(),
+    )
 }
 
 /// Runs the backward with `main` on the tensors: `None` when TMA cannot express Q, K, V or
@@ -487,13 +508,14 @@ mod tests {
     fn main_variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = Arch::for_target("sm_90a").unwrap();
         for d in [64, 128] {
-            for tune in [(false, false), (true, true)] {
+            for tune in [Tune::parse("serial,nobulk"), Tune::default()] {
                 let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, tune).unwrap();
                 assert!(v.stages >= 2, "{v:?}");
                 assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
             }
         }
-        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, (false, false)).unwrap();
+        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, Tune::parse("serial,nobulk"))
+            .unwrap();
         // K, V 64 KiB; per stage Q + dO 32 KiB and two 256-byte rows; dS 32 KiB.
         assert_eq!(
             v.smem_bytes(),
@@ -507,6 +529,7 @@ mod tests {
             overlapped: true,
             stagger: false,
             bulk: true,
+            mask_range: false,
         };
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
@@ -515,10 +538,19 @@ mod tests {
             Tune {
                 overlapped: false,
                 stagger: true,
-                bulk: false
+                bulk: false,
+                mask_range: false,
             }
         );
         assert_eq!(Tune::parse("overlapped,bulk"), default);
+        assert_eq!(
+            Tune::parse("rangemask"),
+            Tune {
+                mask_range: true,
+                ..default
+            }
+        );
+        assert_eq!(Tune::parse("rangemask,branchmask"), default);
     }
 
     #[test]
