@@ -163,7 +163,7 @@ fn route(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
     let hopper_tiles = hopper::tiles(arch, p);
     if skinny::supports(arch, p) && skinny::prefers(arch, p, hopper_tiles) {
         Ok(GemmKernel::Skinny)
-    } else if hopper_tiles.is_some() {
+    } else if hopper_tiles.is_some() && !padded::pads_d_only(arch, p) {
         Ok(GemmKernel::Hopper)
     } else if padded::supports(arch, p) {
         Ok(GemmKernel::Padded)

@@ -81,11 +81,12 @@ fn transpose_problem(p: &GemmProblem) -> Option<GemmProblem> {
     })
 }
 
-/// A sliver's kernel: any the router picks but the padded path (which would take the
-/// workspace this call holds).
+/// A sliver's kernel: any the router picks but the padded path, which would take the
+/// workspace this call holds (with `CALICO_PAD_D=on` it asks for an odd-width D: the Hopper
+/// kernel stores that from registers instead).
 fn routed(arch: &Arch, p: GemmProblem) -> Option<(GemmKernel, GemmProblem)> {
     match route(arch, &p).ok()? {
-        GemmKernel::Padded => None,
+        GemmKernel::Padded => hopper::tiles(arch, &p).map(|_| (GemmKernel::Hopper, p)),
         kernel => Some((kernel, p)),
     }
 }

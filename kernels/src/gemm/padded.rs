@@ -143,10 +143,24 @@ fn b_ready(p: &GemmProblem) -> bool {
     hopper::b_k_major(p).is_some() && p.b.ptr.is_multiple_of(16)
 }
 
+/// D through an aligned buffer (`CALICO_PAD_D=on`) when only the register epilogue could
+/// write it as it is: 16-bit, contiguous rows that TMA cannot store.
+fn d_to_buffer(p: &GemmProblem) -> bool {
+    let out_16 = matches!(p.out_dtype, DType::BF16 | DType::F16);
+    let d_contiguous = p.d.col_stride == 1 || p.n <= 1;
+    pad_d() && out_16 && d_contiguous && !hopper::d_tma_ok(p)
+}
+
+/// True when the padded path takes `p` only for its D (`CALICO_PAD_D=on`): the router then
+/// prefers it to the Hopper kernel's register-store epilogue.
+pub(crate) fn pads_d_only(arch: &Arch, p: &GemmProblem) -> bool {
+    a_ready(p) && b_ready(p) && plan(arch, p).is_some()
+}
+
 /// The padding plan for `p` on `arch`, or `None` when the Hopper kernel runs `p` as it is, or
 /// would not run it even with both operands padded (device, dtypes, D layout, sizes).
 fn plan(arch: &Arch, p: &GemmProblem) -> Option<Plan> {
-    if p.k == 0 || (a_ready(p) && b_ready(p)) {
+    if p.k == 0 || (a_ready(p) && b_ready(p) && !d_to_buffer(p)) {
         return None;
     }
     let mut padded = *p;
@@ -198,10 +212,7 @@ fn plan(arch: &Arch, p: &GemmProblem) -> Option<Plan> {
             }
         };
     }
-    // D through an aligned buffer when only the register epilogue could write it as it is.
-    let out_16 = matches!(p.out_dtype, DType::BF16 | DType::F16);
-    let d_contiguous = p.d.col_stride == 1 || p.n <= 1;
-    let d = (pad_d() && out_16 && d_contiguous && !hopper::d_tma_ok(p)).then(|| {
+    let d = d_to_buffer(p).then(|| {
         let stride = p.n.div_ceil(ROW_ELEMS) * ROW_ELEMS;
         let at = offset;
         offset += (p.batch.max(1) * p.m * stride * 2).div_ceil(ALIGN) * ALIGN;
@@ -279,30 +290,33 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
 fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
     let arch = gpu.arch();
     // The second parameter set repeats the first when only one operand is padded (grid y = 1
-    // never reads it).
-    let (first, second) = match (&plan.a, &plan.b) {
-        (Some(a), Some(b)) => (a, b),
-        (Some(c), None) | (None, Some(c)) => (c, c),
+    // never reads it); no pad launch when only D goes through the buffer.
+    let copies = match (&plan.a, &plan.b) {
+        (Some(a), Some(b)) => Some((a, b)),
+        (Some(c), None) | (None, Some(c)) => Some((c, c)),
+        (None, None) if plan.d.is_some() => None,
         (None, None) => return Err(Error::unsupported("nothing to pad")),
     };
-    let matrices: u32 = if plan.a.is_some() && plan.b.is_some() {
-        2
-    } else {
-        1
-    };
-    let (x, y) = (copy_args(first, base)?, copy_args(second, base)?);
-    let args: [KernelArg; 20] = std::array::from_fn(|i| if i < 10 { x[i] } else { y[i - 10] });
-    // One block per row (grid-stride over rows).
-    let rows = |c: &Copy| c.batch * c.rows;
-    let blocks = rows(first)
-        .max(rows(second))
-        .clamp(1, BLOCKS_PER_SM * arch.compute_units.max(1) as usize);
-    let config = LaunchConfig {
-        grid: (blocks as u32, matrices, 1),
-        block: (THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    gpu.launch_variant(&PadVariant, &config, &args)?;
+    if let Some((first, second)) = copies {
+        let matrices: u32 = if plan.a.is_some() && plan.b.is_some() {
+            2
+        } else {
+            1
+        };
+        let (x, y) = (copy_args(first, base)?, copy_args(second, base)?);
+        let args: [KernelArg; 20] = std::array::from_fn(|i| if i < 10 { x[i] } else { y[i - 10] });
+        // One block per row (grid-stride over rows).
+        let rows = |c: &Copy| c.batch * c.rows;
+        let blocks = rows(first)
+            .max(rows(second))
+            .clamp(1, BLOCKS_PER_SM * arch.compute_units.max(1) as usize);
+        let config = LaunchConfig {
+            grid: (blocks as u32, matrices, 1),
+            block: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        gpu.launch_variant(&PadVariant, &config, &args)?;
+    }
 
     let mut q = plan.padded;
     if let Some(c) = &plan.a {
@@ -422,8 +436,17 @@ mod tests {
         assert!(!plan.b_kmajor);
         assert_eq!((b.rows, b.cols, b.dst_rs, b.offset), (1000, 999, 1024, 0));
         assert_eq!(plan.padded.b.row_stride, 1024);
-        // The weight layout with N odd needs nothing: its rows are K long.
-        assert!(super::plan(&h100(), &problem(1000, 999, 1000, true)).is_none());
+        // The weight layout with N odd needs no operand copy (its rows are K long); only D,
+        // and only with CALICO_PAD_D=on.
+        let p = problem(1000, 999, 1000, true);
+        match super::plan(&h100(), &p) {
+            Some(plan) => {
+                assert!(pad_d() && pads_d_only(&h100(), &p));
+                assert!(plan.a.is_none() && plan.b.is_none());
+                assert_eq!(plan.d, Some((1024, 0)));
+            }
+            None => assert!(!pad_d() && !pads_d_only(&h100(), &p)),
+        }
     }
 
     #[test]
