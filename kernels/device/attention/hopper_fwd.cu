@@ -4,9 +4,9 @@
 // DESIGN
 //  * Warp-specialised and persistent (calico/pipeline.cuh): CONSUMERS + 1 warpgroups.
 //    Warpgroup 0 is the producer (setmaxnreg.dec): one thread loads, per work unit, the
-//    BM-row Q tile once (q_full / q_empty) and then the unit's K and V tiles of BN keys into
-//    two rings of STAGES slots (K and V have their own barriers, so S = Q K^T starts before V
-//    lands). Consumer warpgroups 1.. (setmaxnreg.inc) own 64 query rows each: two consumers
+//    BM-row Q tile once (a ring of QBUF slots: with two, the next unit's Q loads during this
+//    one) and then the unit's K and V tiles of BN keys into two rings of STAGES slots (K and
+//    V have their own barriers, so S = Q K^T starts before V lands). Consumer warpgroups 1.. (setmaxnreg.inc) own 64 query rows each: two consumers
 //    (BM = 128, 384 threads) by default, three (BM = 192, 512 threads) at d = 64 on request,
 //    so that two consumers' softmax can run under the third's MMAs.
 //  * Work units are (batch, head, BM-row block). The order walks a chunk of heads whose K/V
@@ -41,7 +41,8 @@
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
 // 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
-// CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max).
+// CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
+// CALICO_ATTN_QBUF 1|2.
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -60,6 +61,9 @@ constexpr int CONSUMERS = CALICO_ATTN_CONSUMERS;
 constexpr int BM = 64 * CONSUMERS;
 constexpr int BN = CALICO_ATTN_BN;
 constexpr int STAGES = CALICO_ATTN_STAGES;
+// Q slots: with 2 the producer loads the next unit's Q while this unit runs, instead of after
+// its last S = Q K^T.
+constexpr int QBUF = CALICO_ATTN_QBUF;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
 constexpr int SCHED = CALICO_ATTN_SCHED;  // 0 serial, 1 overlapped, 2 overlapped + ping-pong
 constexpr bool PINGPONG = SCHED == 2;
@@ -90,20 +94,20 @@ static_assert(STAGES >= 2, "at least two stages");
 static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
 static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64), "two consumers, or three at d = 64 (registers)");
 static_assert(BM <= 256, "a TMA box has at most 256 rows");
+static_assert(QBUF == 1 || QBUF == 2, "one or two Q slots");
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int Q_OFFSET = 0;
-constexpr int K_OFFSET = Q_OFFSET + Q_BYTES;
+constexpr int K_OFFSET = Q_OFFSET + QBUF * Q_BYTES;
 constexpr int V_OFFSET = K_OFFSET + STAGES * KV_BYTES;
 constexpr int BAR_OFFSET = V_OFFSET + STAGES * KV_BYTES;
-// Barriers: the K ring, the V ring, q_full, q_empty. The host allocates
-// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2) * 8.
+// Barriers: the K ring, the V ring, the Q ring. The host allocates
+// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 * QBUF) * 8.
 
 struct barriers {
     calico::pipeline::ring<STAGES> k;
     calico::pipeline::ring<STAGES> v;
-    calico::mbarrier q_full;
-    calico::mbarrier q_empty;
+    calico::pipeline::ring<QBUF> q;
 };
 
 struct params {
@@ -351,20 +355,19 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     if (threadIdx.x == 0) {
         bars.k.init(RELEASES);
         bars.v.init(RELEASES);
-        calico::init(bars.q_full, 1);
-        calico::init(bars.q_empty, RELEASES);
+        bars.q.init(RELEASES);
         calico::fence_barrier_init();
     }
     __syncthreads();
 
     // Each thread keeps only its role's copies of these.
     pl::cursor<STAGES> kc, vc;
-    uint32_t q_loads = 0;
+    pl::cursor<QBUF> qc;
 
     auto produce = [&](int w) {
         const unit u = unit_at(p, w);
         if (u.n_hi <= u.n_lo) return;
-        if (q_loads == 0) {
+        if (qc.count == 0) {
             calico::tma::prefetch(map_q);
             calico::tma::prefetch(map_k);
             calico::tma::prefetch(map_v);
@@ -386,13 +389,11 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         // need not wait for that.
         int n = u.n_hi - 1;
         if (p.tune & TUNE_KV_FIRST) load_kv(n--);
-        calico::wait(bars.q_empty, (q_loads & 1u) ^ 1u);
-        calico::arrive_expect_tx(bars.q_full, Q_BYTES);
+        calico::mbarrier& qb = bars.q.acquire(qc, Q_BYTES);
+        unsigned char* qd = smem + Q_OFFSET + qc.slot() * Q_BYTES;
 #pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) {
-            calico::tma::load_4d(smem + Q_OFFSET + c * BM * 128, map_q, c * CHUNK, u.m0, u.h, u.b, bars.q_full);
-        }
-        ++q_loads;
+        for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(qd + c * BM * 128, map_q, c * CHUNK, u.m0, u.h, u.b, qb);
+        qc.advance();
         for (; n >= u.n_lo; --n) load_kv(n);
     };
 
@@ -435,7 +436,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         float m_run[2] = {ATTN_NEG_INF, ATTN_NEG_INF};
         float l_run[2] = {0.0f, 0.0f};
 
-        const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET) + consumer * 64 * 128;
+        const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET + qc.slot() * Q_BYTES) + consumer * 64 * 128;
         const uint32_t k_base = calico::smem_addr(smem + K_OFFSET);
         const uint32_t v_base = calico::smem_addr(smem + V_OFFSET);
 
@@ -457,7 +458,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         auto release_k = [&](int n) {
             if (lane == 0) {
                 bars.k.release(kc);
-                if (n == u.n_lo) calico::arrive(bars.q_empty);
+                if (n == u.n_lo) bars.q.release(qc);
             }
             kc.advance();
         };
@@ -605,8 +606,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         };
 
         if (u.n_hi > u.n_lo) {
-            calico::wait(bars.q_full, q_loads & 1u);
-            ++q_loads;
+            bars.q.wait_full(qc);
             float s[S_REGS];
             float scale_o[2];
             uint32_t pa[P_STEPS][4];
@@ -666,6 +666,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 fence_words(pa);
                 release_v();
             }
+            qc.advance();  // the slot went back with the last K release
         }
 
         // Epilogue: O = acc / l, LSE = m ln2 + ln l; rows that saw nothing get 0 and -inf.

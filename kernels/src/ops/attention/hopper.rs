@@ -40,6 +40,9 @@ pub(crate) struct HopperFwdVariant {
     /// Consumer warpgroups: 2, or 3 at d = 64 without a soft-cap ([`consumers_chosen`]).
     consumers: usize,
     softmax: SoftmaxForm,
+    /// Q slots: 1, or 2 so that the next unit's Q loads during this one
+    /// (`CALICO_ATTN_HOPPER_QBUF=2`, where two K/V stages still fit beside them).
+    q_buffers: usize,
 }
 
 /// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max); both off by
@@ -97,6 +100,16 @@ impl Schedule {
     }
 }
 
+/// Q slots asked for: `CALICO_ATTN_HOPPER_QBUF=2` (opt-in until measured), else 1.
+fn q_buffers_chosen() -> usize {
+    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *TWO.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_QBUF").as_deref() == Ok("2")) {
+        2
+    } else {
+        1
+    }
+}
+
 /// Consumer warpgroups at `head_dim`: `CALICO_ATTN_HOPPER_CONSUMERS=3` asks for three at
 /// d = 64 (192-row units, opt-in until measured); everything else has two.
 fn consumers_chosen(head_dim: usize) -> usize {
@@ -110,19 +123,59 @@ fn consumers_chosen(head_dim: usize) -> usize {
     }
 }
 
+/// The A/B choices of a variant as asked for ([`Choices::chosen`] reads the knobs);
+/// [`HopperFwdVariant::new`] drops those the head dim cannot take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Choices {
+    schedule: Schedule,
+    /// Consumer warpgroups, 2 or 3.
+    consumers: usize,
+    softmax: SoftmaxForm,
+    /// Q slots, 1 or 2.
+    q_buffers: usize,
+}
+
+impl Default for Choices {
+    /// Main's default kernel.
+    fn default() -> Self {
+        Choices {
+            schedule: Schedule::PingPong,
+            consumers: 2,
+            softmax: SoftmaxForm::default(),
+            q_buffers: 1,
+        }
+    }
+}
+
+impl Choices {
+    fn chosen(head_dim: usize) -> Choices {
+        Choices {
+            schedule: Schedule::chosen(),
+            consumers: consumers_chosen(head_dim),
+            softmax: SoftmaxForm::chosen(),
+            q_buffers: q_buffers_chosen(),
+        }
+    }
+}
+
 impl HopperFwdVariant {
-    /// The variant for `head_dim` on `arch` with `consumers` consumer warpgroups (3 only at
-    /// d = 64 without a soft-cap, else 2), with as many K/V stages as shared memory holds (at most [`MAX_STAGES`]);
-    /// `None` when not even two fit.
+    /// The variant for `head_dim` on `arch` with the `choices` that fit: three consumer
+    /// warpgroups only at d = 64 without a soft-cap, a second Q slot only where two K/V stages
+    /// still fit beside it; as many K/V stages as shared memory holds (at most
+    /// [`MAX_STAGES`]). `None` when not even two fit.
     fn new(
         arch: &Arch,
         dtype: DType,
         head_dim: usize,
         softcap: bool,
-        schedule: Schedule,
-        consumers: usize,
-        softmax: SoftmaxForm,
+        choices: Choices,
     ) -> Option<Self> {
+        let Choices {
+            schedule,
+            consumers,
+            softmax,
+            q_buffers,
+        } = choices;
         let block_n = if head_dim > 128 { 64 } else { 128 };
         // Three consumers have 160 registers each: enough at d = 64 without a soft-cap (no
         // spills in the SASS), not with tanh's temporaries (stack traffic in the loop).
@@ -140,22 +193,33 @@ impl HopperFwdVariant {
             schedule,
             consumers,
             softmax,
+            q_buffers: 1,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
-        let stages = (2..=MAX_STAGES)
-            .rev()
-            .find(|&s| HopperFwdVariant { stages: s, ..one }.smem_bytes() <= budget)?;
-        Some(HopperFwdVariant { stages, ..one })
+        let fit = |q_buffers: usize| {
+            let one = HopperFwdVariant { q_buffers, ..one };
+            (2..=MAX_STAGES)
+                .rev()
+                .map(|stages| HopperFwdVariant { stages, ..one })
+                .find(|v| v.smem_bytes() <= budget)
+        };
+        // A second Q slot where two K/V stages still fit beside it (not d = 256).
+        if q_buffers >= 2 {
+            if let Some(v) = fit(2) {
+                return Some(v);
+            }
+        }
+        fit(1)
     }
 
-    /// Must match hopper_fwd.cu: alignment slack, Q, the K and V rings, 4 * STAGES + 2
-    /// mbarriers.
+    /// Must match hopper_fwd.cu: alignment slack, the Q slots, the K and V rings,
+    /// 4 * STAGES + 2 * QBUF mbarriers.
     fn smem_bytes(&self) -> usize {
         let d = self.head_dim;
-        1024 + self.block_m() * d * 2
+        1024 + self.q_buffers * self.block_m() * d * 2
             + 2 * self.stages * self.block_n * d * 2
-            + (4 * self.stages + 2) * 8
+            + (4 * self.stages + 2 * self.q_buffers) * 8
     }
 
     /// Query rows per work unit.
@@ -169,12 +233,13 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} softcap={} {:?}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
             self.block_n,
             self.stages,
+            self.q_buffers,
             self.softcap,
             self.schedule,
             if self.softmax.ilp { " ilp" } else { "" },
@@ -195,6 +260,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_CONSUMERS", self.consumers.to_string()),
             ("CALICO_ATTN_ILP", u8::from(self.softmax.ilp).to_string()),
             ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
+            ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -219,23 +285,28 @@ pub(crate) fn catalog(
         ilp: true,
         lazy: true,
     };
-    for (dtype, d, softcap, schedule, consumers, softmax) in [
-        (DType::BF16, 64, false, Schedule::PingPong, 2, plain),
-        (DType::BF16, 64, false, Schedule::PingPong, 3, plain),
-        (DType::BF16, 64, false, Schedule::PingPong, 3, lean),
-        (DType::BF16, 64, false, Schedule::Overlapped, 3, plain),
-        (DType::F16, 64, false, Schedule::PingPong, 3, plain),
-        (DType::BF16, 128, false, Schedule::PingPong, 2, plain),
-        (DType::BF16, 128, false, Schedule::PingPong, 2, lean),
-        (DType::BF16, 128, false, Schedule::Overlapped, 2, plain),
-        (DType::BF16, 128, false, Schedule::Serial, 2, plain),
-        (DType::F16, 128, true, Schedule::PingPong, 2, plain),
-        (DType::F16, 128, true, Schedule::PingPong, 2, lean),
-        (DType::BF16, 256, false, Schedule::PingPong, 2, plain),
+    for (dtype, d, softcap, schedule, consumers, softmax, q_buffers) in [
+        (DType::BF16, 64, false, Schedule::PingPong, 2, plain, 1),
+        (DType::BF16, 64, false, Schedule::PingPong, 3, plain, 1),
+        (DType::BF16, 64, false, Schedule::PingPong, 3, lean, 2),
+        (DType::BF16, 64, false, Schedule::Overlapped, 3, plain, 1),
+        (DType::F16, 64, false, Schedule::PingPong, 3, plain, 1),
+        (DType::BF16, 128, false, Schedule::PingPong, 2, plain, 1),
+        (DType::BF16, 128, false, Schedule::PingPong, 2, lean, 1),
+        (DType::BF16, 128, false, Schedule::PingPong, 2, lean, 2),
+        (DType::BF16, 128, false, Schedule::Overlapped, 2, plain, 1),
+        (DType::BF16, 128, false, Schedule::Serial, 2, plain, 1),
+        (DType::F16, 128, true, Schedule::PingPong, 2, plain, 1),
+        (DType::F16, 128, true, Schedule::PingPong, 2, lean, 2),
+        (DType::BF16, 256, false, Schedule::PingPong, 2, plain, 1),
     ] {
-        if let Some(v) =
-            HopperFwdVariant::new(arch, dtype, d, softcap, schedule, consumers, softmax)
-        {
+        let choices = Choices {
+            schedule,
+            consumers,
+            softmax,
+            q_buffers,
+        };
+        if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, choices) {
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
                 label: v.label(),
@@ -384,9 +455,7 @@ pub(crate) fn forward_variant(
         p.dtype,
         p.head_dim,
         params.softcap.is_some(),
-        Schedule::chosen(),
-        consumers_chosen(p.head_dim),
-        SoftmaxForm::chosen(),
+        Choices::chosen(p.head_dim),
     )
 }
 
@@ -478,35 +547,32 @@ mod tests {
         Arch::for_target("sm_90a").unwrap()
     }
 
+    fn choices(consumers: usize, q_buffers: usize) -> Choices {
+        Choices {
+            consumers,
+            q_buffers,
+            ..Choices::default()
+        }
+    }
+
     #[test]
     fn variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = h100();
         for d in [64, 128, 256] {
-            for consumers in [2, 3] {
+            for (consumers, q_buffers) in [(2, 1), (3, 1), (2, 2), (3, 2)] {
                 let v = HopperFwdVariant::new(
                     &arch,
                     DType::BF16,
                     d,
                     false,
-                    Schedule::PingPong,
-                    consumers,
-                    SoftmaxForm::default(),
+                    choices(consumers, q_buffers),
                 )
                 .unwrap();
                 assert!(v.stages >= 2, "{v:?}");
                 assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
             }
         }
-        let v = HopperFwdVariant::new(
-            &arch,
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            SoftmaxForm::default(),
-        )
-        .unwrap();
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false, choices(2, 1)).unwrap();
         assert_eq!(
             (v.block_m(), v.block_n, v.stages, v.threads()),
             (128, 128, 3, 384)
@@ -517,42 +583,15 @@ mod tests {
     #[test]
     fn three_consumers_only_at_head_dim_64() {
         let arch = h100();
-        let v = HopperFwdVariant::new(
-            &arch,
-            DType::BF16,
-            64,
-            false,
-            Schedule::PingPong,
-            3,
-            SoftmaxForm::default(),
-        )
-        .unwrap();
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 64, false, choices(3, 1)).unwrap();
         assert_eq!((v.block_m(), v.threads(), v.stages), (192, 512, 4));
         assert_eq!(
             v.smem_bytes(),
             1024 + 192 * 64 * 2 + 2 * 4 * 128 * 64 * 2 + 18 * 8
         );
-        let v = HopperFwdVariant::new(
-            &arch,
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            3,
-            SoftmaxForm::default(),
-        )
-        .unwrap();
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false, choices(3, 1)).unwrap();
         assert_eq!((v.block_m(), v.threads()), (128, 384));
-        let v = HopperFwdVariant::new(
-            &arch,
-            DType::BF16,
-            64,
-            true,
-            Schedule::PingPong,
-            3,
-            SoftmaxForm::default(),
-        )
-        .unwrap();
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 64, true, choices(3, 1)).unwrap();
         assert_eq!(v.block_m(), 128);
     }
 
@@ -589,6 +628,20 @@ mod tests {
         assert_eq!(some.bits(true), 1);
         assert!(!some.vector_stores);
         assert_eq!(Tune::parse("nokvfirst,nofold").bits(false), 0);
+    }
+
+    #[test]
+    fn a_second_q_slot_only_where_two_stages_still_fit() {
+        let arch = h100();
+        let v = |d, q| HopperFwdVariant::new(&arch, DType::BF16, d, false, choices(2, q)).unwrap();
+        assert_eq!((v(64, 2).q_buffers, v(64, 2).stages), (2, 4));
+        assert_eq!((v(128, 2).q_buffers, v(128, 2).stages), (2, 2));
+        assert_eq!(
+            v(128, 2).smem_bytes(),
+            1024 + 2 * 32768 + 2 * 65536 + 12 * 8
+        );
+        assert_eq!((v(256, 2).q_buffers, v(256, 2).stages), (1, 2));
+        assert_eq!(v(128, 1).smem_bytes(), 1024 + 32768 + 3 * 65536 + 14 * 8);
     }
 
     #[test]
