@@ -40,7 +40,8 @@
 // bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 1 (serial) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ 0 | 1 (main
 // and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_MASK_RANGE 0 | 1
-// (masks as row ranges, see CALICO_ATTN_MASK_RANGE below).
+// (masks as row ranges, see CALICO_ATTN_MASK_RANGE below), CALICO_ATTN_WIDE_REGS 0 | 1 (see
+// PRODUCER_REGS).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -172,9 +173,15 @@ constexpr int P_STEPS = BQ / 16;    // k-steps of dV += P^T dO
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
-// The dQ warp (BULK_DQ) shares the producer's budget: give it room for its addresses.
-constexpr int PRODUCER_REGS = BULK_DQ ? 40 : 24;
-constexpr int CONSUMER_REGS = BULK_DQ ? 232 : 240;
+// The dQ warp (BULK_DQ) shares the producer's budget: give it room for its addresses, unless
+// CALICO_ATTN_WIDE_REGS gives the consumers the most the CTA's 168 x 384 registers allow (the
+// d128 consumers spill loop state at 232).
+#ifndef CALICO_ATTN_WIDE_REGS
+#define CALICO_ATTN_WIDE_REGS 0
+#endif
+constexpr int PRODUCER_REGS = BULK_DQ && !CALICO_ATTN_WIDE_REGS ? 40 : 24;
+constexpr int CONSUMER_REGS = BULK_DQ && !CALICO_ATTN_WIDE_REGS ? 232 : 240;
+static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 168 * 384, "setmaxnreg within the launch registers");
 constexpr int DS_BARRIER = 1;  // named barrier of the two consumer warpgroups
 
 static_assert(STAGES >= 2, "at least two stages");

@@ -54,6 +54,9 @@ pub(crate) struct HopperBwdVariant {
     bulk_dq: bool,
     /// Main kernel: masks as row ranges, no per-element branches (CALICO_ATTN_MASK_RANGE).
     mask_range: bool,
+    /// Main kernel with bulk dQ: consumers at 240 registers, producer warpgroup at 24
+    /// (CALICO_ATTN_WIDE_REGS).
+    wide_regs: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
@@ -64,13 +67,16 @@ pub(crate) struct HopperBwdVariant {
 /// (docs/perf-log.md). `serial` and `nobulk` turn them off; `stagger` (each key block starts
 /// its walk over the query blocks at a different block) is off by default: it measured neutral.
 /// `rangemask` (masks as row ranges: no mask code in blocks every row sees all keys of, a
-/// select per element elsewhere, instead of a branch per element) is off until measured.
+/// select per element elsewhere, instead of a branch per element) and `wideregs` (with bulk
+/// dQ, 240 registers per consumer thread and 24 for the producer warpgroup instead of 232 and
+/// 40) are off until measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
     stagger: bool,
     bulk: bool,
     mask_range: bool,
+    wide_regs: bool,
 }
 
 impl Default for Tune {
@@ -80,6 +86,7 @@ impl Default for Tune {
             stagger: false,
             bulk: true,
             mask_range: false,
+            wide_regs: false,
         }
     }
 }
@@ -96,6 +103,8 @@ impl Tune {
                 "nobulk" => t.bulk = false,
                 "rangemask" => t.mask_range = true,
                 "branchmask" => t.mask_range = false,
+                "wideregs" => t.wide_regs = true,
+                "narrowregs" => t.wide_regs = false,
                 _ => {}
             }
         }
@@ -131,6 +140,7 @@ impl HopperBwdVariant {
             // The prepare kernel is the same either way.
             bulk_dq: bulk_dq && kernel == BwdKernel::Finish,
             mask_range: false,
+            wide_regs: false,
         }
     }
 
@@ -146,6 +156,7 @@ impl HopperBwdVariant {
             overlapped: tune.overlapped,
             bulk_dq: tune.bulk,
             mask_range: tune.mask_range,
+            wide_regs: tune.wide_regs && tune.bulk,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -181,7 +192,7 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -189,7 +200,8 @@ impl HopperBwdVariant {
             self.softcap,
             if self.overlapped { " overlapped" } else { "" },
             if self.bulk_dq { " bulk" } else { "" },
-            if self.mask_range { " rangemask" } else { "" }
+            if self.mask_range { " rangemask" } else { "" },
+            if self.wide_regs { " wideregs" } else { "" }
         )
     }
 }
@@ -215,6 +227,10 @@ impl KernelVariant for HopperBwdVariant {
             (
                 "CALICO_ATTN_MASK_RANGE",
                 u8::from(self.mask_range).to_string(),
+            ),
+            (
+                "CALICO_ATTN_WIDE_REGS",
+                u8::from(self.wide_regs).to_string(),
             ),
         ];
         KernelSource::assemble(
@@ -244,23 +260,28 @@ pub(crate) fn catalog(
             ];
             // The default (overlapped, bulk dQ) with and without the soft cap, then the A/B
             // schedules: serial with per-thread dQ atomics (also soft-capped), each change
-            // alone, and the default with masks as row ranges (also soft-capped, also serial).
-            let tune = |overlapped, bulk, mask_range| Tune {
+            // alone, the default with masks as row ranges (also soft-capped, also serial), and
+            // with the wide consumer registers (alone, with row-range masks, soft-capped).
+            let tune = |overlapped, bulk, mask_range, wide_regs| Tune {
                 overlapped,
                 stagger: false,
                 bulk,
                 mask_range,
+                wide_regs,
             };
             for (softcap, tune) in [
-                (false, tune(true, true, false)),
-                (true, tune(true, true, false)),
-                (false, tune(false, false, false)),
-                (true, tune(false, false, false)),
-                (false, tune(true, false, false)),
-                (false, tune(false, true, false)),
-                (false, tune(true, true, true)),
-                (true, tune(true, true, true)),
-                (false, tune(false, false, true)),
+                (false, tune(true, true, false, false)),
+                (true, tune(true, true, false, false)),
+                (false, tune(false, false, false, false)),
+                (true, tune(false, false, false, false)),
+                (false, tune(true, false, false, false)),
+                (false, tune(false, true, false, false)),
+                (false, tune(true, true, true, false)),
+                (true, tune(true, true, true, false)),
+                (false, tune(false, false, true, false)),
+                (false, tune(true, true, false, true)),
+                (false, tune(true, true, true, true)),
+                (true, tune(true, true, true, true)),
             ] {
                 variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune));
             }
@@ -530,6 +551,7 @@ mod tests {
             stagger: false,
             bulk: true,
             mask_range: false,
+            wide_regs: false,
         };
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
@@ -540,6 +562,7 @@ mod tests {
                 stagger: true,
                 bulk: false,
                 mask_range: false,
+                wide_regs: false,
             }
         );
         assert_eq!(Tune::parse("overlapped,bulk"), default);
@@ -551,6 +574,14 @@ mod tests {
             }
         );
         assert_eq!(Tune::parse("rangemask,branchmask"), default);
+        assert_eq!(
+            Tune::parse("wideregs,rangemask"),
+            Tune {
+                mask_range: true,
+                wide_regs: true,
+                ..default
+            }
+        );
     }
 
     #[test]
