@@ -268,6 +268,16 @@ fn hopper_gemm_disassembles_to_hgmma_and_utmaldg() {
             "{}: {hgmma} HGMMA, {utmaldg} UTMALDG",
             e.label
         );
+        if e.label.contains("store=staged") {
+            // The staged store: 16-byte global stores from the staging boxes, no TMA store,
+            // no local memory.
+            let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
+            let (stg128, utmastg) = (count("STG.E.128"), count("UTMASTG"));
+            let spills = count("STL") + count("LDL");
+            println!("{}: {stg128} STG.E.128, {utmastg} UTMASTG", e.label);
+            assert!(stg128 > 0 && utmastg == 0, "{}", e.label);
+            assert_eq!(spills, 0, "{}: local memory", e.label);
+        }
     }
 }
 
@@ -304,6 +314,16 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
             "{}: {hgmma} HGMMA, {utmaldg} UTMALDG",
             e.label
         );
+        if e.label.contains("store=staged") {
+            // The staged store: 16-byte global stores from the staging boxes, no TMA store,
+            // no local memory.
+            let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
+            let (stg128, utmastg) = (count("STG.E.128"), count("UTMASTG"));
+            let spills = count("STL") + count("LDL");
+            println!("{}: {stg128} STG.E.128, {utmastg} UTMASTG", e.label);
+            assert!(stg128 > 0 && utmastg == 0, "{}", e.label);
+            assert_eq!(spills, 0, "{}: local memory", e.label);
+        }
     }
 }
 

@@ -74,7 +74,10 @@
 //  CALICO_GEMM_HAS_BIAS 0|1, CALICO_GEMM_HAS_C 0|1, CALICO_GEMM_TMA_STORE 0|1 (16-bit out, warpgroup columns a multiple of 64),
 //  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks),
 //  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64),
-//  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster).
+//  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster),
+//  CALICO_GEMM_STAGED_STORE 1 (with TMA_STORE; opt-in, CALICO_GEMM_ODD=staged): the staging
+//  boxes go to D by the warpgroup's threads, not by TMA, for 16-bit D rows TMA cannot store
+//  (odd widths): 16-byte stores on D's own 16-byte boundaries, element stores at row ends.
 #include "calico/calico.h"
 #include "calico/cluster.cuh"
 #include "calico/pipeline.cuh"
@@ -83,7 +86,13 @@
 #include "calico/wgmma.cuh"
 #include "gemm/epilogue.cuh"
 #include "gemm/params.cuh"
+#if CALICO_GEMM_STAGED_STORE
+#include "gemm/shift.cuh"
+#endif
 
+#ifndef CALICO_GEMM_STAGED_STORE
+#define CALICO_GEMM_STAGED_STORE 0
+#endif
 #ifndef CALICO_GEMM_TMA_STORE
 #define CALICO_GEMM_TMA_STORE 0
 #endif
@@ -113,6 +122,7 @@ constexpr int BK = 64;  // one 128-byte swizzled row of 16-bit elements
 constexpr int STAGES = CALICO_GEMM_STAGES;
 constexpr bool B_KMAJOR = CALICO_GEMM_B_KMAJOR != 0;
 constexpr bool TMA_STORE = CALICO_GEMM_TMA_STORE != 0;
+constexpr bool STAGED_STORE = CALICO_GEMM_STAGED_STORE != 0;
 constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
 constexpr bool PINGPONG = CALICO_GEMM_PINGPONG != 0;
 // L2 eviction hints for the operand loads: 0 none, 1 evict_first, 2 evict_last.
@@ -154,6 +164,7 @@ static_assert(MI * ACC <= 128, "at most 128 f32 accumulators per thread");
 static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "slots stay 1024-aligned");
 static_assert(!TMA_STORE || (sizeof(out_t) == 2 && WG_N % STORE_COLS == 0), "TMA store: 16-bit output, 64-column boxes per warpgroup");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
+static_assert(!STAGED_STORE || TMA_STORE, "the staged store writes out the TMA-store staging boxes");
 static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHUNK) % CLUSTER == 0),
               "each CTA of a cluster loads a 1024-aligned part of B");
 
@@ -287,6 +298,54 @@ CALICO_DEVICE void store_tile(const epilogue_args& e, float (&acc)[ACC], int row
 
 CALICO_DEVICE void st_shared_b32(uint32_t addr, uint32_t v) { asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory"); }
 
+#if CALICO_GEMM_STAGED_STORE
+CALICO_DEVICE calico::gemm::words4 ld_shared_v4(uint32_t addr) {
+    calico::gemm::words4 v;
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+
+CALICO_DEVICE unsigned short ld_shared_u16(uint32_t addr) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// The staged store: a finished 64 x 64 staging box (rows row_base.., columns col0.. of D) goes
+// to D by the warpgroup's 128 threads. Each D row is cut on D's own 16-byte boundaries into a
+// head of 0..7 elements, whole 16-byte chunks and a tail: the chunks are whole-sector stores,
+// their words shifted out of two swizzled 16-byte shared chunks (gemm/shift.cuh); head, tail
+// and columns past N go element by element. Rows >= M are not written.
+CALICO_DEVICE void store_box_rows(const epilogue_args& e, uint32_t box_addr, int row_base, int col0, int tid) {
+    constexpr int PIECES = STORE_COLS / 8 + 1;
+    const int cols = min(STORE_COLS, e.n - col0);
+    if (cols <= 0) return;
+    for (int idx = tid; idx < STORE_ROWS * PIECES; idx += calico::WARPGROUP_THREADS) {
+        const int r = idx / PIECES;
+        const int piece = idx - r * PIECES;
+        const int row = row_base + r;
+        if (row >= e.m) continue;
+        out_t* dst = e.d + (long long)row * e.d_row_stride + col0;
+        const int head = int(((16 - (reinterpret_cast<unsigned long long>(dst) & 15)) & 15) / 2);
+        const int lo = max(0, head + 8 * (piece - 1));
+        const int hi = min(cols, head + 8 * piece);
+        if (hi - lo == 8) {
+            const int shift = lo % 8;
+            const calico::gemm::words4 first = ld_shared_v4(box_addr + store_box::offset(r, lo - shift));
+            const calico::gemm::words4 v =
+                shift == 0 ? first : calico::gemm::shift_words(shift, first, ld_shared_v4(box_addr + store_box::offset(r, lo - shift + 8)));
+            asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + lo), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                         : "memory");
+        } else {
+            for (int col = lo; col < hi; ++col) {
+                const unsigned short h = ld_shared_u16(box_addr + store_box::offset(r, col));
+                *reinterpret_cast<unsigned short*>(dst + col) = h;
+            }
+        }
+    }
+}
+#endif
+
 // The TMA-store epilogue of one consumer warpgroup: its 64 x WG_N tile, at (row_base,
 // col_base) of batch `batch`, goes out in 64 x 64 boxes. Each box is written (epilogue
 // applied, converted) into one of the warpgroup's two 128B-swizzled staging buffers, fenced
@@ -329,6 +388,15 @@ CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], con
                 st_shared_b32(buf_addr + store_box::offset(r, 8 * jj + 2 * t), *reinterpret_cast<const uint32_t*>(&dv));
             }
         }
+#if CALICO_GEMM_STAGED_STORE
+        // Every thread has copied box q - 1 out before this barrier, so box q + 1 may
+        // overwrite that buffer once it is passed.
+        (void)map_d;
+        (void)batch;
+        (void)leader;
+        calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
+        store_box_rows(e, buf_addr, row_base, col_base + q * STORE_COLS, warp * 32 + lane);
+#else
         calico::fence_proxy_async();
         if (leader) calico::tma::store_wait_read<0>();
         calico::named_barrier_sync(bar_id, calico::WARPGROUP_THREADS);
@@ -336,6 +404,7 @@ CALICO_DEVICE void store_tile_tma(const epilogue_args& e, float (&acc)[ACC], con
             calico::store_tma_at(map_d, buf, batch, row_base, col_base + q * STORE_COLS);
             calico::tma::store_commit();
         }
+#endif
         ++stores;
     }
 }
@@ -464,7 +533,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             store_box* staging = reinterpret_cast<store_box*>(smem + STAGING_OFFSET) + consumer * 2;
             const bool leader = warp == 0 && lane == 0;
             uint32_t stores = 0;
-            if constexpr (TMA_STORE) {
+            if constexpr (TMA_STORE && !STAGED_STORE) {
                 if (leader) calico::tma::prefetch(map_d);
             }
 
@@ -528,6 +597,9 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
 
                 e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
+#if CALICO_GEMM_STAGED_STORE
+                e.d = d + tc.batch * d_batch_stride;
+#endif
                 const int col_base = tc.n * BN + (SPLIT_N ? consumer * WG_N : 0);
 #pragma unroll
                 for (int i = 0; i < MI; ++i) {
@@ -540,7 +612,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     }
                 }
             }
-            if constexpr (TMA_STORE) {
+            if constexpr (TMA_STORE && !STAGED_STORE) {
                 // Shared memory must outlive the bulk stores reading it.
                 if (leader) calico::tma::store_wait<0>();
             }

@@ -37,6 +37,9 @@ struct TileConfig {
     stages: usize,
     /// Epilogue through shared memory and TMA stores (16-bit output, 64-column boxes).
     tma_store: bool,
+    /// With `tma_store`: the staging boxes go to D by the consumer threads instead of TMA
+    /// (16-bit D rows TMA cannot store; `CALICO_GEMM_ODD=staged`).
+    staged: bool,
     /// CTAs per cluster (1 or 2); with 2, a pair of row tiles shares B through multicast.
     cluster: usize,
     /// Ping-pong consumers: each warpgroup computes a whole tile and the two alternate on the
@@ -262,6 +265,13 @@ pub(super) fn d_tma_ok(p: &GemmProblem) -> bool {
     (p.n * p.out_dtype.size_bytes()).is_multiple_of(16) && d_rows_aligned(p)
 }
 
+/// True when the staged store can write D: 16-bit, contiguous rows, 2-byte aligned.
+fn staged_d_ok(p: &GemmProblem) -> bool {
+    matches!(p.out_dtype, DType::BF16 | DType::F16)
+        && (p.d.col_stride == 1 || p.n <= 1)
+        && p.d.ptr.is_multiple_of(2)
+}
+
 /// [`d_tma_ok`] for a D whose rows may be written past N (a padded buffer).
 fn d_rows_aligned(p: &GemmProblem) -> bool {
     let elem = p.out_dtype.size_bytes();
@@ -315,8 +325,10 @@ fn pick(
             && (b_kmajor || wg_n(bm, bn) % N_CHUNK == 0)
             && (!pingpong || bm * bn <= 128 * 128)
     };
+    let staged_ok = !d_tma && super::odd_split::staged() && staged_d_ok(p);
     let with_stages = |(bm, bn): (usize, usize)| {
-        let tma_store = d_tma && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false);
+        let tma_store =
+            (d_tma || staged_ok) && wg_n(bm, bn) % STORE_BOX == 0 && tune.tma_store != Some(false);
         let cluster = match tune.cluster {
             Some(2) if cluster_splits_b(bn, b_kmajor) && p.m.div_ceil(bm) >= 2 => 2,
             _ => DEFAULT_CLUSTER,
@@ -326,6 +338,7 @@ fn pick(
             bn,
             stages: 1,
             tma_store,
+            staged: tma_store && !d_tma,
             cluster,
             pingpong,
         };
@@ -463,7 +476,11 @@ impl Variant {
             t.bm,
             t.bn,
             t.stages,
-            if t.tma_store { "tma" } else { "reg" },
+            match (t.tma_store, t.staged) {
+                (true, true) => "staged",
+                (true, false) => "tma",
+                _ => "reg",
+            },
             t.cluster,
             self.b_kmajor,
             self.epilogue,
@@ -502,6 +519,9 @@ impl KernelVariant for Variant {
             // Checked by the kernel against its own layout.
             ("CALICO_GEMM_SMEM_BYTES", self.tile.smem_bytes().to_string()),
         ];
+        if self.tile.staged {
+            defines.push(("CALICO_GEMM_STAGED_STORE", "1".to_string()));
+        }
         defines.extend(HopperParams::layout_defines());
         KernelSource::assemble(
             ENTRY,
@@ -525,6 +545,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         stages,
         tma_store,
         cluster,
+        staged: false,
         pingpong: false,
     };
     let pingpong = |bm, bn, stages, tma_store, cluster| TileConfig {
@@ -678,6 +699,25 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         l2: (L2Hint::EvictLast, L2Hint::EvictFirst),
         ..variants[0]
     });
+    // The staged store for odd-width D (CALICO_GEMM_ODD=staged): the 4097^3 shape, and a
+    // skinny tile with C, bias and an activation.
+    variants.push(Variant {
+        tile: TileConfig {
+            staged: true,
+            ..big_tma
+        },
+        ..variants[0]
+    });
+    variants.push(Variant {
+        tile: TileConfig {
+            staged: true,
+            ..tile(64, 128, 8, true, 1)
+        },
+        epilogue: Epilogue::Silu,
+        bias: true,
+        c: true,
+        ..variants[0]
+    });
     for v in variants {
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -710,7 +750,7 @@ fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> 
     let tune = Tune::get();
     let no_tile = || Error::unsupported("no Hopper GEMM tile fits this device's shared memory");
     let mut map_d = OpaqueParam128([0; 128]);
-    if cfg.tma_store {
+    if cfg.tma_store && !cfg.staged {
         match operand_map(
             &p.d,
             p.out_dtype,
@@ -854,12 +894,34 @@ mod tests {
     }
 
     #[test]
+    fn the_staged_store_is_a_define_of_its_own() {
+        let entries = catalog(calico_cuda::device_headers()).unwrap();
+        let staged: Vec<_> = entries
+            .iter()
+            .filter(|e| e.label.contains("store=staged"))
+            .collect();
+        assert_eq!(staged.len(), 2);
+        for e in &staged {
+            assert!(e
+                .source
+                .text
+                .contains("#define CALICO_GEMM_STAGED_STORE 1\n"));
+            assert!(e.source.text.contains("#define CALICO_GEMM_TMA_STORE 1\n"));
+        }
+        // The other variants do not define it (the kernel defaults it to 0).
+        for e in entries.iter().filter(|e| !e.label.contains("store=staged")) {
+            assert!(!e.source.text.contains("#define CALICO_GEMM_STAGED_STORE 1"));
+        }
+    }
+
+    #[test]
     fn smem_layout_matches_the_kernel() {
         let c = TileConfig {
             bm: 128,
             bn: 256,
             stages: 4,
             tma_store: false,
+            staged: false,
             cluster: 1,
             pingpong: false,
         };

@@ -14,15 +14,28 @@ use calico_core::{Arch, GpuBackend, Result};
 /// The widest sliver split off: the GEMV's largest M.
 const MAX_SLIVER: usize = super::gemv::MAX_M;
 
-/// True when `CALICO_GEMM_ODD=split` asks for the split (read once).
-pub(super) fn enabled() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| parse_mode(&std::env::var("CALICO_GEMM_ODD").unwrap_or_default()))
+/// True when `CALICO_GEMM_ODD` (read once) names `key`: `split`, `staged` or both.
+fn mode_has(key: &str) -> bool {
+    static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let mode = MODE.get_or_init(|| std::env::var("CALICO_GEMM_ODD").unwrap_or_default());
+    parse_mode(mode, key)
 }
 
-fn parse_mode(text: &str) -> bool {
+fn parse_mode(text: &str, key: &str) -> bool {
     text.split([',', ' ', ';'])
-        .any(|item| item.trim().eq_ignore_ascii_case("split"))
+        .any(|item| item.trim().eq_ignore_ascii_case(key))
+}
+
+/// `CALICO_GEMM_ODD=split`: the bulk and the slivers.
+pub(super) fn enabled() -> bool {
+    mode_has("split")
+}
+
+/// `CALICO_GEMM_ODD=staged`: 16-bit D rows TMA cannot store (odd widths) take the Hopper
+/// kernel's staging boxes, written out by its threads with 16-byte stores on D's own 16-byte
+/// boundaries (hopper.cu `store_box_rows`), instead of the register epilogue's element stores.
+pub(super) fn staged() -> bool {
+    mode_has("staged")
 }
 
 /// The aligned bulk and the slivers (each with the kernel the router gives it).
@@ -167,10 +180,12 @@ mod tests {
 
     #[test]
     fn the_mode_is_opt_in() {
-        assert!(parse_mode("split"));
-        assert!(parse_mode(" Split ,x"));
-        assert!(!parse_mode(""));
-        assert!(!parse_mode("off"));
+        assert!(parse_mode("split", "split"));
+        assert!(parse_mode(" Split ,x", "split"));
+        assert!(parse_mode("split,staged", "staged"));
+        assert!(!parse_mode("split", "staged"));
+        assert!(!parse_mode("", "split"));
+        assert!(!parse_mode("off", "split"));
     }
 
     #[test]

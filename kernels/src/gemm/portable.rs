@@ -24,6 +24,10 @@ pub(crate) const GEMM_HEADERS: HeaderSet = &[
         "gemm/params.cuh",
         include_str!("../../device/gemm/params.cuh"),
     ),
+    (
+        "gemm/shift.cuh",
+        include_str!("../../device/gemm/shift.cuh"),
+    ),
 ];
 
 /// Grid y and z limit on both vendors; grid z is folded (blocks loop over batches).
