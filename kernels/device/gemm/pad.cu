@@ -8,6 +8,7 @@
 // by element (coalesced across the warp when src_cs = 1). Columns cols .. round_up(cols, 8)
 // are written as zeros (the rest of the padded row is never read). A block per row.
 #include "calico/calico.h"
+#include "gemm/shift.cuh"
 
 using namespace calico;
 
@@ -64,20 +65,9 @@ CALICO_KERNEL void calico_gemm_pad(CALICO_PAD_PARAMS(0), CALICO_PAD_PARAMS(1)) {
 }
 
 // The 8 elements of a 16-byte aligned row `s` from element e on (e + 8 <= cols), from the one
-// or two aligned 16-byte chunks that hold them, shifted by r = e % 8 elements (R: a constant,
-// so the words are picked without an indexed array). A second chunk that reaches past column
-// `cols` holds padding no one wrote: those pieces are read element by element instead.
-template <int R>
-CALICO_DEVICE uint4 shift_words(uint4 lo, uint4 hi) {
-    const unsigned w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    unsigned o[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        o[i] = (R % 2 == 0) ? w[R / 2 + i] : (w[R / 2 + i] >> 16) | (w[R / 2 + i + 1] << 16);
-    }
-    return uint4{o[0], o[1], o[2], o[3]};
-}
-
+// or two aligned 16-byte chunks that hold them, shifted by e % 8 elements (gemm/shift.cuh). A
+// second chunk that reaches past column `cols` holds padding no one wrote: those pieces are
+// read element by element instead.
 CALICO_DEVICE uint4 load8_shifted(const unsigned short* s, i64 e, i64 cols) {
     const i64 r = e % 8;
     const uint4* chunk = reinterpret_cast<const uint4*>(s + (e - r));
@@ -90,15 +80,8 @@ CALICO_DEVICE uint4 load8_shifted(const unsigned short* s, i64 e, i64 cols) {
     }
     const uint4 lo = chunk[0];
     const uint4 hi = chunk[1];
-    switch (r) {
-        case 1: return shift_words<1>(lo, hi);
-        case 2: return shift_words<2>(lo, hi);
-        case 3: return shift_words<3>(lo, hi);
-        case 4: return shift_words<4>(lo, hi);
-        case 5: return shift_words<5>(lo, hi);
-        case 6: return shift_words<6>(lo, hi);
-        default: return shift_words<7>(lo, hi);
-    }
+    const gemm::words4 v = gemm::shift_words(int(r), gemm::words4{lo.x, lo.y, lo.z, lo.w}, gemm::words4{hi.x, hi.y, hi.z, hi.w});
+    return uint4{v.x, v.y, v.z, v.w};
 }
 
 // One row into a contiguous destination row of any (2-byte) alignment: 16-byte stores on the

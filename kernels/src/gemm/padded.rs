@@ -11,6 +11,7 @@
 //! without allocating; held by this call while both launches are queued, and stream order
 //! keeps the GEMM's reads of it ahead of the next op's use).
 
+use super::portable::GEMM_HEADERS;
 use super::{hopper, odd_split, GemmProblem, MatrixArg};
 use crate::catalog::CatalogEntry;
 use calico_core::{
@@ -53,7 +54,7 @@ impl KernelVariant for UnpadVariant {
         KernelSource::assemble(
             "calico_gemm_unpad",
             SOURCE,
-            &[vendor, calico_core::device_headers()],
+            &[vendor, calico_core::device_headers(), GEMM_HEADERS],
             &[],
         )
     }
@@ -65,7 +66,12 @@ pub(crate) struct PadVariant;
 
 impl KernelVariant for PadVariant {
     fn source(&self, vendor: HeaderSet) -> Result<KernelSource> {
-        KernelSource::assemble(ENTRY, SOURCE, &[vendor, calico_core::device_headers()], &[])
+        KernelSource::assemble(
+            ENTRY,
+            SOURCE,
+            &[vendor, calico_core::device_headers(), GEMM_HEADERS],
+            &[],
+        )
     }
 }
 
