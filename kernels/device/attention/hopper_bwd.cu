@@ -179,6 +179,16 @@ constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each
 #ifndef CALICO_ATTN_WIDE_REGS
 #define CALICO_ATTN_WIDE_REGS 0
 #endif
+// CALICO_ATTN_DEFER_DQ (overlapped schedule with bulk dQ): the consumers no longer meet on a
+// named barrier every step. Each signals its half of dS^T written on an mbarrier (ds_full) and
+// computes the dQ tile of a step one step later, when the other half has long been written;
+// a dS buffer is rewritten once both consumers' dQ MMAs of its previous use completed
+// (ds_empty). The last step's tile follows the unit's loop.
+#ifndef CALICO_ATTN_DEFER_DQ
+#define CALICO_ATTN_DEFER_DQ 0
+#endif
+constexpr bool DEFER_DQ = CALICO_ATTN_DEFER_DQ != 0;
+static_assert(!DEFER_DQ || (OVERLAP && BULK_DQ), "deferred dQ needs the overlapped schedule and bulk dQ");
 constexpr int PRODUCER_REGS = BULK_DQ && !CALICO_ATTN_WIDE_REGS ? 40 : 24;
 constexpr int CONSUMER_REGS = BULK_DQ && !CALICO_ATTN_WIDE_REGS ? 232 : 240;
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 168 * 384, "setmaxnreg within the launch registers");
@@ -200,8 +210,8 @@ constexpr int DELTA_OFFSET = LSE_OFFSET + STAGES * ROW_BYTES;
 constexpr int DQ_TILE_BYTES = 64 * 64 * 4;
 constexpr int DQ_STAGE_OFFSET = DELTA_OFFSET + STAGES * ROW_BYTES;
 constexpr int BAR_OFFSET = DQ_STAGE_OFFSET + (BULK_DQ ? CONSUMERS * DQ_TILE_BYTES : 0);
-// Barriers: the Q ring, the dO ring, kv_full, kv_empty. The host allocates
-// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2) * 8.
+// Barriers: the Q ring, the dO ring, kv_full, kv_empty (DEFER_DQ: and ds_full, ds_empty). The
+// host allocates SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 + (DEFER_DQ ? 4 : 0)) * 8.
 // Named barriers of a consumer warpgroup (128 threads) and the dQ warp (32): staging tile full,
 // staging tile empty.
 constexpr int DQ_FULL_BARRIER = 2;   // + consumer
@@ -213,6 +223,10 @@ struct barriers {
     calico::pipeline::ring<STAGES> d;
     calico::mbarrier kv_full;
     calico::mbarrier kv_empty;
+#if CALICO_ATTN_DEFER_DQ
+    calico::mbarrier ds_full[2];   // both consumers' halves of a dS^T buffer written
+    calico::mbarrier ds_empty[2];  // both consumers' dQ MMAs reading it completed
+#endif
 };
 
 struct params {
@@ -423,6 +437,12 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         bars.d.init(RELEASES);
         calico::init(bars.kv_full, 1);
         calico::init(bars.kv_empty, RELEASES);
+#if CALICO_ATTN_DEFER_DQ
+        for (int b = 0; b < 2; ++b) {
+            calico::init(bars.ds_full[b], CONSUMERS * calico::WARPGROUP_THREADS);
+            calico::init(bars.ds_empty[b], RELEASES);
+        }
+#endif
         calico::fence_barrier_init();
     }
     __syncthreads();
@@ -430,6 +450,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     // Each thread keeps only its role's copies of these.
     pl::cursor<STAGES> qc, dc;
     uint32_t kv_loads = 0;
+#if CALICO_ATTN_DEFER_DQ
+    pl::cursor<2> dsc;  // dS^T buffers used, across units
+#endif
 
     auto produce = [&](int w) {
         const unit u = unit_at(p, w);
@@ -512,6 +535,36 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET);
             const uint32_t do_base = calico::smem_addr(smem + DO_OFFSET);
             const uint32_t ds_base = calico::smem_addr(smem + DS_OFFSET);
+#if CALICO_ATTN_DEFER_DQ
+            // The step whose dQ tile is still to be computed: its dS^T buffer and phase.
+            bool dq_pending = false;
+            int pending_buf = 0;
+            uint32_t pending_parity = 0;
+            // Waits for both halves of the pending step's dS^T and issues its dQ tile into
+            // `tile` (one commit group). The tile's registers live only from here to
+            // finish_pending_dq, inside one step. With no pending step (a unit's first), the
+            // same MMAs run on K (stable for the whole unit) and their result is dropped: a
+            // wgmma batch issued on one path only makes ptxas serialize every wgmma.
+            auto issue_pending_dq = [&](float (&dq_acc_tile)[DQ_REGS]) {
+                if (dq_pending) calico::wait(bars.ds_full[pending_buf], pending_parity);
+                const uint32_t ds_tile = dq_pending ? ds_base + pending_buf * DS_BYTES + dq_rows * BKV * 128 : k_dq;
+                calico::wgmma::fence();
+#pragma unroll
+                for (int kk = 0; kk < BKV / 16; ++kk) {
+                    const uint64_t a = calico::wgmma::desc_mnmajor_128b(ds_tile + kk * 16 * 128, BKV);
+                    const uint64_t b = calico::wgmma::desc_mnmajor_128b(k_dq + kk * 16 * 128, BKV);
+                    calico::wgmma::mma<in_t, 64>::template ss<1, 1>(dq_acc_tile, a, b, kk > 0 ? 1 : 0);
+                }
+                calico::wgmma::commit_group();
+            };
+            // After the wait that covers the pending dQ tile: free its buffer, hand the tile over.
+            auto finish_pending_dq = [&](float (&dq_acc_tile)[DQ_REGS]) {
+                calico::wgmma::fence_operands(dq_acc_tile);
+                if (lane == 0) calico::arrive(bars.ds_empty[pending_buf]);
+                hand_over_dq(dq_acc_tile, 0);
+                dq_pending = false;
+            };
+#endif
             int step = 0;
             for (int hq = 0; hq < p.group; ++hq) {
                 const int h = u.hk * p.group + hq;
@@ -703,6 +756,21 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     }
                     // dS^T to shared memory, [query chunk][key][64 queries], 128B swizzle:
                     // element (key, col) of a chunk at key * 128 + ((col / 8) ^ (key % 8)) * 16.
+#if CALICO_ATTN_DEFER_DQ
+                    auto store_ds_into = [&](int buf) {
+                        unsigned char* ds_buf = smem + DS_OFFSET + buf * DS_BYTES;
+#pragma unroll
+                        for (int j = 0; j < BQ / 8; ++j) {
+#pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+                                const int key = key_in_block + 8 * hh;
+                                unsigned char* at = ds_buf + (j / 8) * BKV * 128 + key * 128 + (((j % 8) ^ g) * 16) + 4 * t;
+                                *reinterpret_cast<uint32_t*>(at) = da[j / 2][2 * (j % 2) + hh];
+                            }
+                        }
+                        calico::fence_proxy_async();
+                    };
+#endif
                     auto store_ds = [&]() {
                         unsigned char* ds_buf = smem + DS_OFFSET + (step & 1) * DS_BYTES;
 #pragma unroll
@@ -750,6 +818,41 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         calico::wgmma::fence();
                         issue_dv();
                         calico::wgmma::commit_group();
+#if CALICO_ATTN_DEFER_DQ
+                        {
+                            // This step's dS^T half into its buffer once the buffer is free,
+                            // then the previous step's dQ tile, then dK.
+                            const int buf = dsc.slot();
+                            calico::wait(bars.ds_empty[buf], dsc.parity() ^ 1u);
+                            store_ds_into(buf);
+                            calico::arrive(bars.ds_full[buf]);
+                            const bool had_pending = dq_pending;
+                            issue_pending_dq(dq);
+                            calico::wgmma::fence_operands(dk_acc);
+                            calico::wgmma::fence();
+                            issue_dk();
+                            calico::wgmma::commit_group();
+                            calico::wgmma::wait_group<1>();  // dV and the pending dQ tile done
+                            calico::wgmma::fence_operands(dv_acc);
+                            keep_fragments(pa);
+                            if (lane == 0) bars.d.release(dc);  // dO's last reader was dV
+                            dc.advance();
+                            if (had_pending) {
+                                calico::wgmma::fence_operands(dq);
+                                finish_pending_dq(dq);
+                            }
+                            calico::wgmma::wait_group<0>();
+                            calico::wgmma::fence_operands(dk_acc);
+                            keep_fragments(da);
+                            if (lane == 0) bars.q.release(qc);
+                            qc.advance();
+                            dq_pending = true;
+                            pending_buf = buf;
+                            pending_parity = dsc.parity();
+                            dsc.advance();
+                            continue;
+                        }
+#endif
                         store_ds();
                         calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
                         const uint32_t ds_tile = ds_base + (step & 1) * DS_BYTES + dq_rows * BKV * 128;
@@ -805,6 +908,16 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     hand_over_dq(dq, row0 + m0);
                 }
             }
+#if CALICO_ATTN_DEFER_DQ
+            // The last step's dQ tile (it reads K: before K and V are handed back).
+            {
+                // Every unit that gets here ran at least one step, so a tile is pending.
+                float dq[DQ_REGS];
+                issue_pending_dq(dq);
+                calico::wgmma::wait_group<0>();
+                finish_pending_dq(dq);
+            }
+#endif
             if (lane == 0) calico::arrive(bars.kv_empty);
         }
 

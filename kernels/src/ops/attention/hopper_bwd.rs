@@ -57,6 +57,9 @@ pub(crate) struct HopperBwdVariant {
     /// Main kernel with bulk dQ: consumers at 240 registers, producer warpgroup at 24
     /// (CALICO_ATTN_WIDE_REGS).
     wide_regs: bool,
+    /// Main kernel, overlapped with bulk dQ: each dQ tile a step later, the consumers signalling
+    /// dS^T halves on mbarriers instead of meeting on a named barrier (CALICO_ATTN_DEFER_DQ).
+    defer_dq: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
@@ -69,7 +72,9 @@ pub(crate) struct HopperBwdVariant {
 /// `rangemask` (masks as row ranges: no mask code in blocks every row sees all keys of, a
 /// select per element elsewhere, instead of a branch per element) and `wideregs` (with bulk
 /// dQ, 240 registers per consumer thread and 24 for the producer warpgroup instead of 232 and
-/// 40) are off until measured.
+/// 40) and `deferdq` (overlapped with bulk dQ only: each step's dQ tile is computed during the
+/// next step, and the two consumer warpgroups signal their dS^T halves on mbarriers instead of
+/// meeting on a named barrier every step) are off until measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
@@ -77,6 +82,7 @@ struct Tune {
     bulk: bool,
     mask_range: bool,
     wide_regs: bool,
+    defer_dq: bool,
 }
 
 impl Default for Tune {
@@ -87,6 +93,7 @@ impl Default for Tune {
             bulk: true,
             mask_range: false,
             wide_regs: false,
+            defer_dq: false,
         }
     }
 }
@@ -105,6 +112,8 @@ impl Tune {
                 "branchmask" => t.mask_range = false,
                 "wideregs" => t.wide_regs = true,
                 "narrowregs" => t.wide_regs = false,
+                "deferdq" => t.defer_dq = true,
+                "syncdq" => t.defer_dq = false,
                 _ => {}
             }
         }
@@ -141,6 +150,7 @@ impl HopperBwdVariant {
             bulk_dq: bulk_dq && kernel == BwdKernel::Finish,
             mask_range: false,
             wide_regs: false,
+            defer_dq: false,
         }
     }
 
@@ -157,6 +167,7 @@ impl HopperBwdVariant {
             bulk_dq: tune.bulk,
             mask_range: tune.mask_range,
             wide_regs: tune.wide_regs && tune.bulk,
+            defer_dq: tune.defer_dq && tune.overlapped && tune.bulk,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -167,7 +178,7 @@ impl HopperBwdVariant {
 
     /// Must match hopper_bwd.cu: alignment slack, K and V, the Q and dO rings, two dS
     /// buffers, the LSE and delta rows of each stage, two 16 KiB dQ staging tiles (bulk_dq),
-    /// 4 * STAGES + 2 mbarriers.
+    /// 4 * STAGES + 2 mbarriers (+ 4 with defer_dq).
     fn smem_bytes(&self) -> usize {
         if self.kernel != BwdKernel::Main {
             return 0;
@@ -179,7 +190,7 @@ impl HopperBwdVariant {
             + 2 * BKV * bq * 2
             + 2 * self.stages * bq * 4
             + if self.bulk_dq { 2 * 64 * 64 * 4 } else { 0 }
-            + (4 * self.stages + 2) * 8
+            + (4 * self.stages + 2 + if self.defer_dq { 4 } else { 0 }) * 8
     }
 
     fn entry(&self) -> &'static str {
@@ -192,7 +203,7 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -201,7 +212,8 @@ impl HopperBwdVariant {
             if self.overlapped { " overlapped" } else { "" },
             if self.bulk_dq { " bulk" } else { "" },
             if self.mask_range { " rangemask" } else { "" },
-            if self.wide_regs { " wideregs" } else { "" }
+            if self.wide_regs { " wideregs" } else { "" },
+            if self.defer_dq { " deferdq" } else { "" }
         )
     }
 }
@@ -232,6 +244,7 @@ impl KernelVariant for HopperBwdVariant {
                 "CALICO_ATTN_WIDE_REGS",
                 u8::from(self.wide_regs).to_string(),
             ),
+            ("CALICO_ATTN_DEFER_DQ", u8::from(self.defer_dq).to_string()),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -261,13 +274,19 @@ pub(crate) fn catalog(
             // The default (overlapped, bulk dQ) with and without the soft cap, then the A/B
             // schedules: serial with per-thread dQ atomics (also soft-capped), each change
             // alone, the default with masks as row ranges (also soft-capped, also serial), and
-            // with the wide consumer registers (alone, with row-range masks, soft-capped).
+            // with the wide consumer registers (alone, with row-range masks, soft-capped), and
+            // with the deferred dQ tiles (alone, with both, soft-capped).
             let tune = |overlapped, bulk, mask_range, wide_regs| Tune {
                 overlapped,
                 stagger: false,
                 bulk,
                 mask_range,
                 wide_regs,
+                defer_dq: false,
+            };
+            let deferred = |mask_range, wide_regs| Tune {
+                defer_dq: true,
+                ..tune(true, true, mask_range, wide_regs)
             };
             for (softcap, tune) in [
                 (false, tune(true, true, false, false)),
@@ -282,6 +301,9 @@ pub(crate) fn catalog(
                 (false, tune(true, true, false, true)),
                 (false, tune(true, true, true, true)),
                 (true, tune(true, true, true, true)),
+                (false, deferred(false, false)),
+                (false, deferred(true, true)),
+                (true, deferred(true, true)),
             ] {
                 variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune));
             }
@@ -529,7 +551,11 @@ mod tests {
     fn main_variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = Arch::for_target("sm_90a").unwrap();
         for d in [64, 128] {
-            for tune in [Tune::parse("serial,nobulk"), Tune::default()] {
+            for tune in [
+                Tune::parse("serial,nobulk"),
+                Tune::default(),
+                Tune::parse("rangemask,wideregs,deferdq"),
+            ] {
                 let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, tune).unwrap();
                 assert!(v.stages >= 2, "{v:?}");
                 assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
@@ -552,6 +578,7 @@ mod tests {
             bulk: true,
             mask_range: false,
             wide_regs: false,
+            defer_dq: false,
         };
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
@@ -563,6 +590,7 @@ mod tests {
                 bulk: false,
                 mask_range: false,
                 wide_regs: false,
+                defer_dq: false,
             }
         );
         assert_eq!(Tune::parse("overlapped,bulk"), default);
@@ -574,6 +602,13 @@ mod tests {
             }
         );
         assert_eq!(Tune::parse("rangemask,branchmask"), default);
+        assert_eq!(
+            Tune::parse("deferdq"),
+            Tune {
+                defer_dq: true,
+                ..default
+            }
+        );
         assert_eq!(
             Tune::parse("wideregs,rangemask"),
             Tune {
