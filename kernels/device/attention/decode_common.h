@@ -83,13 +83,23 @@ CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, 
     constexpr int BATCH = PER_LANE >= 8 ? 8 : 16;  // splits in flight: 64 floats of registers
     const float NEG_INF = decode_neg_inf();
     const float* ls = part_lse + row * splits;
+    const float* ps_row = part_o + row * splits * HD + lane * PER_LANE;
 
-    float mx = NEG_INF;
-    for (int s = lane; s < splits; s += CALICO_LANES) mx = fmaxf(mx, decode_load_l2(ls + s));
+    // The first batch of partials and this lane's first LSE are requested together, before
+    // anything waits: the merge costs about two round trips, not one per reduction.
+    float v[BATCH][PER_LANE];
+#pragma unroll
+    for (int j = 0; j < BATCH; ++j)
+        if (j < splits) decode_load_l2<PER_LANE>(ps_row + j * HD, v[j]);
+    const float l_first = lane < splits ? decode_load_l2(ls + lane) : NEG_INF;
+
+    float mx = fmaxf(NEG_INF, l_first);
+    for (int s = lane + CALICO_LANES; s < splits; s += CALICO_LANES) mx = fmaxf(mx, decode_load_l2(ls + s));
     mx = warp_max(mx);
     const float base = mx == NEG_INF ? 0.0f : mx;
     float total = 0.0f;
-    for (int s = lane; s < splits; s += CALICO_LANES) total += exp2_approx(decode_load_l2(ls + s) - base);
+    if (lane < splits) total += exp2_approx(l_first - base);
+    for (int s = lane + CALICO_LANES; s < splits; s += CALICO_LANES) total += exp2_approx(decode_load_l2(ls + s) - base);
     total = warp_sum(total);
 
     float out[PER_LANE];
@@ -99,14 +109,16 @@ CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, 
         const float inv = 1.0f / total;
         for (int s0 = 0; s0 < splits; s0 += CALICO_LANES) {
             const int mine = s0 + lane;  // lane j computes the weight of split s0 + j
-            const float w_mine = mine < splits ? exp2_approx(decode_load_l2(ls + mine) - base) * inv : 0.0f;
+            const float l_mine = s0 == 0 ? l_first : (mine < splits ? decode_load_l2(ls + mine) : NEG_INF);
+            const float w_mine = mine < splits ? exp2_approx(l_mine - base) * inv : 0.0f;
             const int n = splits - s0 < CALICO_LANES ? splits - s0 : CALICO_LANES;
-            const float* ps = part_o + (row * splits + s0) * HD + lane * PER_LANE;
+            const float* ps = ps_row + s0 * HD;
             for (int j0 = 0; j0 < n; j0 += BATCH) {
-                float v[BATCH][PER_LANE];
+                if (s0 > 0 || j0 > 0) {  // the first batch is already in flight
 #pragma unroll
-                for (int j = 0; j < BATCH; ++j)
-                    if (j0 + j < n) decode_load_l2<PER_LANE>(ps + (j0 + j) * HD, v[j]);
+                    for (int j = 0; j < BATCH; ++j)
+                        if (j0 + j < n) decode_load_l2<PER_LANE>(ps + (j0 + j) * HD, v[j]);
+                }
 #pragma unroll
                 for (int j = 0; j < BATCH; ++j) {
                     const float w = shfl(w_mine, (j0 + j) % CALICO_LANES);
