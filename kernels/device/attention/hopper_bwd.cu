@@ -41,7 +41,8 @@
 // CALICO_ATTN_SCHED 1 (serial) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ 0 | 1 (main
 // and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_MASK_RANGE 0 | 1
 // (masks as row ranges, see CALICO_ATTN_MASK_RANGE below), CALICO_ATTN_WIDE_REGS 0 | 1 (see
-// PRODUCER_REGS).
+// PRODUCER_REGS), CALICO_ATTN_DEFER_DQ 0 | 1 (see DEFER_DQ), CALICO_ATTN_FTZ_EXP 0 | 1 (with
+// MASK_RANGE, see p_exp2).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -304,6 +305,22 @@ CALICO_DEVICE row_range rows_seeing(const params& p, long long m0, long long j) 
     r.lo = lo > BQ ? BQ : (int)lo;
     r.count = hi < lo ? 0 : (int)(hi - lo + 1);
     return r;
+}
+
+// P = 2^x for the row-range passes. CALICO_ATTN_FTZ_EXP: one MUFU.EX2 with results below 2^-126
+// flushed to 0 (they vanish in any 16-bit P or dS anyway), instead of exp2f's range fix-up
+// (a compare, a scale before and a square after each MUFU.EX2).
+#ifndef CALICO_ATTN_FTZ_EXP
+#define CALICO_ATTN_FTZ_EXP 0
+#endif
+CALICO_DEVICE float p_exp2(float x) {
+#if CALICO_ATTN_FTZ_EXP
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return calico::exp2_approx(x);
+#endif
 }
 
 // A compile-time flag for generic lambdas (masked and unmasked passes).
@@ -635,7 +652,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
 #pragma unroll
                                     for (int e = 0; e < 2; ++e) {
                                         const int i = 4 * j + 2 * hh + e;
-                                        s[i] = masked_p(masked, calico::exp2_approx(s[i] * score_scale - (e ? l.y : l.x)), col + e, hh);
+                                        s[i] = masked_p(masked, p_exp2(s[i] * score_scale - (e ? l.y : l.x)), col + e, hh);
                                     }
                                 }
                             }
@@ -674,7 +691,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                         } else {
                                             x *= score_scale;
                                         }
-                                        const float pr = masked_p(masked, calico::exp2_approx(x - (e ? l.y : l.x)), col + e, hh);
+                                        const float pr = masked_p(masked, p_exp2(x - (e ? l.y : l.x)), col + e, hh);
                                         s[i] = pr;
                                         dp[i] = pr * (dp[i] - (e ? dl.y : dl.x)) * dcap;
                                     }

@@ -60,6 +60,9 @@ pub(crate) struct HopperBwdVariant {
     /// Main kernel, overlapped with bulk dQ: each dQ tile a step later, the consumers signalling
     /// dS^T halves on mbarriers instead of meeting on a named barrier (CALICO_ATTN_DEFER_DQ).
     defer_dq: bool,
+    /// Main kernel with row-range masks: P = 2^x by one flush-to-zero MUFU.EX2
+    /// (CALICO_ATTN_FTZ_EXP).
+    ftz_exp: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
@@ -74,7 +77,8 @@ pub(crate) struct HopperBwdVariant {
 /// dQ, 240 registers per consumer thread and 24 for the producer warpgroup instead of 232 and
 /// 40) and `deferdq` (overlapped with bulk dQ only: each step's dQ tile is computed during the
 /// next step, and the two consumer warpgroups signal their dS^T halves on mbarriers instead of
-/// meeting on a named barrier every step) are off until measured.
+/// meeting on a named barrier every step) and `ftzexp` (with `rangemask`: P = 2^x by one
+/// flush-to-zero ex2 instead of exp2f's range fix-up around it) are off until measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
@@ -83,6 +87,7 @@ struct Tune {
     mask_range: bool,
     wide_regs: bool,
     defer_dq: bool,
+    ftz_exp: bool,
 }
 
 impl Default for Tune {
@@ -94,6 +99,7 @@ impl Default for Tune {
             mask_range: false,
             wide_regs: false,
             defer_dq: false,
+            ftz_exp: false,
         }
     }
 }
@@ -114,6 +120,8 @@ impl Tune {
                 "narrowregs" => t.wide_regs = false,
                 "deferdq" => t.defer_dq = true,
                 "syncdq" => t.defer_dq = false,
+                "ftzexp" => t.ftz_exp = true,
+                "exp2f" => t.ftz_exp = false,
                 _ => {}
             }
         }
@@ -151,6 +159,7 @@ impl HopperBwdVariant {
             mask_range: false,
             wide_regs: false,
             defer_dq: false,
+            ftz_exp: false,
         }
     }
 
@@ -168,6 +177,7 @@ impl HopperBwdVariant {
             mask_range: tune.mask_range,
             wide_regs: tune.wide_regs && tune.bulk,
             defer_dq: tune.defer_dq && tune.overlapped && tune.bulk,
+            ftz_exp: tune.ftz_exp && tune.mask_range,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -203,7 +213,7 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -213,7 +223,8 @@ impl HopperBwdVariant {
             if self.bulk_dq { " bulk" } else { "" },
             if self.mask_range { " rangemask" } else { "" },
             if self.wide_regs { " wideregs" } else { "" },
-            if self.defer_dq { " deferdq" } else { "" }
+            if self.defer_dq { " deferdq" } else { "" },
+            if self.ftz_exp { " ftzexp" } else { "" }
         )
     }
 }
@@ -245,6 +256,7 @@ impl KernelVariant for HopperBwdVariant {
                 u8::from(self.wide_regs).to_string(),
             ),
             ("CALICO_ATTN_DEFER_DQ", u8::from(self.defer_dq).to_string()),
+            ("CALICO_ATTN_FTZ_EXP", u8::from(self.ftz_exp).to_string()),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -273,7 +285,8 @@ pub(crate) fn catalog(
             ];
             // The default (overlapped, bulk dQ) with and without the soft cap, then the A/B
             // schedules: serial with per-thread dQ atomics (also soft-capped), each change
-            // alone, the default with masks as row ranges (also soft-capped, also serial), and
+            // alone, the default with masks as row ranges (with and without the ftz exp2; also
+            // soft-capped, also serial), and
             // with the wide consumer registers (alone, with row-range masks, soft-capped), and
             // with the deferred dQ tiles (alone, with both, soft-capped).
             let tune = |overlapped, bulk, mask_range, wide_regs| Tune {
@@ -283,10 +296,15 @@ pub(crate) fn catalog(
                 mask_range,
                 wide_regs,
                 defer_dq: false,
+                ftz_exp: mask_range,
             };
             let deferred = |mask_range, wide_regs| Tune {
                 defer_dq: true,
                 ..tune(true, true, mask_range, wide_regs)
+            };
+            let exact_exp = |t: Tune| Tune {
+                ftz_exp: false,
+                ..t
             };
             for (softcap, tune) in [
                 (false, tune(true, true, false, false)),
@@ -295,6 +313,7 @@ pub(crate) fn catalog(
                 (true, tune(false, false, false, false)),
                 (false, tune(true, false, false, false)),
                 (false, tune(false, true, false, false)),
+                (false, exact_exp(tune(true, true, true, false))),
                 (false, tune(true, true, true, false)),
                 (true, tune(true, true, true, false)),
                 (false, tune(false, false, true, false)),
@@ -579,6 +598,7 @@ mod tests {
             mask_range: false,
             wide_regs: false,
             defer_dq: false,
+            ftz_exp: false,
         };
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
@@ -591,6 +611,7 @@ mod tests {
                 mask_range: false,
                 wide_regs: false,
                 defer_dq: false,
+                ftz_exp: false,
             }
         );
         assert_eq!(Tune::parse("overlapped,bulk"), default);
@@ -602,6 +623,7 @@ mod tests {
             }
         );
         assert_eq!(Tune::parse("rangemask,branchmask"), default);
+        assert_eq!(Tune::parse("ftzexp,exp2f"), default);
         assert_eq!(
             Tune::parse("deferdq"),
             Tune {
