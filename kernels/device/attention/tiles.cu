@@ -11,8 +11,7 @@
 //   1. the warps write K's block and V's block transposed into shared tiles (st), each warp
 //      moving 16 x 16 pieces global -> registers -> shared (load / store; rows past the
 //      sequence read as zeros; V's pieces are loaded col_l and turned into row_l tiles of V^T
-//      by `transpose`, which moves no data), then issue the next block's global loads, which
-//      travel while the warps compute on this one;
+//      by `transpose`, which moves no data);
 //   2. S = Q K^T (mma_ABt, K's fragments read row_l from the shared tile);
 //   3. scale, soft-cap and mask S, in base 2: map_rc gives each score its (row, col), so the
 //      mask is common.cuh's `visible` (blocks every row sees in full skip it: one mul);
@@ -24,10 +23,7 @@
 // LSE is written (-inf for such a row): the per-row vector is broadcast over a 16 x 16 tile
 // and its first column stored into an LSE matrix of one column.
 //
-// Defines: ELEM (bf16 | f16), HEAD_DIM (a multiple of 16, at most 256), BN (keys per block),
-// PREFETCH (1: the next block's global loads are issued right after this block is committed,
-// as above; 0: each block is fetched and committed in one step, so no loads travel under the
-// compute but no registers hold them either; CALICO_ATTN_TILES_PREFETCH picks it).
+// Defines: ELEM (bf16 | f16), HEAD_DIM (a multiple of 16, at most 256), BN (keys per block).
 // No alignment is required of any operand (the global moves are element-wise).
 #include "calico/tiles.h"
 #include "attention/common.cuh"
@@ -40,9 +36,6 @@
 #endif
 #ifndef BN
 #define BN 64
-#endif
-#ifndef PREFETCH
-#define PREFETCH 1
 #endif
 
 namespace calico {
@@ -73,59 +66,27 @@ constexpr int Q_TILES = Q_HELD ? CHUNKS : 1;
 typedef st<ELEM, BN, DS> k_tile;
 typedef st<ELEM, D, BN> vt_tile;
 
-// One block of K and V on its way to shared memory: the rows [tile * BN, tile * BN + BN)
-// (zeros past the sequence), cut into 16 x 16 pieces; warp w moves pieces w, w + WARPS, ...
-// of each. `fetch` issues the global loads into registers, `commit` writes them to the shared
-// tiles, so the next block's loads travel while the matrix units work on the current one.
-struct block_in_flight {
-    static constexpr int PIECES = (BN / 16) * CHUNKS;
-    static constexpr int PER_WARP = (PIECES + WARPS - 1) / WARPS;
-    rt<ELEM, 16, 16> k[PER_WARP];
-    rt<ELEM, 16, 16, col_l> v[PER_WARP];  // V's pieces col_l: transposed for free in commit
-
-    CALICO_DEVICE void fetch(const gl<ELEM>& kg, const gl<ELEM>& vg, int tile, int warp) {
+// Shared <- the rows [tile * BN, tile * BN + BN) of K and of V (zeros past the sequence), by
+// the whole block: warp w moves the 16 x 16 pieces w, w + WARPS, ... of each, one piece at a
+// time through registers; V's pieces are loaded col_l and stored transposed. (Issuing the next
+// block's loads before this block's compute, held in registers, measured 7-12% slower on the
+// H100 and halves the waves per SIMD at d64 on gfx942: docs/perf-log.md.)
+CALICO_DEVICE void stage(k_tile& ks, vt_tile& vts, const gl<ELEM>& kg, const gl<ELEM>& vg, int tile, int warp) {
+    constexpr int PIECES = (BN / 16) * CHUNKS;
 #pragma unroll
-        for (int i = 0; i < PER_WARP; ++i) {
-            const int piece = warp + i * WARPS;
-            if (piece < PIECES) {
-                const coord at{0, tile * (BN / 16) + piece / CHUNKS, piece % CHUNKS};
-                load(k[i], kg, at);
-                load(v[i], vg, at);
-            }
-        }
+    for (int piece = warp; piece < PIECES; piece += WARPS) {
+        const int r = piece / CHUNKS, c = piece % CHUNKS;
+        const coord at{0, tile * (BN / 16) + r, c};
+        rt<ELEM, 16, 16> kp;
+        rt<ELEM, 16, 16, col_l> vp;
+        load(kp, kg, at);
+        load(vp, vg, at);
+        store(ks, kp, 16 * r, 16 * c);
+        rt<ELEM, 16, 16> vt;
+        transpose(vt, vp);  // col_l R x C -> row_l C x R: the same registers
+        store(vts, vt, 16 * c, 16 * r);
     }
-
-    // Without the early loads (PREFETCH 0): each piece loaded and stored in turn, so only one
-    // piece per operand is held in registers at a time.
-    static CALICO_DEVICE void stage(k_tile& ks, vt_tile& vts, const gl<ELEM>& kg, const gl<ELEM>& vg, int tile, int warp) {
-#pragma unroll
-        for (int piece = warp; piece < PIECES; piece += WARPS) {
-            const int r = piece / CHUNKS, c = piece % CHUNKS;
-            rt<ELEM, 16, 16> kp;
-            rt<ELEM, 16, 16, col_l> vp;
-            load(kp, kg, coord{0, tile * (BN / 16) + r, c});
-            load(vp, vg, coord{0, tile * (BN / 16) + r, c});
-            store(ks, kp, 16 * r, 16 * c);
-            rt<ELEM, 16, 16> vt;
-            transpose(vt, vp);
-            store(vts, vt, 16 * c, 16 * r);
-        }
-    }
-
-    CALICO_DEVICE void commit(k_tile& ks, vt_tile& vts, int warp) const {
-#pragma unroll
-        for (int i = 0; i < PER_WARP; ++i) {
-            const int piece = warp + i * WARPS;
-            if (piece < PIECES) {
-                const int r = piece / CHUNKS, c = piece % CHUNKS;
-                store(ks, k[i], 16 * r, 16 * c);
-                rt<ELEM, 16, 16> vt;
-                transpose(vt, v[i]);
-                store(vts, vt, 16 * c, 16 * r);
-            }
-        }
-    }
-};
+}
 
 // Scale, soft-cap, base 2, and -inf outside the mask, for the 16 x BN scores of one warp
 // whose first row is query `row0` and first column key `col0`.
@@ -191,16 +152,10 @@ CALICO_KERNEL CALICO_MAX_THREADS(8 * CALICO_LANES) void calico_attention_tiles_f
     const int first_tile = (int)(lo / BN);
     const int end_tile = hi_last > lo ? (int)((hi_last + BN - 1) / BN) : first_tile;
 
-    block_in_flight next;
-    if (PREFETCH && first_tile < end_tile) next.fetch(kg, vg, first_tile, warp);
     for (int t = first_tile; t < end_tile; ++t) {
         // Every warp is past the previous block's fragment reads (the barrier ending it).
-        if (PREFETCH)
-            next.commit(ks, vts, warp);
-        else
-            block_in_flight::stage(ks, vts, kg, vg, t, warp);
+        stage(ks, vts, kg, vg, t, warp);
         sync_threads();
-        if (PREFETCH && t + 1 < end_tile) next.fetch(kg, vg, t + 1, warp);
 
         // S = Q K^T over the head dimension.
         rt_fl<16, BN> s;
@@ -249,7 +204,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(8 * CALICO_LANES) void calico_attention_tiles_f
             load(vf, vts, c * DC, 0);
             mma_ABt(acc[c], pr, vf, acc[c]);
         }
-        // The next commit overwrites the tiles just read.
+        // The next block's staging overwrites the tiles just read.
         sync_threads();
     }
 

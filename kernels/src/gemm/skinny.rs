@@ -172,25 +172,29 @@ pub(crate) fn supports(arch: &Arch, p: &GemmProblem) -> bool {
     arch_ok(arch, p.in_dtype) && dtypes && shape && a_ok && b_ok
 }
 
-/// Row groups (grid z): how many CTAs share one W slab, each taking `mt * 16` rows of A.
-/// `CALICO_SKINNY_ROWS=2|4` (read once) asks for that many groups when M has the rows for
-/// them (A/B runs for narrow N, where N / 64 clusters of 8 leave SMs with one CTA); the
-/// default is one group.
-fn row_groups(p: &GemmProblem) -> usize {
-    static ASKED: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// Row groups (grid z): how many CTAs share one W slab, each taking `mt * 16` rows of A. By
+/// default two when M > 16 and even the largest split leaves SMs without a CTA (N / 64
+/// clusters of 8 < SMs): on the H100, M = 64, N = 1024, K = 4096 went from 13.1 us (one group,
+/// 128 CTAs) to 11.3 us (two), while four groups of one m16 tile gave 13.1 us again.
+/// `CALICO_SKINNY_ROWS=1|2|4` (read once) overrides it, for A/B runs.
+fn row_groups(arch: &Arch, p: &GemmProblem) -> usize {
+    static ASKED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let asked = *ASKED.get_or_init(|| {
         match std::env::var("CALICO_SKINNY_ROWS")
             .ok()
             .as_deref()
             .map(str::trim)
         {
-            Some("2") => 2,
-            Some("4") => 4,
-            _ => 1,
+            Some("1") => Some(1),
+            Some("2") => Some(2),
+            Some("4") => Some(4),
+            _ => None,
         }
     });
-    let tiles = p.m.div_ceil(16).max(1);
-    asked.min(tiles)
+    let sms = arch.compute_units.max(1) as usize;
+    let narrow = p.n.div_ceil(BN) * MAX_SPLIT < sms;
+    let groups = asked.unwrap_or(if p.m > 16 && narrow { 2 } else { 1 });
+    groups.min(p.m.div_ceil(16).max(1))
 }
 
 /// m16 tiles of A rows per CTA (1, 2 or 4) when the rows are dealt to `groups` CTAs.
@@ -206,7 +210,7 @@ fn m_tiles(m: usize, groups: usize) -> usize {
 /// as each split keeps at least a few K tiles.
 fn split(arch: &Arch, p: &GemmProblem) -> usize {
     let target = CTAS_PER_SM * arch.compute_units.max(1) as usize;
-    let col_blocks = p.n.div_ceil(BN) * row_groups(p);
+    let col_blocks = p.n.div_ceil(BN) * row_groups(arch, p);
     let k_tiles = p.k.div_ceil(BK);
     let mut s = 1;
     while s < MAX_SPLIT && col_blocks * s < target && k_tiles >= 2 * s * MIN_TILES_PER_SPLIT {
@@ -220,7 +224,7 @@ fn variant(arch: &Arch, p: &GemmProblem) -> Variant {
     Variant {
         in_dtype: p.in_dtype,
         out_dtype: p.out_dtype,
-        mt: m_tiles(p.m, row_groups(p)),
+        mt: m_tiles(p.m, row_groups(arch, p)),
         split: split(arch, p),
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
@@ -305,6 +309,10 @@ mod tests {
         assert_eq!(v.smem_bytes(), 40 * 1024);
         let v = variant(&h100(), &problem(64, 4096, 4096, true));
         assert_eq!((v.mt, v.split, v.smem_bytes()), (4, 8, 48 * 1024));
+        // Narrow N: 16 clusters of 8 leave SMs idle, so two row groups of two m16 tiles.
+        let v = variant(&h100(), &problem(64, 1024, 4096, true));
+        assert_eq!((v.mt, v.split), (2, 8));
+        assert_eq!(variant(&h100(), &problem(16, 1024, 4096, true)).mt, 1);
         assert_eq!(variant(&h100(), &problem(33, 11008, 4096, true)).split, 4);
         assert_eq!(variant(&h100(), &problem(1, 64, 64, true)).split, 1);
         assert!(supports(&h100(), &problem(1, 1, 1, true)));

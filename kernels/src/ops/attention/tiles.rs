@@ -31,8 +31,6 @@ const CATALOG_HEAD_DIMS: [usize; 7] = [16, 48, 64, 96, 128, 160, 256];
 pub(crate) struct TilesFwdVariant {
     pub dtype: DType,
     pub head_dim: usize,
-    /// The next key block's loads travel under this block's compute (tiles.cu's PREFETCH).
-    pub prefetch: bool,
 }
 
 impl TilesFwdVariant {
@@ -59,11 +57,10 @@ impl TilesFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "tiles fwd {} d{} bn{}{} smem {} KiB",
+            "tiles fwd {} d{} bn{} smem {} KiB",
             self.dtype,
             self.head_dim,
             self.keys_per_block(),
-            if self.prefetch { "" } else { " no-prefetch" },
             self.smem_bytes() >> 10
         )
     }
@@ -75,7 +72,6 @@ impl KernelVariant for TilesFwdVariant {
             ("ELEM", self.dtype.device_type().to_string()),
             ("HEAD_DIM", self.head_dim.to_string()),
             ("BN", self.keys_per_block().to_string()),
-            ("PREFETCH", u8::from(self.prefetch).to_string()),
         ];
         let sets = [vendor, calico_core::device_headers(), common::HEADERS];
         KernelSource::assemble(ENTRY, SOURCE, &sets, &defines)
@@ -105,15 +101,7 @@ pub(crate) fn forward_variant(arch: &Arch, p: &Problem) -> Option<TilesFwdVarian
     fits.then_some(TilesFwdVariant {
         dtype: p.dtype,
         head_dim: p.head_dim,
-        prefetch: prefetch(),
     })
-}
-
-/// `CALICO_ATTN_TILES_PREFETCH=0` (read once per process) turns the next block's early loads
-/// off, for A/B runs.
-fn prefetch() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CALICO_ATTN_TILES_PREFETCH").map_or(true, |v| v != "0"))
 }
 
 /// `CALICO_ATTN_FORWARD` (read once per process): `tiles` sends every forward this kernel
@@ -174,28 +162,16 @@ pub(crate) fn launch_forward(
 /// Every variant for `calico compile --op attention` and the compile checks: both dtypes at
 /// head dims 64, 128 and 256 (the vendor kernels' dims) and 16, 48, 96, 160, which only this
 /// kernel takes on a GPU (shared rows unpadded, padded to 64 elements, padded to 128; 16-key
-/// blocks with Q re-read on NVIDIA), with the early loads; and bf16 d128 without them.
+/// blocks with Q re-read on NVIDIA).
 pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, KernelSource)>> {
     let mut out = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         for head_dim in CATALOG_HEAD_DIMS {
             if arch_ok(arch, dtype, head_dim) {
-                let v = TilesFwdVariant {
-                    dtype,
-                    head_dim,
-                    prefetch: true,
-                };
+                let v = TilesFwdVariant { dtype, head_dim };
                 out.push((v.label(), v.source(vendor)?));
             }
         }
-    }
-    if arch_ok(arch, DType::BF16, 128) {
-        let v = TilesFwdVariant {
-            dtype: DType::BF16,
-            head_dim: 128,
-            prefetch: false,
-        };
-        out.push((v.label(), v.source(vendor)?));
     }
     Ok(out)
 }
@@ -223,11 +199,7 @@ mod tests {
         }
         assert!(!arch_ok(&rdna, DType::BF16, 128), "RDNA has no MFMA");
         let hip = calico_hip::hip_headers();
-        assert_eq!(
-            catalog(&gfx942, hip).unwrap().len(),
-            15,
-            "14 with the early loads, 1 without"
-        );
+        assert_eq!(catalog(&gfx942, hip).unwrap().len(), 14);
         assert_eq!(catalog(&rdna, hip).unwrap().len(), 0);
     }
 
@@ -237,7 +209,6 @@ mod tests {
             let v = TilesFwdVariant {
                 dtype: DType::BF16,
                 head_dim: d,
-                prefetch: true,
             };
             assert!(v.smem_bytes() <= 32 << 10, "d{d}: {}", v.smem_bytes());
         }
