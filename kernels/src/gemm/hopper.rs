@@ -1024,12 +1024,20 @@ mod tests {
         assert_eq!(c.bn % N_CHUNK, 0);
         let c = pick(&h100(), &problem(16, 4096, 4096, true), true, true, pp).unwrap();
         assert_eq!((c.bm, c.bn, c.tma_store), (64, 32, false));
-        // Odd N * elem: register epilogue.
+        // Odd N * elem: TMA cannot store D; the staged store writes it from the staging
+        // boxes (the default), else the register epilogue (CALICO_GEMM_ODD without `staged`).
         let mut odd = problem(4096, 4095, 4096, true);
         odd.d.row_stride = 4096;
         assert!(!d_tma_ok(&odd));
         let c = pick(&h100(), &odd, true, d_tma_ok(&odd), pp).unwrap();
-        assert!(c.pingpong && !c.tma_store);
+        assert!(c.pingpong);
+        assert_eq!(
+            (c.tma_store, c.staged),
+            (
+                crate::gemm::odd_split::staged(),
+                crate::gemm::odd_split::staged()
+            )
+        );
         // Two tiles per CTA wanted: 2048 x 1024 gets 128 x 128 cooperative but 64 x 128 (256
         // tiles, about two per SM) in ping-pong.
         let mid = problem(2048, 1024, 4096, true);

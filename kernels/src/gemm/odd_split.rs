@@ -14,7 +14,10 @@ use calico_core::{Arch, GpuBackend, Result};
 /// The widest sliver split off: the GEMV's largest M.
 const MAX_SLIVER: usize = super::gemv::MAX_M;
 
-/// True when `CALICO_GEMM_ODD` (read once) names `key`: `split`, `staged` or both.
+/// True when `CALICO_GEMM_ODD` (read once) names `key`: `split`, `staged` or both; unset (or
+/// empty), both are on: the H100 measured split + the padded D 16% faster at 4097^3 and the
+/// staged store 11% faster at 1000x999x1000 (docs/perf-log.md, session 8). `off` turns both
+/// off (A/B runs).
 fn mode_has(key: &str) -> bool {
     static MODE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let mode = MODE.get_or_init(|| std::env::var("CALICO_GEMM_ODD").unwrap_or_default());
@@ -22,18 +25,23 @@ fn mode_has(key: &str) -> bool {
 }
 
 fn parse_mode(text: &str, key: &str) -> bool {
+    if text.trim().is_empty() {
+        return true;
+    }
     text.split([',', ' ', ';'])
         .any(|item| item.trim().eq_ignore_ascii_case(key))
 }
 
-/// `CALICO_GEMM_ODD=split`: the bulk and the slivers.
+/// The bulk and the slivers (on unless `CALICO_GEMM_ODD` leaves `split` out).
 pub(super) fn enabled() -> bool {
     mode_has("split")
 }
 
-/// `CALICO_GEMM_ODD=staged`: 16-bit D rows TMA cannot store (odd widths) take the Hopper
-/// kernel's staging boxes, written out by its threads with 16-byte stores on D's own 16-byte
-/// boundaries (hopper.cu `store_box_rows`), instead of the register epilogue's element stores.
+/// 16-bit D rows TMA cannot store (odd widths) take the Hopper kernel's staging boxes, written
+/// out by its threads with 16-byte stores on D's own 16-byte boundaries (hopper.cu
+/// `store_box_rows`), instead of the register epilogue's element stores (on unless
+/// `CALICO_GEMM_ODD` leaves `staged` out). Where A or B is padded anyway, D goes to the
+/// aligned buffer instead (padded.rs).
 pub(super) fn staged() -> bool {
     mode_has("staged")
 }
@@ -184,7 +192,7 @@ mod tests {
         assert!(parse_mode(" Split ,x", "split"));
         assert!(parse_mode("split,staged", "staged"));
         assert!(!parse_mode("split", "staged"));
-        assert!(!parse_mode("", "split"));
+        assert!(parse_mode("", "split") && parse_mode(" ", "staged"));
         assert!(!parse_mode("off", "split"));
     }
 

@@ -30,18 +30,20 @@ const ROW_ELEMS: usize = 64;
 /// Alignment of each padded operand in the workspace (bytes).
 const ALIGN: usize = 256;
 
-/// Whether odd-width 16-bit D goes through an aligned buffer and the TMA-store epilogue
-/// (`CALICO_PAD_D=on`) or is stored from registers (the default: on the H100 the copy back
-/// cost more than the TMA stores saved, 4097^3 0.386 against 0.360 ms, 8191^3 1.986 against
-/// 1.967 ms, docs/perf-log.md).
-fn pad_d() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+/// Whether odd-width 16-bit D goes through an aligned buffer and the TMA-store epilogue, then
+/// a copy back: `CALICO_PAD_D=on|off` (read once) forces it; unset, it does where A or B is
+/// padded anyway (H100, session 8: 4097^3 0.349 -> 0.313 ms, 8191^3 1.94 -> 1.76 ms), and an
+/// odd D beside aligned operands takes the Hopper kernel's staged store instead (1000x999x1000
+/// 0.0170 ms against 0.0202 through the buffer; docs/perf-log.md).
+fn pad_d_forced() -> Option<bool> {
+    static ON: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     *ON.get_or_init(|| {
         let v = std::env::var("CALICO_PAD_D").unwrap_or_default();
-        matches!(
-            v.trim().to_ascii_lowercase().as_str(),
-            "on" | "1" | "true" | "yes"
-        )
+        match v.trim().to_ascii_lowercase().as_str() {
+            "on" | "1" | "true" | "yes" => Some(true),
+            "off" | "0" | "false" | "no" => Some(false),
+            _ => None,
+        }
     })
 }
 
@@ -149,12 +151,14 @@ fn b_ready(p: &GemmProblem) -> bool {
     hopper::b_k_major(p).is_some() && p.b.ptr.is_multiple_of(16)
 }
 
-/// D through an aligned buffer (`CALICO_PAD_D=on`) when only the register epilogue could
-/// write it as it is: 16-bit, contiguous rows that TMA cannot store.
+/// D through an aligned buffer when only the register epilogue could write it as it is
+/// (16-bit, contiguous rows that TMA cannot store) and [`pad_d_forced`] or, by default, a
+/// padded A or B asks for it.
 fn d_to_buffer(p: &GemmProblem) -> bool {
     let out_16 = matches!(p.out_dtype, DType::BF16 | DType::F16);
     let d_contiguous = p.d.col_stride == 1 || p.n <= 1;
-    pad_d() && out_16 && d_contiguous && !hopper::d_tma_ok(p)
+    let wanted = pad_d_forced().unwrap_or(!(a_ready(p) && b_ready(p)));
+    wanted && out_16 && d_contiguous && !hopper::d_tma_ok(p)
 }
 
 /// True when the padded path takes `p` only for its D (`CALICO_PAD_D=on`): the router then
@@ -421,8 +425,9 @@ mod tests {
         assert!(plan.b_kmajor);
         assert_eq!(b.offset, a.bytes());
         assert_eq!(plan.padded.a.row_stride, 4160);
-        // D (4097 columns) is stored from registers unless CALICO_PAD_D=on.
-        if pad_d() {
+        // D (4097 columns) goes to the aligned buffer beside padded A and B unless
+        // CALICO_PAD_D=off.
+        if pad_d_forced().unwrap_or(true) {
             assert_eq!(plan.d, Some((4160, a.bytes() + b.bytes())));
             assert_eq!(plan.padded.d.row_stride, 4160);
         } else {
@@ -443,15 +448,15 @@ mod tests {
         assert_eq!((b.rows, b.cols, b.dst_rs, b.offset), (1000, 999, 1024, 0));
         assert_eq!(plan.padded.b.row_stride, 1024);
         // The weight layout with N odd needs no operand copy (its rows are K long); only D,
-        // and only with CALICO_PAD_D=on.
+        // and only with CALICO_PAD_D=on (by default the Hopper kernel's staged store writes it).
         let p = problem(1000, 999, 1000, true);
         match super::plan(&h100(), &p) {
             Some(plan) => {
-                assert!(pad_d() && pads_d_only(&h100(), &p));
+                assert!(pad_d_forced() == Some(true) && pads_d_only(&h100(), &p));
                 assert!(plan.a.is_none() && plan.b.is_none());
                 assert_eq!(plan.d, Some((1024, 0)));
             }
-            None => assert!(!pad_d() && !pads_d_only(&h100(), &p)),
+            None => assert!(pad_d_forced() != Some(true) && !pads_d_only(&h100(), &p)),
         }
     }
 

@@ -40,14 +40,15 @@ pub(crate) struct HopperFwdVariant {
     /// Consumer warpgroups: 2, or 3 at d = 64 without a soft-cap ([`consumers_chosen`]).
     consumers: usize,
     softmax: SoftmaxForm,
-    /// Q slots: 1, or 2 so that the next unit's Q loads during this one
-    /// (`CALICO_ATTN_HOPPER_QBUF=2`, where two K/V stages still fit beside them).
+    /// Q slots: 2 so that the next unit's Q loads during this one (where two K/V stages still
+    /// fit beside them), or 1 (`CALICO_ATTN_HOPPER_QBUF=1`).
     q_buffers: usize,
 }
 
-/// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max); both off by
-/// default until measured. `CALICO_ATTN_HOPPER_SOFTMAX` names those to turn on
-/// (comma-separated: `ilp`, `lazy`).
+/// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max). Both on by
+/// default (H100, session 8: +18-21% at d = 64 with three consumers, +1-4% at d = 128;
+/// docs/perf-log.md). `CALICO_ATTN_HOPPER_SOFTMAX` names those to keep (comma-separated:
+/// `ilp`, `lazy`; `plain` for neither), for A/B runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) struct SoftmaxForm {
     /// Row maxima and sums as trees / partial sums, both rows side by side.
@@ -66,10 +67,17 @@ impl SoftmaxForm {
         }
     }
 
+    /// Both forms: the default.
+    const LEAN: SoftmaxForm = SoftmaxForm {
+        ilp: true,
+        lazy: true,
+    };
+
     fn chosen() -> SoftmaxForm {
         static CHOSEN: std::sync::OnceLock<SoftmaxForm> = std::sync::OnceLock::new();
-        *CHOSEN.get_or_init(|| {
-            SoftmaxForm::parse(&std::env::var("CALICO_ATTN_HOPPER_SOFTMAX").unwrap_or_default())
+        *CHOSEN.get_or_init(|| match std::env::var("CALICO_ATTN_HOPPER_SOFTMAX") {
+            Ok(spec) if !spec.trim().is_empty() => SoftmaxForm::parse(&spec),
+            _ => SoftmaxForm::LEAN,
         })
     }
 }
@@ -100,22 +108,24 @@ impl Schedule {
     }
 }
 
-/// Q slots asked for: `CALICO_ATTN_HOPPER_QBUF=2` (opt-in until measured), else 1.
+/// Q slots asked for: 2 by default (H100, session 8: +1-3% at d = 128, even at d = 64);
+/// `CALICO_ATTN_HOPPER_QBUF=1` keeps one (A/B runs).
 fn q_buffers_chosen() -> usize {
-    static TWO: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    if *TWO.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_QBUF").as_deref() == Ok("2")) {
-        2
-    } else {
+    static ONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    if *ONE.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_QBUF").as_deref() == Ok("1")) {
         1
+    } else {
+        2
     }
 }
 
-/// Consumer warpgroups at `head_dim`: `CALICO_ATTN_HOPPER_CONSUMERS=3` asks for three at
-/// d = 64 (192-row units, opt-in until measured); everything else has two.
+/// Consumer warpgroups at `head_dim`: three at d = 64 by default (192-row units; H100,
+/// session 8: +8-11% alone, +18-21% with the lean softmax), two elsewhere;
+/// `CALICO_ATTN_HOPPER_CONSUMERS=2` keeps two at d = 64 (A/B runs).
 fn consumers_chosen(head_dim: usize) -> usize {
     static THREE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let three =
-        *THREE.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_CONSUMERS").as_deref() == Ok("3"));
+        *THREE.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_CONSUMERS").as_deref() != Ok("2"));
     if three && head_dim == 64 {
         3
     } else {
@@ -140,9 +150,9 @@ impl Default for Choices {
     fn default() -> Self {
         Choices {
             schedule: Schedule::PingPong,
-            consumers: 2,
-            softmax: SoftmaxForm::default(),
-            q_buffers: 1,
+            consumers: 3,
+            softmax: SoftmaxForm::LEAN,
+            q_buffers: 2,
         }
     }
 }

@@ -78,7 +78,10 @@ pub(crate) struct HopperBwdVariant {
 /// 40) and `deferdq` (overlapped with bulk dQ only: each step's dQ tile is computed during the
 /// next step, and the two consumer warpgroups signal their dS^T halves on mbarriers instead of
 /// meeting on a named barrier every step) and `ftzexp` (with `rangemask`: P = 2^x by one
-/// flush-to-zero ex2 instead of exp2f's range fix-up around it) are off until measured.
+/// flush-to-zero ex2 instead of exp2f's range fix-up around it). Session 8 measured them on the
+/// H100 (docs/perf-log.md): `rangemask`, `wideregs` and `ftzexp` are on by default (together
+/// +62-74% at d = 64, +30-52% at d = 128), `deferdq` at d = 64 only (+3-4% there, -4-5% at
+/// d = 128); `branchmask`, `narrowregs`, `exp2f` and `syncdq` / `deferdq` turn each off / on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
@@ -86,7 +89,8 @@ struct Tune {
     bulk: bool,
     mask_range: bool,
     wide_regs: bool,
-    defer_dq: bool,
+    /// `None`: by head dim (on at d = 64).
+    defer_dq: Option<bool>,
     ftz_exp: bool,
 }
 
@@ -96,10 +100,10 @@ impl Default for Tune {
             overlapped: true,
             stagger: false,
             bulk: true,
-            mask_range: false,
-            wide_regs: false,
-            defer_dq: false,
-            ftz_exp: false,
+            mask_range: true,
+            wide_regs: true,
+            defer_dq: None,
+            ftz_exp: true,
         }
     }
 }
@@ -118,8 +122,8 @@ impl Tune {
                 "branchmask" => t.mask_range = false,
                 "wideregs" => t.wide_regs = true,
                 "narrowregs" => t.wide_regs = false,
-                "deferdq" => t.defer_dq = true,
-                "syncdq" => t.defer_dq = false,
+                "deferdq" => t.defer_dq = Some(true),
+                "syncdq" => t.defer_dq = Some(false),
                 "ftzexp" => t.ftz_exp = true,
                 "exp2f" => t.ftz_exp = false,
                 _ => {}
@@ -176,7 +180,7 @@ impl HopperBwdVariant {
             bulk_dq: tune.bulk,
             mask_range: tune.mask_range,
             wide_regs: tune.wide_regs && tune.bulk,
-            defer_dq: tune.defer_dq && tune.overlapped && tune.bulk,
+            defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && tune.overlapped && tune.bulk,
             ftz_exp: tune.ftz_exp && tune.mask_range,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -295,11 +299,11 @@ pub(crate) fn catalog(
                 bulk,
                 mask_range,
                 wide_regs,
-                defer_dq: false,
+                defer_dq: Some(false),
                 ftz_exp: mask_range,
             };
             let deferred = |mask_range, wide_regs| Tune {
-                defer_dq: true,
+                defer_dq: Some(true),
                 ..tune(true, true, mask_range, wide_regs)
             };
             let exact_exp = |t: Tune| Tune {
@@ -590,55 +594,54 @@ mod tests {
     }
 
     #[test]
-    fn tune_knobs_parse_and_default_to_overlapped_bulk() {
+    fn tune_knobs_parse_and_default_to_the_measured_winners() {
         let default = Tune {
             overlapped: true,
             stagger: false,
             bulk: true,
-            mask_range: false,
-            wide_regs: false,
-            defer_dq: false,
-            ftz_exp: false,
+            mask_range: true,
+            wide_regs: true,
+            defer_dq: None,
+            ftz_exp: true,
         };
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
         assert_eq!(
-            Tune::parse("stagger, serial,nobulk"),
+            Tune::parse("stagger, serial,nobulk,branchmask,narrowregs,exp2f"),
             Tune {
                 overlapped: false,
                 stagger: true,
                 bulk: false,
                 mask_range: false,
                 wide_regs: false,
-                defer_dq: false,
+                defer_dq: None,
                 ftz_exp: false,
             }
         );
-        assert_eq!(Tune::parse("overlapped,bulk"), default);
         assert_eq!(
-            Tune::parse("rangemask"),
-            Tune {
-                mask_range: true,
-                ..default
-            }
+            Tune::parse("overlapped,bulk,rangemask,wideregs,ftzexp"),
+            default
         );
-        assert_eq!(Tune::parse("rangemask,branchmask"), default);
-        assert_eq!(Tune::parse("ftzexp,exp2f"), default);
         assert_eq!(
             Tune::parse("deferdq"),
             Tune {
-                defer_dq: true,
+                defer_dq: Some(true),
                 ..default
             }
         );
         assert_eq!(
-            Tune::parse("wideregs,rangemask"),
+            Tune::parse("deferdq,syncdq"),
             Tune {
-                mask_range: true,
-                wide_regs: true,
+                defer_dq: Some(false),
                 ..default
             }
         );
+        // deferdq by head dim unless named.
+        let h100 = Arch::for_target("sm_90a").unwrap();
+        let main = |d, t| HopperBwdVariant::main(&h100, DType::BF16, d, false, t).unwrap();
+        assert!(main(64, default).defer_dq && !main(128, default).defer_dq);
+        assert!(!main(64, Tune::parse("syncdq")).defer_dq);
+        assert!(main(128, Tune::parse("deferdq")).defer_dq);
     }
 
     #[test]
