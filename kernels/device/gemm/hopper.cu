@@ -75,8 +75,9 @@
 //  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks),
 //  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64),
 //  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster),
-//  CALICO_GEMM_STAGED_STORE 1 (with TMA_STORE; opt-in, CALICO_GEMM_ODD=staged): the staging
-//  boxes go to D by the warpgroup's threads, not by TMA, for 16-bit D rows TMA cannot store
+//  CALICO_GEMM_STAGED_STORE 1 (with TMA_STORE; the host's default for odd-width D beside
+//  aligned operands, CALICO_GEMM_ODD): the staging boxes go to D by the warpgroup's threads,
+//  not by TMA, for 16-bit D rows TMA cannot store
 //  (odd widths): 16-byte stores on D's own 16-byte boundaries, element stores at row ends.
 #include "calico/calico.h"
 #include "calico/cluster.cuh"

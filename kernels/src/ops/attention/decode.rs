@@ -853,7 +853,7 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
         if let Some(mut v) = DecodeMmaVariant::fitting(arch, dtype, head_dim, paged, warps, stages)
         {
             if fused {
-                // The opt-in forms together (A/B knobs; each compiles alone as well).
+                // The fused merge and early start (the defaults) with the L2 prefetch knob.
                 (v.fused, v.early, v.l2_ahead) = (true, true, if paged { 2 } else { 4 });
             }
             out.push((
