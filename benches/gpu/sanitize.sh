@@ -21,6 +21,9 @@
 #                      the most GPU work; "" splits none)
 #   CALICO_CONFORMANCE_CASES   proptest cases per property (default here 4, so the four passes
 #                      take minutes, not hours)
+#   SANITIZE_RACECHECK_STRIDE  under racecheck, exhaustive shape walks (the GEMM's 1..9 cube)
+#                      run every n-th shape (default 7; CALICO_CONFORMANCE_SHAPE_STRIDE): racecheck
+#                      makes each launch slow enough that the whole cube ran past 240 s
 #   SANITIZE_LOGS      where the logs and summary.md go (default $OUT/sanitize, else
 #                      /tmp/calico-sanitize/sanitize)
 #
@@ -39,6 +42,7 @@ budget=${SANITIZE_BUDGET:-0}
 split=${SANITIZE_SPLIT-gemm attention tiles}
 jobs=${SANITIZE_JOBS:-4}
 export CALICO_CONFORMANCE_CASES=${CALICO_CONFORMANCE_CASES:-4}
+racecheck_stride=${SANITIZE_RACECHECK_STRIDE:-7}
 skip_tests=(tma_2d_store_before_the_tensor_faults_unchecked)
 logs=${SANITIZE_LOGS:-${OUT:-/tmp/calico-sanitize}/sanitize}
 mkdir -p "$logs"
@@ -122,7 +126,9 @@ sanitize_one() {
   local tool=$1 t=$2 log=$3 test=${4:-} args=("${skip_args[@]}") t0 rc
   [[ -n "$test" ]] && args=(--exact "$test")
   t0=$(date +%s)
-  timeout --signal=KILL "$per_run" "$sanitizer" --tool "$tool" --error-exitcode 97 \
+  local stride=1
+  [[ "$tool" == racecheck ]] && stride=$racecheck_stride
+  CALICO_CONFORMANCE_SHAPE_STRIDE=$stride timeout --signal=KILL "$per_run" "$sanitizer" --tool "$tool" --error-exitcode 97 \
     --target-processes all --print-limit 50 "$t" "${args[@]}" >"$log" 2>&1
   rc=$?
   # Exit status and seconds taken.
@@ -215,7 +221,7 @@ fi
 # The table (also written to $logs/summary.md).
 table() {
   echo
-  echo "compute-sanitizer, CALICO_CONFORMANCE_CASES=$CALICO_CONFORMANCE_CASES, skipped: ${skip_tests[*]} ($(($(date +%s) - start)) s; logs in $logs)"
+  echo "compute-sanitizer, CALICO_CONFORMANCE_CASES=$CALICO_CONFORMANCE_CASES, racecheck shape stride $racecheck_stride, skipped: ${skip_tests[*]} ($(($(date +%s) - start)) s; logs in $logs)"
   printf '| %-22s |' "test executable"
   for tool in $tools; do printf ' %-18s |' "$tool"; done
   echo

@@ -35,6 +35,18 @@ pub fn report_skipped(test: &str) {
     }
 }
 
+/// Every how many shapes an exhaustive shape walk runs: 1 (all), or
+/// `CALICO_CONFORMANCE_SHAPE_STRIDE` when set. A stride keeps the walk deterministic and spread
+/// over its whole range; the sanitizer script sets it for the tools (racecheck) under which
+/// every launch is slow.
+pub fn shape_stride() -> usize {
+    std::env::var("CALICO_CONFORMANCE_SHAPE_STRIDE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(1)
+}
+
 /// Proptest cases per property: `default`, or `CALICO_CONFORMANCE_CASES` when set.
 pub fn cases(default: u32) -> u32 {
     std::env::var("CALICO_CONFORMANCE_CASES")

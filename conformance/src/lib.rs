@@ -18,5 +18,5 @@ pub mod runner;
 pub mod strategies;
 pub mod tensors;
 
-pub use backends::{backends, cases, report_skipped};
+pub use backends::{backends, cases, report_skipped, shape_stride};
 pub use runner::{property, Ctx};
