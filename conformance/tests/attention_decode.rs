@@ -219,8 +219,21 @@ fn build_cache(dev: &Device, c: &Case, rng: &mut Rng) -> Result<Cache, String> {
                 }
             }
             let shape = [num_pages, ps, hkv, dim];
-            let values = round_all(c.dtype, &c.dist.sample(rng, shape.iter().product()));
-            let v_values = round_all(c.dtype, &c.dist.sample(rng, shape.iter().product()));
+            let mut values = round_all(c.dtype, &c.dist.sample(rng, shape.iter().product()));
+            let mut v_values = round_all(c.dtype, &c.dist.sample(rng, shape.iter().product()));
+            // A pool's slots that no sequence holds may contain anything: NaN here, so a
+            // kernel that lets them into a sum (0 * NaN) fails.
+            let mut live = vec![false; num_pages * ps];
+            for (b, &len) in c.lens.iter().enumerate() {
+                for j in 0..len {
+                    live[table[b * max_pages + j / ps] as usize * ps + j % ps] = true;
+                }
+            }
+            for (slot, _) in live.iter().enumerate().filter(|(_, &l)| !l) {
+                let at = slot * hkv * dim;
+                values[at..at + hkv * dim].fill(f64::NAN);
+                v_values[at..at + hkv * dim].fill(f64::NAN);
+            }
             let row = dim + c.pad;
             let strides = [ps * hkv * row, hkv * row, row, 1];
             let k = view(dev, c.dtype, &shape, &strides, 0, None).ctx("allocating k_pages")?;
@@ -258,8 +271,16 @@ fn build_cache(dev: &Device, c: &Case, rng: &mut Rng) -> Result<Cache, String> {
             let nmax = c.max_len() + c.spare * 7;
             let shape = [batch, hkv, nmax, dim];
             let n = shape.iter().product();
-            let kvals = round_all(c.dtype, &c.dist.sample(rng, n));
-            let vvals = round_all(c.dtype, &c.dist.sample(rng, n));
+            let mut kvals = round_all(c.dtype, &c.dist.sample(rng, n));
+            let mut vvals = round_all(c.dtype, &c.dist.sample(rng, n));
+            // Tokens past each sequence's end may hold anything: NaN (see the paged case).
+            for (b, &len) in c.lens.iter().enumerate() {
+                for h in 0..hkv {
+                    let row = (b * hkv + h) * nmax;
+                    kvals[(row + len) * dim..(row + nmax) * dim].fill(f64::NAN);
+                    vvals[(row + len) * dim..(row + nmax) * dim].fill(f64::NAN);
+                }
+            }
             let k = bhnd(dev, c.dtype, shape, c.kv_tokens_outer, c.pad, Some(&kvals))?;
             let v = bhnd(dev, c.dtype, shape, c.kv_tokens_outer, c.pad, Some(&vvals))?;
             let gathered = (0..batch)

@@ -75,12 +75,15 @@ CALICO_DEVICE float decode_load_l2(const float* p) {
 // batch of splits are all issued before the first multiply-add: a compiler free to interleave
 // each load with its use leaves one or two loads in flight per lane, a serial chain of L2 (or
 // DRAM) round trips that made the two-launch combiner take 17-19 us at 32 splits.
-template <typename T, int HD>
+//
+// BATCH_SPLITS > 0 sets the splits in flight (at most the lanes); 0: 64 floats of registers.
+template <typename T, int HD, int BATCH_SPLITS = 0>
 CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, long long row, int splits,
                                     T* orow, float* lse_out, int lane) {
     static_assert(HD % CALICO_LANES == 0, "whole elements per lane");
+    static_assert(BATCH_SPLITS >= 0 && BATCH_SPLITS <= CALICO_LANES, "a batch is at most one split per lane");
     constexpr int PER_LANE = HD / CALICO_LANES;
-    constexpr int BATCH = PER_LANE >= 8 ? 8 : 16;  // splits in flight: 64 floats of registers
+    constexpr int BATCH = BATCH_SPLITS > 0 ? BATCH_SPLITS : (PER_LANE >= 8 ? 8 : 16);
     const float NEG_INF = decode_neg_inf();
     const float* ls = part_lse + row * splits;
     const float* ps_row = part_o + row * splits * HD + lane * PER_LANE;

@@ -33,9 +33,21 @@
 // computes its per-row factors once per row. L2_AHEAD = n > 0: each warp asks L2 for the tile n
 // tiles past the one it copies (prefetch.global.L2), so more of the cache is requested early.
 //
+// SPEC = 1 (with EARLY): each warp issues the copies of its first STAGES - 1 tiles of the split
+// before the sequence length and the key ranges are known (the rows up to the split's end and
+// the cache's capacity: memory the cache owns; paged: after the one table round trip). The
+// key ranges take ~530 dependent instructions after the length arrives (integer divisions,
+// shuffles), all of which then overlap the first copies. Once the ranges are known, a block
+// whose tiles do not start at the split's start (windows) drains those copies and refills the
+// ring as without SPEC; otherwise the V rows past the sequence's end in its last tile are
+// zeroed in shared memory after they land (P is 0 there, but 0 * NaN is NaN: the cache past
+// the end may hold anything); K rows there only feed scores the mask replaces. Costs up to
+// STAGES - 1 tiles per warp of reads for splits past the sequence's end.
+//
 // Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), PAGED (0 | 1), WARPS (warps per
 // block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1), EARLY (0 | 1),
-// L2_AHEAD (0..8).
+// L2_AHEAD (0..8), SPEC (0 | 1; needs EARLY), MERGE_BATCH (splits the fused merge loads at
+// once: 0 = decode_merge_row's default, else 8 | 16 | 32).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/decode_common.h"
@@ -57,6 +69,7 @@ constexpr int PIECES = BN * PIECES_PER_ROW / 32;         // pieces per lane per 
 constexpr int ACC_STRIDE = D + 8;                        // floats per row of the merge buffer
 static_assert(D % DC == 0 && PIECES_PER_ROW <= 32, "head_dim must be 64, 128 or 256");
 static_assert(STAGES >= 2, "the ring needs two tiles");
+static_assert(!SPEC || EARLY, "SPEC issues its copies from EARLY's page batches");
 
 typedef st<T, BN, D> kv_tile;
 typedef st<T, ROWS, D> q_tile;
@@ -146,6 +159,65 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     int pages_base = 0;
     int pages_cur = load_pages(0);
     int pages_next = load_pages(32);
+#endif
+
+    kv_tile* ks = ring + warp * 2 * STAGES;  // this warp's K ring, then its V ring
+    kv_tile* vs = ks + STAGES;
+    const int col = (lane % PIECES_PER_ROW) * 8;
+    const int row0 = lane / PIECES_PER_ROW;
+    const T* kh = k + h * k_sh + col;
+    const T* vh = v + h * v_sh + col;
+    const long long k_step = ROW_STEP * k_st, v_step = ROW_STEP * v_st;
+    // Issues the copies of the tile at token t (in page `page`) into ring slot `stage`: row
+    // pointers advance by adds; only the last tile of a range tests rows against `lim` (the
+    // range's end).
+    auto slot_of = [&](int t) -> int {
+#if PAGED
+        return page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
+#else
+        return t;
+#endif
+    };
+    auto issue = [&](int t, int page, int stage, int lim) {
+        const int slot = slot_of(t);
+        const T* kt = kh + page * k_sp + slot * k_st;  // row 0 of the tile: always inside
+        const T* vt = vh + page * v_sp + slot * v_st;
+        const T* kp = kt + row0 * k_st;
+        const T* vp = vt + row0 * v_st;
+        if (t + BN <= lim) {
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
+                const int r = row0 + i * ROW_STEP;
+                cp_async_16(ks[stage].ptr(r, col), kp, true);
+                cp_async_16(vs[stage].ptr(r, col), vp, true);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
+                const int r = row0 + i * ROW_STEP;
+                const bool valid = t + r < lim;  // rows past the end read nothing, get zeros
+                cp_async_16(ks[stage].ptr(r, col), valid ? kp : kt, valid);
+                cp_async_16(vs[stage].ptr(r, col), valid ? vp : vt, valid);
+            }
+        }
+    };
+#if SPEC
+    // The first tiles of the split, before the length (see SPEC above): tile i of this warp in
+    // ring slot i, one commit group each as the prologue below.
+    {
+        const long long spec_end = split_end < capacity ? split_end : capacity;
+#pragma unroll
+        for (int i = 0; i < STAGES - 1; ++i) {
+            const long long t = split_start + (long long)(warp + i * WARPS) * BN;
+#if PAGED
+            const int page = clamp_page(__shfl_sync(0xffffffffu, pages_cur, i));
+#else
+            const int page = b;
+#endif
+            if (t < spec_end) issue((int)t, page, i, (int)spec_end);
+            cp_async_commit();
+        }
+    }
 #endif
 
     const int len = len_raw < 0 ? 0 : (len_raw > capacity ? (int)capacity : len_raw);
@@ -269,45 +341,6 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         return page_of(tile_at(i));
     };
 
-    kv_tile* ks = ring + warp * 2 * STAGES;  // this warp's K ring, then its V ring
-    kv_tile* vs = ks + STAGES;
-    const int col = (lane % PIECES_PER_ROW) * 8;
-    const int row0 = lane / PIECES_PER_ROW;
-    const T* kh = k + h * k_sh + col;
-    const T* vh = v + h * v_sh + col;
-    const long long k_step = ROW_STEP * k_st, v_step = ROW_STEP * v_st;
-    // Issues the copies of the tile at token t (in page `page`) into ring slot `stage`: row
-    // pointers advance by adds; only the last tile of a range tests rows against `end`.
-    auto slot_of = [&](int t) -> int {
-#if PAGED
-        return page_shift >= 0 ? (t & (page_size - 1)) : t % page_size;
-#else
-        return t;
-#endif
-    };
-    auto issue = [&](int t, int page, int stage) {
-        const int slot = slot_of(t);
-        const T* kt = kh + page * k_sp + slot * k_st;  // row 0 of the tile: always inside
-        const T* vt = vh + page * v_sp + slot * v_st;
-        const T* kp = kt + row0 * k_st;
-        const T* vp = vt + row0 * v_st;
-        if (t + BN <= end) {
-#pragma unroll
-            for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
-                const int r = row0 + i * ROW_STEP;
-                cp_async_16(ks[stage].ptr(r, col), kp, true);
-                cp_async_16(vs[stage].ptr(r, col), vp, true);
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
-                const int r = row0 + i * ROW_STEP;
-                const bool valid = t + r < end;  // rows past the end read nothing, get zeros
-                cp_async_16(ks[stage].ptr(r, col), valid ? kp : kt, valid);
-                cp_async_16(vs[stage].ptr(r, col), valid ? vp : vt, valid);
-            }
-        }
-    };
 #if L2_AHEAD > 0
     // Asks L2 for the 128-byte lines of the tile at token t (page `page`), L2_AHEAD tiles
     // before its copy: DRAM keeps streaming while the ring is full, at no cost in registers
@@ -334,10 +367,20 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};  // l: this lane's share of the row sum
 
     // Prologue: STAGES - 1 tiles in flight, the page of the next one looked up.
+#if SPEC
+    // The copies already issued are this warp's first tiles when its tiles start at the
+    // split's start (block-uniform); else they are drained and the ring filled again.
+    const bool spec_ok = first == split_start;
+    if (!spec_ok) {
+        if (mine > 0) cp_async_wait<0>();
+#else
+    {
+#endif
 #pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < mine) issue(tile_at(i), page_at(i), i);
-        cp_async_commit();
+        for (int i = 0; i < STAGES - 1; ++i) {
+            if (i < mine) issue(tile_at(i), page_at(i), i, end);
+            cp_async_commit();
+        }
     }
     int next_page = page_at(STAGES - 1);
 #if L2_AHEAD > 0
@@ -362,7 +405,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         __syncwarp();
         const int ahead = i + STAGES - 1;
         if (ahead < mine) {
-            issue(tile_at(ahead), next_page, ahead % STAGES);
+            issue(tile_at(ahead), next_page, ahead % STAGES, end);
             next_page = page_at(ahead + 1);
 #if L2_AHEAD > 0
             if (ahead + L2_AHEAD < mine) prefetch_l2(tile_at(ahead + L2_AHEAD), page_at(ahead + L2_AHEAD));
@@ -379,9 +422,19 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
 #endif
         cp_async_commit();
         cp_async_wait<STAGES - 1>();
-        __syncwarp();
         const int stage = i % STAGES;
         const int t = tile_at(i);
+#if SPEC
+        // A speculative tile read whole rows past the end: V there must be finite (zero).
+        if (spec_ok && i < STAGES - 1 && t + BN > end) {
+#pragma unroll
+            for (int n = 0; n < PIECES; ++n) {
+                const int r = row0 + n * ROW_STEP;
+                if (t + r >= end) *reinterpret_cast<uint4*>(vs[stage].ptr(r, col)) = make_uint4(0, 0, 0, 0);
+            }
+        }
+#endif
+        __syncwarp();
 
         // S = Q K^T, 64 head-dimension columns at a time.
         rt_fl<16, BN> s;
@@ -545,8 +598,8 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
                 int head, qi;
                 if (!row_of(r, head, qi)) continue;
                 const long long row = ((long long)b * hq + head) * nq + qi;
-                decode_merge_row<T, D>(part_o, part_lse, row, splits, o + b * o_sb + head * o_sh + qi * o_sn, lse + row,
-                                       lane);
+                decode_merge_row<T, D, MERGE_BATCH>(part_o, part_lse, row, splits, o + b * o_sb + head * o_sh + qi * o_sn,
+                                                    lse + row, lane);
             }
         }
     }

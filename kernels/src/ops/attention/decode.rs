@@ -328,7 +328,9 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// minblocks, blocks_per_sm); min_split applies to both; merge=1: the combiner loads a batch of
 /// splits at once (vector loads); early=1 (kernel 2): the first copies sooner;
 /// l2_ahead=n (kernel 2): L2 prefetch n tiles past each copy. fuse and early are on by default
-/// (`fuse=0,early=0` gives back the two-launch kernel).
+/// (`fuse=0,early=0` gives back the two-launch kernel). Session 9 (kernel 2): spec=1 the first
+/// copies before the sequence length is known (turns early on); mbatch=8|16|32 the splits the
+/// fused merge loads at once; max_splits=n caps the split count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     kernel: usize,
@@ -346,6 +348,12 @@ struct Tune {
     early: bool,
     /// Kernel 2: tiles past the copied one each warp asks L2 for.
     l2_ahead: usize,
+    /// Kernel 2: the first copies before the sequence length (see decode_mma.cu's SPEC).
+    spec: bool,
+    /// Kernel 2: splits the fused merge loads at once (0: its default).
+    merge_batch: usize,
+    /// Most KV splits per call (kernel 2).
+    max_splits: usize,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -365,6 +373,9 @@ const DEFAULT_TUNE: Tune = Tune {
     merge_batched: false,
     early: true,
     l2_ahead: 0,
+    spec: false,
+    merge_batch: 0,
+    max_splits: MAX_SPLITS,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -396,6 +407,9 @@ fn parse_tune(text: &str) -> Tune {
             "merge" => t.merge_batched = n != 0,
             "early" => t.early = n != 0,
             "l2_ahead" if n <= 8 => t.l2_ahead = n,
+            "spec" => t.spec = n != 0,
+            "mbatch" if matches!(n, 0 | 8 | 16 | 32) => t.merge_batch = n,
+            "max_splits" if (1..=MAX_SPLITS).contains(&n) => t.max_splits = n,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -492,16 +506,19 @@ fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune)
     let blocks = p.batch * p.hkv * row_groups;
     let slots = arch.compute_units.max(1) as usize * variant.blocks_per_sm(arch);
     let (mut splits, mut split_tokens) =
-        decode_mma::choose_splits(blocks, slots, p.capacity, tune.min_split, MAX_SPLITS);
+        decode_mma::choose_splits(blocks, slots, p.capacity, tune.min_split, tune.max_splits);
     if tune.splits_x > 1 {
-        let want = (splits * tune.splits_x).min(MAX_SPLITS);
+        let want = (splits * tune.splits_x).min(tune.max_splits);
         split_tokens = decode_mma::split_tokens(p.capacity, want);
         splits = p.capacity.div_ceil(split_tokens).max(1);
     }
     // One counter per split group; a single split needs no merge.
     variant.fused = tune.fuse && splits > 1 && blocks <= MAX_FUSED_GROUPS;
-    variant.early = tune.early;
+    // SPEC issues its copies from EARLY's page batches.
+    variant.early = tune.early || tune.spec;
     variant.l2_ahead = tune.l2_ahead;
+    variant.spec = tune.spec;
+    variant.merge_batch = if variant.fused { tune.merge_batch } else { 0 };
     Plan {
         kernel: MainKernel::Mma(variant),
         row_groups,
@@ -838,28 +855,34 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
             DecodeKernel::Decode(v),
         ));
     }
-    for (dtype, head_dim, paged, warps, stages, fused) in [
-        (DType::BF16, 128, true, 4, 3, false),
-        (DType::BF16, 128, false, 4, 4, false),
-        (DType::F16, 64, true, 4, 3, false),
-        (DType::BF16, 256, false, 4, 3, false),
-        (DType::F16, 256, true, 2, 2, false),
-        (DType::BF16, 128, true, 4, 3, true),
-        (DType::F16, 256, false, 4, 3, true),
+    // spec: session 9's early copies with the one-batch merge (mbatch=32).
+    for (dtype, head_dim, paged, warps, stages, fused, spec) in [
+        (DType::BF16, 128, true, 4, 3, false, false),
+        (DType::BF16, 128, false, 4, 4, false, false),
+        (DType::F16, 64, true, 4, 3, false, false),
+        (DType::BF16, 256, false, 4, 3, false, false),
+        (DType::F16, 256, true, 2, 2, false, false),
+        (DType::BF16, 128, true, 4, 3, true, false),
+        (DType::F16, 256, false, 4, 3, true, false),
+        (DType::BF16, 128, true, 4, 3, true, true),
+        (DType::BF16, 128, false, 4, 3, true, true),
+        (DType::F16, 64, true, 4, 3, true, true),
     ] {
         if !decode_mma::runs_here(arch, dtype, None) {
             break;
         }
         if let Some(mut v) = DecodeMmaVariant::fitting(arch, dtype, head_dim, paged, warps, stages)
         {
-            if fused {
+            if spec {
+                (v.fused, v.early, v.spec, v.merge_batch) = (true, true, true, 32);
+            } else if fused {
                 // The fused merge and early start (the defaults) with the L2 prefetch knob.
                 (v.fused, v.early, v.l2_ahead) = (true, true, if paged { 2 } else { 4 });
             }
             out.push((
                 format!(
-                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={}",
-                    v.stages, v.early, v.l2_ahead
+                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={}",
+                    v.stages, v.early, v.l2_ahead, v.merge_batch
                 ),
                 DecodeKernel::Mma(v),
             ));
@@ -1013,5 +1036,34 @@ mod tests {
         assert!(!t.fuse && DEFAULT_TUNE.fuse && !t.early && DEFAULT_TUNE.early);
         assert_eq!(t.min_split, DEFAULT_TUNE.min_split);
         assert_eq!(parse_tune(""), DEFAULT_TUNE);
+        let t = parse_tune("spec=1,mbatch=32,max_splits=32");
+        assert_eq!((t.spec, t.merge_batch, t.max_splits), (true, 32, 32));
+        let t = parse_tune("mbatch=12,max_splits=0");
+        assert_eq!((t.merge_batch, t.max_splits), (0, MAX_SPLITS));
+    }
+
+    #[test]
+    fn session_9_knobs_reach_the_variant_and_the_split_count() {
+        let h100 = Arch::for_target("sm_90a").unwrap();
+        let mma = |plan: &Plan| match plan.kernel {
+            MainKernel::Mma(v) => v,
+            MainKernel::Lanes(_) => panic!("the lane kernel was planned"),
+        };
+        let tune = Tune {
+            early: false,
+            ..parse_tune("spec=1,mbatch=32,max_splits=32")
+        };
+        // b1 32k: 33 splits fill the 264 slots; the cap keeps 32 (one merge batch).
+        let capped = plan_with(&h100, &problem(1, 32, 8, 1, 32768), true, tune);
+        assert_eq!((capped.splits, capped.split_tokens), (32, 1024));
+        let uncapped = plan_with(&h100, &problem(1, 32, 8, 1, 32768), true, DEFAULT_TUNE);
+        assert_eq!(uncapped.splits, 33);
+        let v = mma(&capped);
+        // SPEC needs EARLY's page batches: spec turns it on.
+        assert!(v.spec && v.early && v.fused && v.merge_batch == 32);
+        // No split, no merge: the merge batch stays at its default.
+        let big = mma(&plan_with(&h100, &problem(64, 32, 8, 1, 8192), true, tune));
+        assert!(!big.fused && big.merge_batch == 0);
+        assert!(!mma(&uncapped).spec);
     }
 }

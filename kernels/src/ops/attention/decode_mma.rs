@@ -33,6 +33,11 @@ pub(crate) struct DecodeMmaVariant {
     pub early: bool,
     /// Tiles past the copied one that each warp asks L2 for (0: none).
     pub l2_ahead: usize,
+    /// Each warp's first tiles are copied before the sequence length is known (needs
+    /// `early`).
+    pub spec: bool,
+    /// Splits the fused merge loads at once (0: the merge's default, 16 at head_dim 128).
+    pub merge_batch: usize,
 }
 
 impl DecodeMmaVariant {
@@ -82,6 +87,8 @@ impl DecodeMmaVariant {
                 fused: false,
                 early: false,
                 l2_ahead: 0,
+                spec: false,
+                merge_batch: 0,
             };
             // With EARLY's tables, so that the choice holds for either form.
             let v_early = DecodeMmaVariant { early: true, ..v };
@@ -101,6 +108,8 @@ impl KernelVariant for DecodeMmaVariant {
             ("FUSE", u8::from(self.fused).to_string()),
             ("EARLY", u8::from(self.early).to_string()),
             ("L2_AHEAD", self.l2_ahead.to_string()),
+            ("SPEC", u8::from(self.spec && self.early).to_string()),
+            ("MERGE_BATCH", self.merge_batch.to_string()),
         ];
         let sets = [
             vendor,
