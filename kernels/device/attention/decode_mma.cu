@@ -44,10 +44,14 @@
 // the end may hold anything); K rows there only feed scores the mask replaces. Costs up to
 // STAGES - 1 tiles per warp of reads for splits past the sequence's end.
 //
+// TRACE = 1 (a diagnostic, CALICO_DECODE_TUNE=trace=1): thread 0 of each block writes
+// %globaltimer (ns) at the block's milestones to `trace` (TRACE_SLOTS per block, see below);
+// the host prints where a call's time goes.
+//
 // Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), PAGED (0 | 1), WARPS (warps per
 // block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1), EARLY (0 | 1),
 // L2_AHEAD (0..8), SPEC (0 | 1; needs EARLY), MERGE_BATCH (splits the fused merge loads at
-// once: 0 = decode_merge_row's default, else 8 | 16 | 32).
+// once: 0 = decode_merge_row's default, else 8 | 16 | 32), TRACE (0 | 1).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/decode_common.h"
@@ -70,6 +74,9 @@ constexpr int ACC_STRIDE = D + 8;                        // floats per row of th
 static_assert(D % DC == 0 && PIECES_PER_ROW <= 32, "head_dim must be 64, 128 or 256");
 static_assert(STAGES >= 2, "the ring needs two tiles");
 static_assert(!SPEC || EARLY, "SPEC issues its copies from EARLY's page batches");
+// TRACE slots per block: entry, first copies issued, key ranges known, first tile landed, loop
+// done, partial written, counted in, exit (ns), then SM id | merged << 16 (0: not reached).
+constexpr int TRACE_SLOTS = 9;
 
 typedef st<T, BN, D> kv_tile;
 typedef st<T, ROWS, D> q_tile;
@@ -115,7 +122,8 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     T* o, long long o_sb, long long o_sh, long long o_sn, float* lse,
     float* part_o, float* part_lse,
     int hq, int hkv, int nq, int row_groups, int splits, long long split_tokens_ll,
-    float qk_scale, float softcap, int causal, long long win_left, long long win_right, unsigned* counters) {
+    float qk_scale, float softcap, int causal, long long win_left, long long win_right, unsigned* counters,
+    unsigned long long* trace) {
     using namespace decode_mma;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -132,6 +140,19 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     const int rg = block_y() % row_groups;
     const int b = block_z();
     const int warp = thread_x() / 32, lane = thread_x() % 32;
+#if TRACE
+    unsigned long long* my_trace = trace + ((long long)(block_z() * gridDim.y + block_y()) * gridDim.x + block_x()) * TRACE_SLOTS;
+    auto stamp = [&](int slot) {
+        if (thread_x() == 0) {
+            unsigned long long ns;
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+            my_trace[slot] = ns;
+        }
+    };
+    stamp(0);
+#else
+    auto stamp = [](int) {};
+#endif
     const int group = hq / hkv;
     const int total_rows = group * nq;
     const int group_rows = (total_rows + row_groups - 1) / row_groups;
@@ -217,6 +238,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             if (t < spec_end) issue((int)t, page, i, (int)spec_end);
             cp_async_commit();
         }
+        stamp(1);
     }
 #endif
 
@@ -314,6 +336,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     const int tiles = end > start ? (end - first + BN - 1) / BN : 0;
     const int mine = tiles > warp ? (tiles - warp + WARPS - 1) / WARPS : 0;
     auto tile_at = [&](int i) { return first + (warp + i * WARPS) * BN; };
+    stamp(2);
 
     // The page of the tile at token t (the sequence for contiguous caches).
     auto page_of = [&](int t) -> int {
@@ -381,6 +404,9 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             if (i < mine) issue(tile_at(i), page_at(i), i, end);
             cp_async_commit();
         }
+#if !SPEC
+        stamp(1);
+#endif
     }
     int next_page = page_at(STAGES - 1);
 #if L2_AHEAD > 0
@@ -435,6 +461,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         }
 #endif
         __syncwarp();
+        if (i == 0) stamp(3);
 
         // S = Q K^T, 64 head-dimension columns at a time.
         rt_fl<16, BN> s;
@@ -496,6 +523,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         }
     }
     cp_async_wait<0>();
+    stamp(4);
 
     // The four lanes of a row hold parts of its sum.
 #pragma unroll
@@ -579,6 +607,8 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             if (d == 0) part_lse[row * splits + split] = lse2;
         }
     }
+    stamp(5);
+    bool merged = false;  // this block merged its group's splits
 #if FUSE
     // The last block of the group (sequence, KV head, row group) to finish merges the splits,
     // instead of a second launch. atomicInc wraps the group's counter back to 0 as it counts
@@ -592,6 +622,8 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             merge_here = atomicInc(counters + group, (unsigned)splits - 1) == (unsigned)splits - 1;
         }
         sync_threads();
+        stamp(6);
+        merged = merge_here;
         if (merge_here) {
             __threadfence();  // every split's partials are read after the count that saw them
             for (int r = warp; r < ROWS; r += WARPS) {
@@ -603,5 +635,15 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             }
         }
     }
+#endif
+#if TRACE
+    stamp(7);
+    if (thread_x() == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        my_trace[8] = smid | (merged ? 1ull << 16 : 0ull) | 1ull << 32;
+    }
+#else
+    (void)merged;
 #endif
 }

@@ -5,6 +5,7 @@
 //! lane kernel (`decode.cu`), which `CALICO_DECODE_TUNE=kernel=1` also selects for A/B runs.
 
 use super::decode_mma::{self, DecodeMmaVariant};
+use super::decode_trace;
 use super::AttentionOptions;
 use crate::ops::check;
 use crate::Device;
@@ -330,7 +331,9 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// l2_ahead=n (kernel 2): L2 prefetch n tiles past each copy. fuse and early are on by default
 /// (`fuse=0,early=0` gives back the two-launch kernel). Session 9 (kernel 2): spec=1 the first
 /// copies before the sequence length is known (turns early on); mbatch=8|16|32 the splits the
-/// fused merge loads at once; max_splits=n caps the split count.
+/// fused merge loads at once; max_splits=n caps the split count; trace=1 a diagnostic: each
+/// call syncs and prints when its blocks reached their milestones (`decode_trace`; times taken
+/// around such calls include the sync).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     kernel: usize,
@@ -354,6 +357,8 @@ struct Tune {
     merge_batch: usize,
     /// Most KV splits per call (kernel 2).
     max_splits: usize,
+    /// Kernel 2: stamp each block's milestones and print them per call (syncs).
+    trace: bool,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -376,6 +381,7 @@ const DEFAULT_TUNE: Tune = Tune {
     spec: false,
     merge_batch: 0,
     max_splits: MAX_SPLITS,
+    trace: false,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -410,6 +416,7 @@ fn parse_tune(text: &str) -> Tune {
             "spec" => t.spec = n != 0,
             "mbatch" if matches!(n, 0 | 8 | 16 | 32) => t.merge_batch = n,
             "max_splits" if (1..=MAX_SPLITS).contains(&n) => t.max_splits = n,
+            "trace" => t.trace = n != 0,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -519,6 +526,7 @@ fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune)
     variant.l2_ahead = tune.l2_ahead;
     variant.spec = tune.spec;
     variant.merge_batch = if variant.fused { tune.merge_batch } else { 0 };
+    variant.trace = tune.trace;
     Plan {
         kernel: MainKernel::Mma(variant),
         row_groups,
@@ -655,6 +663,17 @@ fn launch(
         )));
     }
     let fused = matches!(plan.kernel, MainKernel::Mma(v) if v.fused);
+    // trace=1: a buffer for the blocks' stamps, zero (milestones not reached stay 0).
+    let trace = match plan.kernel {
+        MainKernel::Mma(v) if v.trace => {
+            let blocks = plan.splits * grid_y * p.batch;
+            let storage = gpu.alloc(blocks * decode_trace::SLOTS * 8)?;
+            storage.write_bytes(0, &vec![0u8; storage.size_bytes()])?;
+            Some(storage)
+        }
+        _ => None,
+    };
+    let trace_ptr = trace.as_ref().and_then(|t| t.device_address()).unwrap_or(0);
     // The main kernel and, unless it merges itself (fused), the combiner.
     let launch_both = |ws_base: u64, counters: u64| -> Result<()> {
         let part_o = ws_base;
@@ -697,8 +716,9 @@ fn launch(
             KernelArg::I32(i32::from(p.mask.causal)),
             KernelArg::I64(win_left),
             KernelArg::I64(win_right),
-            // The tensor-core kernel's last parameter (the lane kernel has none).
+            // The tensor-core kernel's last two parameters (the lane kernel has neither).
             KernelArg::Ptr(counters),
+            KernelArg::Ptr(trace_ptr),
         ];
         let lanes = gpu.arch().lanes.max(1);
         let grid = (plan.splits as u32, grid_y as u32, p.batch as u32);
@@ -709,7 +729,7 @@ fn launch(
                     block: (WARPS as u32 * lanes, 1, 1),
                     shared_mem_bytes: 0,
                 };
-                gpu.launch_variant(variant, &config, &args[..args.len() - 1])?;
+                gpu.launch_variant(variant, &config, &args[..args.len() - 2])?;
             }
             MainKernel::Mma(variant) => {
                 let config = LaunchConfig {
@@ -759,10 +779,36 @@ fn launch(
             } else {
                 launch_both(address, 0)
             }
-        })
+        })?;
     } else {
-        launch_both(0, 0)
+        launch_both(0, 0)?;
     }
+    if let Some(storage) = trace {
+        gpu.synchronize()?;
+        let mut bytes = vec![0u8; storage.size_bytes()];
+        storage.read_bytes(0, &mut bytes)?;
+        let stamps: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(c);
+                u64::from_le_bytes(word)
+            })
+            .collect();
+        // Every 8th traced call: a few lines per bench case.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        if CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8 == 3 {
+            eprintln!(
+                "[decode b{} ctx{} {} splits {}] {}",
+                p.batch,
+                p.capacity,
+                if paged { "paged" } else { "contiguous" },
+                plan.splits,
+                decode_trace::summary(&stamps)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The kernels a decode call of one query token per sequence over caches of `context`
@@ -855,7 +901,8 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
             DecodeKernel::Decode(v),
         ));
     }
-    // spec: session 9's early copies with the one-batch merge (mbatch=32).
+    // spec: session 9's early copies with the one-batch merge (mbatch=32); the f16 d64 one also
+    // with trace=1's stamps.
     for (dtype, head_dim, paged, warps, stages, fused, spec) in [
         (DType::BF16, 128, true, 4, 3, false, false),
         (DType::BF16, 128, false, 4, 4, false, false),
@@ -875,14 +922,15 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
         {
             if spec {
                 (v.fused, v.early, v.spec, v.merge_batch) = (true, true, true, 32);
+                v.trace = head_dim == 64;
             } else if fused {
                 // The fused merge and early start (the defaults) with the L2 prefetch knob.
                 (v.fused, v.early, v.l2_ahead) = (true, true, if paged { 2 } else { 4 });
             }
             out.push((
                 format!(
-                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={}",
-                    v.stages, v.early, v.l2_ahead, v.merge_batch
+                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={} trace={}",
+                    v.stages, v.early, v.l2_ahead, v.merge_batch, v.trace
                 ),
                 DecodeKernel::Mma(v),
             ));

@@ -38,6 +38,8 @@ pub(crate) struct DecodeMmaVariant {
     pub spec: bool,
     /// Splits the fused merge loads at once (0: the merge's default, 16 at head_dim 128).
     pub merge_batch: usize,
+    /// Each block stamps its milestones (a diagnostic: `decode_trace`).
+    pub trace: bool,
 }
 
 impl DecodeMmaVariant {
@@ -89,6 +91,7 @@ impl DecodeMmaVariant {
                 l2_ahead: 0,
                 spec: false,
                 merge_batch: 0,
+                trace: false,
             };
             // With EARLY's tables, so that the choice holds for either form.
             let v_early = DecodeMmaVariant { early: true, ..v };
@@ -110,6 +113,7 @@ impl KernelVariant for DecodeMmaVariant {
             ("L2_AHEAD", self.l2_ahead.to_string()),
             ("SPEC", u8::from(self.spec && self.early).to_string()),
             ("MERGE_BATCH", self.merge_batch.to_string()),
+            ("TRACE", u8::from(self.trace).to_string()),
         ];
         let sets = [
             vendor,

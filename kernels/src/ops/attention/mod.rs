@@ -12,6 +12,7 @@ pub(crate) mod cdna;
 pub(crate) mod check;
 pub(crate) mod decode;
 pub(crate) mod decode_mma;
+pub(crate) mod decode_trace;
 pub(crate) mod gpu;
 pub(crate) mod hopper;
 pub(crate) mod hopper_bwd;
