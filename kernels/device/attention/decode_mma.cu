@@ -51,7 +51,8 @@
 // Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), PAGED (0 | 1), WARPS (warps per
 // block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1), EARLY (0 | 1),
 // L2_AHEAD (0..8), SPEC (0 | 1; needs EARLY), MERGE_BATCH (splits the fused merge loads at
-// once: 0 = decode_merge_row's default, else 8 | 16 | 32), TRACE (0 | 1).
+// once: 0 = decode_merge_row's default, else 8 | 16 | 32), TRACE (0 | 1), LEAN_COUNT (0 | 1:
+// FUSE's fences by one thread instead of every thread).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/decode_common.h"
@@ -615,17 +616,29 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     // the last split in, so the counters are zero again for the next call (or graph replay).
     if (splits > 1) {
         __shared__ int merge_here;
-        __threadfence();  // this block's partials are visible before it is counted
+        const long long group = (long long)b * hkv * row_groups + block_y();
+#if LEAN_COUNT
+        // A grid barrier's pattern: the block's stores meet at the barrier, one thread fences
+        // (cumulative over what the barrier ordered before it) and counts, and the merger's
+        // thread fences again before the barrier that lets its warps read: 2 fences, not 256.
         sync_threads();
         if (thread_x() == 0) {
-            const long long group = (long long)b * hkv * row_groups + block_y();
+            __threadfence();
             merge_here = atomicInc(counters + group, (unsigned)splits - 1) == (unsigned)splits - 1;
+            if (merge_here) __threadfence();
         }
         sync_threads();
+#else
+        __threadfence();  // this block's partials are visible before it is counted
+        sync_threads();
+        if (thread_x() == 0)
+            merge_here = atomicInc(counters + group, (unsigned)splits - 1) == (unsigned)splits - 1;
+        sync_threads();
+        if (merge_here) __threadfence();  // every split's partials are read after the count that saw them
+#endif
         stamp(6);
         merged = merge_here;
         if (merge_here) {
-            __threadfence();  // every split's partials are read after the count that saw them
             for (int r = warp; r < ROWS; r += WARPS) {
                 int head, qi;
                 if (!row_of(r, head, qi)) continue;

@@ -331,7 +331,8 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// l2_ahead=n (kernel 2): L2 prefetch n tiles past each copy. fuse and early are on by default
 /// (`fuse=0,early=0` gives back the two-launch kernel). Session 9 (kernel 2): spec=1 the first
 /// copies before the sequence length is known (turns early on); mbatch=8|16|32 the splits the
-/// fused merge loads at once; max_splits=n caps the split count; trace=1 a diagnostic: each
+/// fused merge loads at once; max_splits=n caps the split count; lean=1 the fused merge's
+/// fences by one thread after a barrier; trace=1 a diagnostic: each
 /// call syncs and prints when its blocks reached their milestones (`decode_trace`; times taken
 /// around such calls include the sync).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,6 +360,8 @@ struct Tune {
     max_splits: usize,
     /// Kernel 2: stamp each block's milestones and print them per call (syncs).
     trace: bool,
+    /// Kernel 2: the fused merge's fences by one thread (see decode_mma.cu's LEAN_COUNT).
+    lean_count: bool,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -382,6 +385,7 @@ const DEFAULT_TUNE: Tune = Tune {
     merge_batch: 0,
     max_splits: MAX_SPLITS,
     trace: false,
+    lean_count: false,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -417,6 +421,7 @@ fn parse_tune(text: &str) -> Tune {
             "mbatch" if matches!(n, 0 | 8 | 16 | 32) => t.merge_batch = n,
             "max_splits" if (1..=MAX_SPLITS).contains(&n) => t.max_splits = n,
             "trace" => t.trace = n != 0,
+            "lean" => t.lean_count = n != 0,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -527,6 +532,7 @@ fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune)
     variant.spec = tune.spec;
     variant.merge_batch = if variant.fused { tune.merge_batch } else { 0 };
     variant.trace = tune.trace;
+    variant.lean_count = variant.fused && tune.lean_count;
     Plan {
         kernel: MainKernel::Mma(variant),
         row_groups,
@@ -923,14 +929,15 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
             if spec {
                 (v.fused, v.early, v.spec, v.merge_batch) = (true, true, true, 32);
                 v.trace = head_dim == 64;
+                v.lean_count = !paged;
             } else if fused {
                 // The fused merge and early start (the defaults) with the L2 prefetch knob.
                 (v.fused, v.early, v.l2_ahead) = (true, true, if paged { 2 } else { 4 });
             }
             out.push((
                 format!(
-                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={} trace={}",
-                    v.stages, v.early, v.l2_ahead, v.merge_batch, v.trace
+                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={} trace={} lean={}",
+                    v.stages, v.early, v.l2_ahead, v.merge_batch, v.trace, v.lean_count
                 ),
                 DecodeKernel::Mma(v),
             ));
@@ -1084,8 +1091,9 @@ mod tests {
         assert!(!t.fuse && DEFAULT_TUNE.fuse && !t.early && DEFAULT_TUNE.early);
         assert_eq!(t.min_split, DEFAULT_TUNE.min_split);
         assert_eq!(parse_tune(""), DEFAULT_TUNE);
-        let t = parse_tune("spec=1,mbatch=32,max_splits=32");
+        let t = parse_tune("spec=1,mbatch=32,max_splits=32,lean=1,trace=1");
         assert_eq!((t.spec, t.merge_batch, t.max_splits), (true, 32, 32));
+        assert!(t.lean_count && t.trace && !DEFAULT_TUNE.lean_count && !DEFAULT_TUNE.trace);
         let t = parse_tune("mbatch=12,max_splits=0");
         assert_eq!((t.merge_batch, t.max_splits), (0, MAX_SPLITS));
     }

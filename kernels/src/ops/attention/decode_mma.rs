@@ -40,6 +40,9 @@ pub(crate) struct DecodeMmaVariant {
     pub merge_batch: usize,
     /// Each block stamps its milestones (a diagnostic: `decode_trace`).
     pub trace: bool,
+    /// The fused merge's fences by one thread after a barrier (a grid barrier's pattern)
+    /// instead of by every thread.
+    pub lean_count: bool,
 }
 
 impl DecodeMmaVariant {
@@ -92,6 +95,7 @@ impl DecodeMmaVariant {
                 spec: false,
                 merge_batch: 0,
                 trace: false,
+                lean_count: false,
             };
             // With EARLY's tables, so that the choice holds for either form.
             let v_early = DecodeMmaVariant { early: true, ..v };
@@ -114,6 +118,7 @@ impl KernelVariant for DecodeMmaVariant {
             ("SPEC", u8::from(self.spec && self.early).to_string()),
             ("MERGE_BATCH", self.merge_batch.to_string()),
             ("TRACE", u8::from(self.trace).to_string()),
+            ("LEAN_COUNT", u8::from(self.lean_count).to_string()),
         ];
         let sets = [
             vendor,
