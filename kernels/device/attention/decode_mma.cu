@@ -223,9 +223,34 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             }
         }
     };
+    // Row r of the block is query row rg * group_rows + r of this KV head, if it exists.
+    auto row_of = [&](int r, int& head, int& qi) -> bool {
+        const int rr = rg * group_rows + r;
+        head = h * group + rr / nq;
+        qi = rr % nq;
+        return r < group_rows && rr < total_rows;
+    };
+    // Q rows (zeros for padding rows), 16 bytes per thread and step: loaded before the first
+    // K/V copies are issued (SPEC: before the copies, or Q waits behind them in the DRAM
+    // queue), stored to shared memory after them, so that the latencies overlap.
+    constexpr int Q_STEPS = (ROWS * PIECES_PER_ROW + WARPS * 32 - 1) / (WARPS * 32);
+    uint4 qv[Q_STEPS];
+    auto load_q = [&]() {
+#pragma unroll
+        for (int n = 0; n < Q_STEPS; ++n) {
+            const int idx = thread_x() + n * WARPS * 32;
+            const int r = idx / PIECES_PER_ROW, c = (idx % PIECES_PER_ROW) * 8;
+            int head, qi;
+            qv[n] = make_uint4(0, 0, 0, 0);
+            if (idx < ROWS * PIECES_PER_ROW && row_of(r, head, qi))
+                qv[n] = *reinterpret_cast<const uint4*>(q + b * q_sb + head * q_sh + qi * q_sn + c);
+        }
+    };
 #if SPEC
     // The first tiles of the split, before the length (see SPEC above): tile i of this warp in
-    // ring slot i, one commit group each as the prologue below.
+    // ring slot i, one commit group each as the prologue below. Q goes first: behind ~16 MB
+    // of copies (b1 8k) it arrived ~2 us later (trace=1: first tile 5.1 -> 7.2 us).
+    load_q();
     {
         const long long spec_end = split_end < capacity ? split_end : capacity;
 #pragma unroll
@@ -245,13 +270,6 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
 
     const int len = len_raw < 0 ? 0 : (len_raw > capacity ? (int)capacity : len_raw);
 
-    // Row r of the block is query row rg * group_rows + r of this KV head, if it exists.
-    auto row_of = [&](int r, int& head, int& qi) -> bool {
-        const int rr = rg * group_rows + r;
-        head = h * group + rr / nq;
-        qi = rr % nq;
-        return r < group_rows && rr < total_rows;
-    };
     // The keys row r sees: lo <= j <= hi (empty for rows that do not exist).
     auto bounds = [&](int r, int& lo, int& hi) {
         int head, qi;
@@ -266,19 +284,9 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         hi = top > len - 1 ? len - 1 : (int)(top < -1 ? -1 : top);
     };
 
-    // Q rows (zeros for padding rows), 16 bytes per thread and step: loaded here, stored to
-    // shared memory after the first K/V copies are issued, so that the latencies overlap.
-    constexpr int Q_STEPS = (ROWS * PIECES_PER_ROW + WARPS * 32 - 1) / (WARPS * 32);
-    uint4 qv[Q_STEPS];
-#pragma unroll
-    for (int n = 0; n < Q_STEPS; ++n) {
-        const int idx = thread_x() + n * WARPS * 32;
-        const int r = idx / PIECES_PER_ROW, c = (idx % PIECES_PER_ROW) * 8;
-        int head, qi;
-        qv[n] = make_uint4(0, 0, 0, 0);
-        if (idx < ROWS * PIECES_PER_ROW && row_of(r, head, qi))
-            qv[n] = *reinterpret_cast<const uint4*>(q + b * q_sb + head * q_sh + qi * q_sn + c);
-    }
+#if !SPEC
+    load_q();
+#endif
 
     // This lane's rows (g and g + 8), and the keys any / every row of the block sees.
     int lo[2], hi[2];

@@ -503,8 +503,10 @@ fn plan(arch: &Arch, p: &Problem, paged: bool) -> Plan {
 fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let pages = paged.then_some(p.page_size);
     if tune.kernel == 2 && decode_mma::runs_here(arch, p.dtype, pages) {
-        let fitting =
-            DecodeMmaVariant::fitting(arch, p.dtype, p.dim, paged, tune.warps, tune.stages);
+        // Fewer warps where their rings do not fit (warps=8 at head_dim 256), rather than
+        // the lane kernel.
+        let fitting = std::iter::successors(Some(tune.warps), |&w| (w > 1).then_some(w / 2))
+            .find_map(|w| DecodeMmaVariant::fitting(arch, p.dtype, p.dim, paged, w, tune.stages));
         if let Some(v) = fitting {
             return plan_mma(arch, p, v, tune);
         }
@@ -920,6 +922,7 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
         (DType::BF16, 128, true, 4, 3, true, true),
         (DType::BF16, 128, false, 4, 3, true, true),
         (DType::F16, 64, true, 4, 3, true, true),
+        (DType::BF16, 128, true, 8, 3, true, true),
     ] {
         if !decode_mma::runs_here(arch, dtype, None) {
             break;
@@ -1121,5 +1124,13 @@ mod tests {
         let big = mma(&plan_with(&h100, &problem(64, 32, 8, 1, 8192), true, tune));
         assert!(!big.fused && big.merge_batch == 0);
         assert!(!mma(&uncapped).spec);
+        // warps=8: 1 block per SM at head_dim 128 (16 splits at b1 8k); at 256 the rings of
+        // 8 warps do not fit, so 4 warps, not the lane kernel.
+        let eight = parse_tune("warps=8");
+        let b1 = plan_with(&h100, &problem(1, 32, 8, 1, 8192), true, eight);
+        assert_eq!((mma(&b1).warps, b1.splits), (8, 16));
+        let mut wide = problem(1, 32, 8, 1, 8192);
+        wide.dim = 256;
+        assert_eq!(mma(&plan_with(&h100, &wide, true, eight)).warps, 4);
     }
 }
