@@ -629,11 +629,14 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         // A grid barrier's pattern: the block's stores meet at the barrier, one thread fences
         // (cumulative over what the barrier ordered before it) and counts, and the merger's
         // thread fences again before the barrier that lets its warps read: 2 fences, not 256.
+        // fence.acq_rel (MEMBAR.ALL.GPU) around the relaxed atomic is a release and an acquire
+        // pattern; __threadfence is the sequentially consistent fence (MEMBAR.SC.GPU) plus an
+        // L1 invalidation the merge's L2 loads (ld.global.cg) do not need.
         sync_threads();
         if (thread_x() == 0) {
-            __threadfence();
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
             merge_here = atomicInc(counters + group, (unsigned)splits - 1) == (unsigned)splits - 1;
-            if (merge_here) __threadfence();
+            if (merge_here) asm volatile("fence.acq_rel.gpu;" ::: "memory");
         }
         sync_threads();
 #else
