@@ -333,8 +333,8 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// copies before the sequence length is known (turns early on); mbatch=8|16|32 the splits the
 /// fused merge loads at once; max_splits=n caps the split count; lean=1 the fused merge's
 /// fences by one thread after a barrier; trace=1 a diagnostic: each
-/// call syncs and prints when its blocks reached their milestones (`decode_trace`; times taken
-/// around such calls include the sync).
+/// call allocates, syncs and prints when its blocks reached their milestones (`decode_trace`;
+/// times taken around such calls include the sync; not for graph capture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     kernel: usize,
