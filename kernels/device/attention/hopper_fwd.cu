@@ -39,10 +39,12 @@
 //    c = i + Nkv - Nq, lo = c - left (or 0), hi = c + right + 1 (or Nkv), clamped to [0, Nkv].
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
-// 64|128|256, CALICO_ATTN_BN 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
+// 64|128|256, CALICO_ATTN_BN 64|128|176|192 (wider blocks at d = 128: fewer per-block
+// handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
-// CALICO_ATTN_QBUF 1|2.
+// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_WIDEREGS 0|1 (two consumers: 240 registers each and 24 for
+// the producer instead of 232 / 40).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -82,14 +84,18 @@ constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
 // Registers per thread after setmaxnreg; the CTA's 64K are all handed out: 128 * (40 + 2 * 232)
 // = 64512 with two consumers, 128 * (32 + 3 * 160) = 65536 with three.
-constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 32;
-constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
+#ifndef CALICO_ATTN_WIDEREGS
+#define CALICO_ATTN_WIDEREGS 0
+#endif
+constexpr bool WIDE_REGS = CALICO_ATTN_WIDEREGS != 0 && CONSUMERS == 2;  // 128 * (24 + 2 * 240) = 64512
+constexpr int PRODUCER_REGS = CONSUMERS == 2 ? (WIDE_REGS ? 24 : 40) : 32;
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? (WIDE_REGS ? 240 : 232) : 160;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(sizeof(in_t) == 2, "16-bit inputs");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
-static_assert(BN == 64 || BN == 128, "key blocks of 64 or 128");
+static_assert(BN == 64 || BN == 128 || BN == 176 || BN == 192, "key blocks of 64, 128, 176 or 192");
 static_assert(STAGES >= 2, "at least two stages");
 static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
 static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64), "two consumers, or three at d = 64 (registers)");
@@ -232,17 +238,20 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
 // m_run = -inf takes any finite m_blk (-inf + slack is -inf).
 CALICO_DEVICE float lazy_max(float m_run, float m_blk) { return m_blk > m_run + LAZY_SLACK ? m_blk : m_run; }
 
-// The max of v[0 .. 2W) as a tree (halving strides W, W / 2, .., 1; a template so that every
-// level is a constant-size loop that unrolls, keeping v in registers). Overwrites v.
-template <int W, int N>
-CALICO_DEVICE float tree_max(float (&v)[N]) {
-    static_assert(2 * W <= N, "the tree covers v");
-#pragma unroll
-    for (int i = 0; i < W; ++i) v[i] = fmaxf(v[i], v[i + W]);
-    if constexpr (W > 1) {
-        return tree_max<W / 2>(v);
-    } else {
+// The max of v[0 .. N) as a tree: each level folds the top half onto the bottom half (an odd
+// count keeps its middle element for the next level), so N = 22 (176-key blocks) takes 5
+// levels like 16 does. A template so that every level is a constant-size loop that unrolls,
+// keeping v in registers (a plain loop was once vectorised into local memory). Overwrites v.
+template <int N, int M>
+CALICO_DEVICE float tree_max(float (&v)[M]) {
+    static_assert(N >= 1 && N <= M, "the tree covers v");
+    if constexpr (N == 1) {
         return v[0];
+    } else {
+        constexpr int PAIRS = N / 2;
+#pragma unroll
+        for (int i = 0; i < PAIRS; ++i) v[i] = fmaxf(v[i], v[i + (N - PAIRS)]);
+        return tree_max<N - PAIRS>(v);
     }
 }
 
@@ -491,7 +500,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 float v[BN / 8];
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-                mx[h] = tree_max<BN / 16>(v);
+                mx[h] = tree_max<BN / 8>(v);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], calico::shfl_xor(mx[h], 1));

@@ -43,6 +43,8 @@ pub(crate) struct HopperFwdVariant {
     /// Q slots: 2 so that the next unit's Q loads during this one (where two K/V stages still
     /// fit beside them), or 1 (`CALICO_ATTN_HOPPER_QBUF=1`).
     q_buffers: usize,
+    /// Two consumers with 240 registers and a producer with 24 (else 232 / 40).
+    wide_regs: bool,
 }
 
 /// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max). Both on by
@@ -119,6 +121,29 @@ fn q_buffers_chosen() -> usize {
     }
 }
 
+/// Keys per K/V block asked for at d = 128: `CALICO_ATTN_HOPPER_BN` = 176 | 192 (A/B runs;
+/// FlashAttention-3 runs d = 128 without a causal mask on 176-key blocks), else 128.
+fn block_n_chosen() -> usize {
+    static BN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *BN.get_or_init(|| {
+        match std::env::var("CALICO_ATTN_HOPPER_BN")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("176") => 176,
+            Ok("192") => 192,
+            _ => 128,
+        }
+    })
+}
+
+/// `CALICO_ATTN_HOPPER_REGS=wide`: 240 registers per consumer thread and 24 for the producer
+/// where there are two consumers (A/B runs; the backward's `wideregs`).
+fn wide_regs_chosen() -> bool {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WIDE.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_REGS").as_deref() == Ok("wide"))
+}
+
 /// Consumer warpgroups at `head_dim`: three at d = 64 by default (192-row units; H100,
 /// session 8: +8-11% alone, +18-21% with the lean softmax), two elsewhere;
 /// `CALICO_ATTN_HOPPER_CONSUMERS=2` keeps two at d = 64 (A/B runs).
@@ -143,6 +168,9 @@ pub(crate) struct Choices {
     softmax: SoftmaxForm,
     /// Q slots, 1 or 2.
     q_buffers: usize,
+    /// Keys per K/V block at d = 128: 128, 176 or 192 (other head dims keep theirs).
+    block_n_d128: usize,
+    wide_regs: bool,
 }
 
 impl Default for Choices {
@@ -153,6 +181,8 @@ impl Default for Choices {
             consumers: 3,
             softmax: SoftmaxForm::LEAN,
             q_buffers: 2,
+            block_n_d128: 128,
+            wide_regs: false,
         }
     }
 }
@@ -164,6 +194,8 @@ impl Choices {
             consumers: consumers_chosen(head_dim),
             softmax: SoftmaxForm::chosen(),
             q_buffers: q_buffers_chosen(),
+            block_n_d128: block_n_chosen(),
+            wide_regs: wide_regs_chosen(),
         }
     }
 }
@@ -185,8 +217,14 @@ impl HopperFwdVariant {
             consumers,
             softmax,
             q_buffers,
+            block_n_d128,
+            wide_regs,
         } = choices;
-        let block_n = if head_dim > 128 { 64 } else { 128 };
+        let block_n = match head_dim {
+            128 => block_n_d128,
+            d if d > 128 => 64,
+            _ => 128,
+        };
         // Three consumers have 160 registers each: enough at d = 64 without a soft-cap (no
         // spills in the SASS), not with tanh's temporaries (stack traffic in the loop).
         let consumers = if head_dim == 64 && !softcap {
@@ -204,6 +242,7 @@ impl HopperFwdVariant {
             consumers,
             softmax,
             q_buffers: 1,
+            wide_regs: wide_regs && consumers == 2,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -243,7 +282,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -254,6 +293,7 @@ impl HopperFwdVariant {
             self.schedule,
             if self.softmax.ilp { " ilp" } else { "" },
             if self.softmax.lazy { " lazy" } else { "" },
+            if self.wide_regs { " wideregs" } else { "" },
         )
     }
 }
@@ -271,6 +311,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_ILP", u8::from(self.softmax.ilp).to_string()),
             ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
             ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
+            ("CALICO_ATTN_WIDEREGS", u8::from(self.wide_regs).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -295,26 +336,213 @@ pub(crate) fn catalog(
         ilp: true,
         lazy: true,
     };
-    for (dtype, d, softcap, schedule, consumers, softmax, q_buffers) in [
-        (DType::BF16, 64, false, Schedule::PingPong, 2, plain, 1),
-        (DType::BF16, 64, false, Schedule::PingPong, 3, plain, 1),
-        (DType::BF16, 64, false, Schedule::PingPong, 3, lean, 2),
-        (DType::BF16, 64, false, Schedule::Overlapped, 3, plain, 1),
-        (DType::F16, 64, false, Schedule::PingPong, 3, plain, 1),
-        (DType::BF16, 128, false, Schedule::PingPong, 2, plain, 1),
-        (DType::BF16, 128, false, Schedule::PingPong, 2, lean, 1),
-        (DType::BF16, 128, false, Schedule::PingPong, 2, lean, 2),
-        (DType::BF16, 128, false, Schedule::Overlapped, 2, plain, 1),
-        (DType::BF16, 128, false, Schedule::Serial, 2, plain, 1),
-        (DType::F16, 128, true, Schedule::PingPong, 2, plain, 1),
-        (DType::F16, 128, true, Schedule::PingPong, 2, lean, 2),
-        (DType::BF16, 256, false, Schedule::PingPong, 2, plain, 1),
+    for (dtype, d, softcap, schedule, consumers, softmax, q_buffers, block_n_d128, wide_regs) in [
+        (
+            DType::BF16,
+            64,
+            false,
+            Schedule::PingPong,
+            2,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            64,
+            false,
+            Schedule::PingPong,
+            3,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            64,
+            false,
+            Schedule::PingPong,
+            3,
+            lean,
+            2,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            64,
+            false,
+            Schedule::Overlapped,
+            3,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::F16,
+            64,
+            false,
+            Schedule::PingPong,
+            3,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            lean,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            lean,
+            2,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::Overlapped,
+            2,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::Serial,
+            2,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::F16,
+            128,
+            true,
+            Schedule::PingPong,
+            2,
+            plain,
+            1,
+            128,
+            false,
+        ),
+        (
+            DType::F16,
+            128,
+            true,
+            Schedule::PingPong,
+            2,
+            lean,
+            2,
+            128,
+            false,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            lean,
+            2,
+            128,
+            true,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            lean,
+            2,
+            176,
+            false,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            lean,
+            2,
+            176,
+            true,
+        ),
+        (
+            DType::F16,
+            128,
+            true,
+            Schedule::PingPong,
+            2,
+            lean,
+            2,
+            176,
+            true,
+        ),
+        (
+            DType::BF16,
+            128,
+            false,
+            Schedule::PingPong,
+            2,
+            lean,
+            2,
+            192,
+            true,
+        ),
+        (
+            DType::BF16,
+            256,
+            false,
+            Schedule::PingPong,
+            2,
+            plain,
+            1,
+            128,
+            false,
+        ),
     ] {
         let choices = Choices {
             schedule,
             consumers,
             softmax,
             q_buffers,
+            block_n_d128,
+            wide_regs,
         };
         if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, choices) {
             out.push(crate::catalog::CatalogEntry {
@@ -588,6 +816,31 @@ mod tests {
             (128, 128, 3, 384)
         );
         assert_eq!(v.smem_bytes(), 1024 + 32768 + 3 * 65536 + 14 * 8);
+    }
+
+    #[test]
+    fn wide_key_blocks_at_d128_take_one_q_slot_and_two_stages() {
+        let arch = h100();
+        for (bn, bytes) in [
+            (176, 1024 + 32768 + 2 * 2 * 176 * 256 + 10 * 8),
+            (192, 1024 + 32768 + 2 * 2 * 192 * 256 + 10 * 8),
+        ] {
+            let asked = Choices {
+                block_n_d128: bn,
+                wide_regs: true,
+                ..Choices::default()
+            };
+            let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false, asked).unwrap();
+            assert_eq!(
+                (v.block_n, v.q_buffers, v.stages, v.wide_regs),
+                (bn, 1, 2, true)
+            );
+            assert_eq!(v.smem_bytes(), bytes);
+            assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+            // Other head dims keep their blocks.
+            let d64 = HopperFwdVariant::new(&arch, DType::BF16, 64, false, asked).unwrap();
+            assert_eq!((d64.block_n, d64.consumers, d64.wide_regs), (128, 3, false));
+        }
     }
 
     #[test]
