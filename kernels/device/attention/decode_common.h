@@ -138,4 +138,80 @@ CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, 
     if (lane == 0) *lse_out = total > 0.0f ? (base + decode_log2(total)) * DECODE_LN2 : NEG_INF;
 }
 
+// decode_merge_row with its LSE reads hoisted (the fused kernel's `mpipe=1`): the same sums in
+// the same order (bit-identical), but each lane reads the LSEs of splits lane, lane + lanes,
+// ... (up to LSE_PER_LANE of them) once, beside the first batch of partials. decode_merge_row
+// reads an LSE past the first lane's worth three times, each read waited for in turn (33 splits
+// at b1 32k: ~5 dependent round trips after the count); here a row costs one round trip per
+// batch of BATCH_SPLITS partials (0: 64 floats of registers). More splits than
+// LSE_PER_LANE * lanes take decode_merge_row.
+template <typename T, int HD, int BATCH_SPLITS = 0, int LSE_PER_LANE = 4>
+CALICO_DEVICE void decode_merge_row_early(const float* part_o, const float* part_lse, long long row, int splits,
+                                          T* orow, float* lse_out, int lane) {
+    constexpr int LANES = CALICO_LANES;
+    constexpr int PER_LANE = HD / LANES;
+    constexpr int BATCH = BATCH_SPLITS > 0 ? BATCH_SPLITS : (PER_LANE >= 8 ? 8 : 16);
+    static_assert(LANES % BATCH == 0, "a batch lies within one lane's stride of splits");
+    if (splits > LSE_PER_LANE * LANES) {
+        decode_merge_row<T, HD, BATCH_SPLITS>(part_o, part_lse, row, splits, orow, lse_out, lane);
+        return;
+    }
+    const float NEG_INF = decode_neg_inf();
+    const float* ls = part_lse + row * splits;
+    const float* ps_row = part_o + row * splits * HD + lane * PER_LANE;
+    float v[BATCH][PER_LANE];
+    auto load_batch = [&](int s0) {
+#pragma unroll
+        for (int j = 0; j < BATCH; ++j)
+            if (s0 + j < splits) decode_load_l2<PER_LANE>(ps_row + (s0 + j) * HD, v[j]);
+    };
+    load_batch(0);
+    float lw[LSE_PER_LANE];  // the LSEs of splits lane + k * LANES, then their weights
+#pragma unroll
+    for (int k = 0; k < LSE_PER_LANE; ++k) lw[k] = lane + k * LANES < splits ? decode_load_l2(ls + lane + k * LANES) : NEG_INF;
+
+    // The row's max and sum in decode_merge_row's order: this lane's splits in turn, then the
+    // warp.
+    float mx = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < LSE_PER_LANE; ++k) mx = fmaxf(mx, lw[k]);
+    mx = warp_max(mx);
+    const float base = mx == NEG_INF ? 0.0f : mx;
+    float total = 0.0f;
+#pragma unroll
+    for (int k = 0; k < LSE_PER_LANE; ++k)
+        if (lane + k * LANES < splits) total += exp2_approx(lw[k] - base);
+    total = warp_sum(total);
+
+    float out[PER_LANE];
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) out[i] = 0.0f;
+    if (total > 0.0f) {
+        const float inv = 1.0f / total;
+#pragma unroll
+        for (int k = 0; k < LSE_PER_LANE; ++k) lw[k] = lane + k * LANES < splits ? exp2_approx(lw[k] - base) * inv : 0.0f;
+        for (int s0 = 0; s0 < splits; s0 += BATCH) {
+            if (s0 > 0) load_batch(s0);  // the first batch is already in flight
+            // The weights of this batch's splits sit in lw[0] of lanes s0 % LANES ..: the next
+            // lane's worth moves down at each multiple of LANES (moves, not an index into lw,
+            // which the compiler put in local memory).
+            if (s0 > 0 && s0 % LANES == 0) {
+#pragma unroll
+                for (int k = 0; k + 1 < LSE_PER_LANE; ++k) lw[k] = lw[k + 1];
+            }
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) {
+                const float wj = shfl(lw[0], (s0 + j) % LANES);
+                if (s0 + j < splits) {
+#pragma unroll
+                    for (int i = 0; i < PER_LANE; ++i) out[i] = fmaf(wj, v[j][i], out[i]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) orow[lane * PER_LANE + i] = from_float<T>(out[i]);
+    if (lane == 0) *lse_out = total > 0.0f ? (base + decode_log2(total)) * DECODE_LN2 : NEG_INF;
+}
+
 }  // namespace calico

@@ -52,7 +52,9 @@
 // block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1), EARLY (0 | 1),
 // L2_AHEAD (0..8), SPEC (0 | 1; needs EARLY), MERGE_BATCH (splits the fused merge loads at
 // once: 0 = decode_merge_row's default, else 8 | 16 | 32), TRACE (0 | 1), LEAN_COUNT (0 | 1:
-// FUSE's fences by one thread instead of every thread).
+// FUSE's fences by one thread instead of every thread), MERGE_EARLY (0 | 1: the fused merge by
+// decode_merge_row_early, a row's LSEs read once beside its first batch; its own batch size:
+// MERGE_BATCH = 32 beside it spilled).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/decode_common.h"
@@ -654,8 +656,12 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
                 int head, qi;
                 if (!row_of(r, head, qi)) continue;
                 const long long row = ((long long)b * hq + head) * nq + qi;
-                decode_merge_row<T, D, MERGE_BATCH>(part_o, part_lse, row, splits, o + b * o_sb + head * o_sh + qi * o_sn,
-                                                    lse + row, lane);
+                T* orow = o + b * o_sb + head * o_sh + qi * o_sn;
+#if MERGE_EARLY
+                decode_merge_row_early<T, D>(part_o, part_lse, row, splits, orow, lse + row, lane);
+#else
+                decode_merge_row<T, D, MERGE_BATCH>(part_o, part_lse, row, splits, orow, lse + row, lane);
+#endif
             }
         }
     }

@@ -332,7 +332,8 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// (`fuse=0,early=0` gives back the two-launch kernel). Session 9 (kernel 2): spec=1 the first
 /// copies before the sequence length is known (turns early on); mbatch=8|16|32 the splits the
 /// fused merge loads at once; max_splits=n caps the split count; lean=1 the fused merge's
-/// fences by one thread after a barrier; trace=1 a diagnostic: each
+/// fences by one thread after a barrier; mpipe=1 the fused merge with every load of a row
+/// issued early (LSEs once, next batch before the sums); trace=1 a diagnostic: each
 /// call allocates, syncs and prints when its blocks reached their milestones (`decode_trace`;
 /// times taken around such calls include the sync; not for graph capture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -362,6 +363,8 @@ struct Tune {
     trace: bool,
     /// Kernel 2: the fused merge's fences by one thread (see decode_mma.cu's LEAN_COUNT).
     lean_count: bool,
+    /// Kernel 2: the fused merge's loads issued early (decode_merge_row_early).
+    merge_early: bool,
     pipe: bool,
     unroll: usize,
     min_blocks: usize,
@@ -386,6 +389,7 @@ const DEFAULT_TUNE: Tune = Tune {
     max_splits: MAX_SPLITS,
     trace: false,
     lean_count: false,
+    merge_early: false,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -422,6 +426,7 @@ fn parse_tune(text: &str) -> Tune {
             "max_splits" if (1..=MAX_SPLITS).contains(&n) => t.max_splits = n,
             "trace" => t.trace = n != 0,
             "lean" => t.lean_count = n != 0,
+            "mpipe" => t.merge_early = n != 0,
             "pipe" => t.pipe = n != 0,
             "unroll" if matches!(n, 1 | 2 | 4 | 8 | 16) => t.unroll = n,
             "minblocks" if n <= 8 => t.min_blocks = n,
@@ -535,6 +540,7 @@ fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune)
     variant.merge_batch = if variant.fused { tune.merge_batch } else { 0 };
     variant.trace = tune.trace;
     variant.lean_count = variant.fused && tune.lean_count;
+    variant.merge_early = variant.fused && tune.merge_early;
     Plan {
         kernel: MainKernel::Mma(variant),
         row_groups,
@@ -933,14 +939,15 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
                 (v.fused, v.early, v.spec, v.merge_batch) = (true, true, true, 32);
                 v.trace = head_dim == 64;
                 v.lean_count = !paged;
+                v.merge_early = !paged || warps == 8;
             } else if fused {
                 // The fused merge and early start (the defaults) with the L2 prefetch knob.
                 (v.fused, v.early, v.l2_ahead) = (true, true, if paged { 2 } else { 4 });
             }
             out.push((
                 format!(
-                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={} trace={} lean={}",
-                    v.stages, v.early, v.l2_ahead, v.merge_batch, v.trace, v.lean_count
+                    "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={} trace={} lean={} mpipe={}",
+                    v.stages, v.early, v.l2_ahead, v.merge_batch, v.trace, v.lean_count, v.merge_early
                 ),
                 DecodeKernel::Mma(v),
             ));
@@ -1097,6 +1104,7 @@ mod tests {
         let t = parse_tune("spec=1,mbatch=32,max_splits=32,lean=1,trace=1");
         assert_eq!((t.spec, t.merge_batch, t.max_splits), (true, 32, 32));
         assert!(t.lean_count && t.trace && !DEFAULT_TUNE.lean_count && !DEFAULT_TUNE.trace);
+        assert!(parse_tune("mpipe=1").merge_early && !DEFAULT_TUNE.merge_early);
         let t = parse_tune("mbatch=12,max_splits=0");
         assert_eq!((t.merge_batch, t.max_splits), (0, MAX_SPLITS));
     }

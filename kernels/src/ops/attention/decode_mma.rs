@@ -43,6 +43,9 @@ pub(crate) struct DecodeMmaVariant {
     /// The fused merge's fences by one thread after a barrier (a grid barrier's pattern)
     /// instead of by every thread.
     pub lean_count: bool,
+    /// The fused merge reads each row's LSEs once and requests the next batch of partials
+    /// before summing the current one (`decode_merge_row_early`).
+    pub merge_early: bool,
 }
 
 impl DecodeMmaVariant {
@@ -96,6 +99,7 @@ impl DecodeMmaVariant {
                 merge_batch: 0,
                 trace: false,
                 lean_count: false,
+                merge_early: false,
             };
             // With EARLY's tables, so that the choice holds for either form.
             let v_early = DecodeMmaVariant { early: true, ..v };
@@ -119,6 +123,7 @@ impl KernelVariant for DecodeMmaVariant {
             ("MERGE_BATCH", self.merge_batch.to_string()),
             ("TRACE", u8::from(self.trace).to_string()),
             ("LEAN_COUNT", u8::from(self.lean_count).to_string()),
+            ("MERGE_EARLY", u8::from(self.merge_early).to_string()),
         ];
         let sets = [
             vendor,
