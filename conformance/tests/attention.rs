@@ -906,6 +906,10 @@ fn attention_hopper_shapes_forward() {
             8,
             8,
         ),
+        // d = 128 with 8192 keys or more: 176-key blocks by default (the last one partial,
+        // 8200 = 46 x 176 + 104), under a causal mask and a window that skips whole blocks.
+        fixed(DType::BF16, (1, 1, 1), (16, 8200, 128), causal, 1.0),
+        fixed(DType::F16, (1, 1, 1), (9, 8193, 128), window(3000, 5), 1.0),
     ];
     for dev in calico_conformance::backends().0 {
         for c in &cases {

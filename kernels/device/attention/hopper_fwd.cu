@@ -43,8 +43,7 @@
 // handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
-// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_WIDEREGS 0|1 (two consumers: 240 registers each and 24 for
-// the producer instead of 232 / 40).
+// CALICO_ATTN_QBUF 1|2.
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -84,12 +83,8 @@ constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
 // Registers per thread after setmaxnreg; the CTA's 64K are all handed out: 128 * (40 + 2 * 232)
 // = 64512 with two consumers, 128 * (32 + 3 * 160) = 65536 with three.
-#ifndef CALICO_ATTN_WIDEREGS
-#define CALICO_ATTN_WIDEREGS 0
-#endif
-constexpr bool WIDE_REGS = CALICO_ATTN_WIDEREGS != 0 && CONSUMERS == 2;  // 128 * (24 + 2 * 240) = 64512
-constexpr int PRODUCER_REGS = CONSUMERS == 2 ? (WIDE_REGS ? 24 : 40) : 32;
-constexpr int CONSUMER_REGS = CONSUMERS == 2 ? (WIDE_REGS ? 240 : 232) : 160;
+constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 32;
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 

@@ -43,8 +43,6 @@ pub(crate) struct HopperFwdVariant {
     /// Q slots: 2 so that the next unit's Q loads during this one (where two K/V stages still
     /// fit beside them), or 1 (`CALICO_ATTN_HOPPER_QBUF=1`).
     q_buffers: usize,
-    /// Two consumers with 240 registers and a producer with 24 (else 232 / 40).
-    wide_regs: bool,
 }
 
 /// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max). Both on by
@@ -121,28 +119,28 @@ fn q_buffers_chosen() -> usize {
     }
 }
 
-/// Keys per K/V block asked for at d = 128: `CALICO_ATTN_HOPPER_BN` = 176 | 192 (A/B runs;
-/// FlashAttention-3 runs d = 128 without a causal mask on 176-key blocks), else 128.
-fn block_n_chosen() -> usize {
-    static BN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *BN.get_or_init(|| {
+/// Keys per K/V block at d = 128 for `k_len` keys: 176 from [`WIDE_BLOCKS_FROM`] keys, else 128
+/// (H100, session 9: 176 gains 2-3% at N >= 8192 and loses up to 5% on short causal
+/// problems, whose last 176-key block is mostly masked). `CALICO_ATTN_HOPPER_BN` = 128 | 176 |
+/// 192 forces one (A/B runs).
+fn block_n_chosen(k_len: usize) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
         match std::env::var("CALICO_ATTN_HOPPER_BN")
             .as_deref()
             .map(str::trim)
         {
-            Ok("176") => 176,
-            Ok("192") => 192,
-            _ => 128,
+            Ok("128") => Some(128),
+            Ok("176") => Some(176),
+            Ok("192") => Some(192),
+            _ => None,
         }
-    })
+    });
+    forced.unwrap_or(if k_len >= WIDE_BLOCKS_FROM { 176 } else { 128 })
 }
 
-/// `CALICO_ATTN_HOPPER_REGS=wide`: 240 registers per consumer thread and 24 for the producer
-/// where there are two consumers (A/B runs; the backward's `wideregs`).
-fn wide_regs_chosen() -> bool {
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *WIDE.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_REGS").as_deref() == Ok("wide"))
-}
+/// Key count from which d = 128 takes 176-key blocks by default.
+const WIDE_BLOCKS_FROM: usize = 8192;
 
 /// Consumer warpgroups at `head_dim`: three at d = 64 by default (192-row units; H100,
 /// session 8: +8-11% alone, +18-21% with the lean softmax), two elsewhere;
@@ -170,7 +168,6 @@ pub(crate) struct Choices {
     q_buffers: usize,
     /// Keys per K/V block at d = 128: 128, 176 or 192 (other head dims keep theirs).
     block_n_d128: usize,
-    wide_regs: bool,
 }
 
 impl Default for Choices {
@@ -182,20 +179,18 @@ impl Default for Choices {
             softmax: SoftmaxForm::LEAN,
             q_buffers: 2,
             block_n_d128: 128,
-            wide_regs: false,
         }
     }
 }
 
 impl Choices {
-    fn chosen(head_dim: usize) -> Choices {
+    fn chosen(head_dim: usize, k_len: usize) -> Choices {
         Choices {
             schedule: Schedule::chosen(),
             consumers: consumers_chosen(head_dim),
             softmax: SoftmaxForm::chosen(),
             q_buffers: q_buffers_chosen(),
-            block_n_d128: block_n_chosen(),
-            wide_regs: wide_regs_chosen(),
+            block_n_d128: block_n_chosen(k_len),
         }
     }
 }
@@ -218,7 +213,6 @@ impl HopperFwdVariant {
             softmax,
             q_buffers,
             block_n_d128,
-            wide_regs,
         } = choices;
         let block_n = match head_dim {
             128 => block_n_d128,
@@ -242,7 +236,6 @@ impl HopperFwdVariant {
             consumers,
             softmax,
             q_buffers: 1,
-            wide_regs: wide_regs && consumers == 2,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -282,7 +275,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -293,7 +286,6 @@ impl HopperFwdVariant {
             self.schedule,
             if self.softmax.ilp { " ilp" } else { "" },
             if self.softmax.lazy { " lazy" } else { "" },
-            if self.wide_regs { " wideregs" } else { "" },
         )
     }
 }
@@ -311,7 +303,6 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_ILP", u8::from(self.softmax.ilp).to_string()),
             ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
             ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
-            ("CALICO_ATTN_WIDEREGS", u8::from(self.wide_regs).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -336,214 +327,33 @@ pub(crate) fn catalog(
         ilp: true,
         lazy: true,
     };
-    for (dtype, d, softcap, schedule, consumers, softmax, q_buffers, block_n_d128, wide_regs) in [
-        (
-            DType::BF16,
-            64,
-            false,
-            Schedule::PingPong,
-            2,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            64,
-            false,
-            Schedule::PingPong,
-            3,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            64,
-            false,
-            Schedule::PingPong,
-            3,
-            lean,
-            2,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            64,
-            false,
-            Schedule::Overlapped,
-            3,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::F16,
-            64,
-            false,
-            Schedule::PingPong,
-            3,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            lean,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            lean,
-            2,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::Overlapped,
-            2,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::Serial,
-            2,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::F16,
-            128,
-            true,
-            Schedule::PingPong,
-            2,
-            plain,
-            1,
-            128,
-            false,
-        ),
-        (
-            DType::F16,
-            128,
-            true,
-            Schedule::PingPong,
-            2,
-            lean,
-            2,
-            128,
-            false,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            lean,
-            2,
-            128,
-            true,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            lean,
-            2,
-            176,
-            false,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            lean,
-            2,
-            176,
-            true,
-        ),
-        (
-            DType::F16,
-            128,
-            true,
-            Schedule::PingPong,
-            2,
-            lean,
-            2,
-            176,
-            true,
-        ),
-        (
-            DType::BF16,
-            128,
-            false,
-            Schedule::PingPong,
-            2,
-            lean,
-            2,
-            192,
-            true,
-        ),
-        (
-            DType::BF16,
-            256,
-            false,
-            Schedule::PingPong,
-            2,
-            plain,
-            1,
-            128,
-            false,
-        ),
+    let choices = |schedule, consumers, softmax, q_buffers, block_n_d128| Choices {
+        schedule,
+        consumers,
+        softmax,
+        q_buffers,
+        block_n_d128,
+    };
+    let (pp, ov, se) = (Schedule::PingPong, Schedule::Overlapped, Schedule::Serial);
+    let (bf, hf) = (DType::BF16, DType::F16);
+    for (dtype, d, softcap, choices) in [
+        (bf, 64, false, choices(pp, 2, plain, 1, 128)),
+        (bf, 64, false, choices(pp, 3, plain, 1, 128)),
+        (bf, 64, false, choices(pp, 3, lean, 2, 128)),
+        (bf, 64, false, choices(ov, 3, plain, 1, 128)),
+        (hf, 64, false, choices(pp, 3, plain, 1, 128)),
+        (bf, 128, false, choices(pp, 2, plain, 1, 128)),
+        (bf, 128, false, choices(pp, 2, lean, 1, 128)),
+        (bf, 128, false, choices(pp, 2, lean, 2, 128)),
+        (bf, 128, false, choices(ov, 2, plain, 1, 128)),
+        (bf, 128, false, choices(se, 2, plain, 1, 128)),
+        (hf, 128, true, choices(pp, 2, plain, 1, 128)),
+        (hf, 128, true, choices(pp, 2, lean, 2, 128)),
+        (bf, 128, false, choices(pp, 2, lean, 2, 176)),
+        (hf, 128, true, choices(pp, 2, lean, 2, 176)),
+        (bf, 128, false, choices(pp, 2, lean, 2, 192)),
+        (bf, 256, false, choices(pp, 2, plain, 1, 128)),
     ] {
-        let choices = Choices {
-            schedule,
-            consumers,
-            softmax,
-            q_buffers,
-            block_n_d128,
-            wide_regs,
-        };
         if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, choices) {
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
@@ -693,7 +503,7 @@ pub(crate) fn forward_variant(
         p.dtype,
         p.head_dim,
         params.softcap.is_some(),
-        Choices::chosen(p.head_dim),
+        Choices::chosen(p.head_dim, p.k_len),
     )
 }
 
@@ -827,19 +637,19 @@ mod tests {
         ] {
             let asked = Choices {
                 block_n_d128: bn,
-                wide_regs: true,
                 ..Choices::default()
             };
             let v = HopperFwdVariant::new(&arch, DType::BF16, 128, false, asked).unwrap();
-            assert_eq!(
-                (v.block_n, v.q_buffers, v.stages, v.wide_regs),
-                (bn, 1, 2, true)
-            );
+            assert_eq!((v.block_n, v.q_buffers, v.stages), (bn, 1, 2));
             assert_eq!(v.smem_bytes(), bytes);
             assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
             // Other head dims keep their blocks.
             let d64 = HopperFwdVariant::new(&arch, DType::BF16, 64, false, asked).unwrap();
-            assert_eq!((d64.block_n, d64.consumers, d64.wide_regs), (128, 3, false));
+            assert_eq!((d64.block_n, d64.consumers), (128, 3));
+        }
+        if std::env::var_os("CALICO_ATTN_HOPPER_BN").is_none() {
+            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1), 128);
+            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM), 176);
         }
     }
 
