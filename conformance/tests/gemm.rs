@@ -666,7 +666,7 @@ fn gemm_tiny_shapes_with_epilogues_end_at_the_allocation() {
             for &n in &sizes {
                 for &k in &sizes {
                     shape += 1;
-                    if (shape - 1) % shape_stride() != 0 {
+                    if !(shape - 1).is_multiple_of(shape_stride()) {
                         continue;
                     }
                     for (name, mems) in tail_layouts(m, n, k) {
