@@ -186,8 +186,11 @@ CALICO_DEVICE void decode_merge_row_early(const float* part_o, const float* part
     float out[PER_LANE];
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) out[i] = 0.0f;
-    if (total > 0.0f) {
-        const float inv = 1.0f / total;
+    // No branch on total > 0 (decode_merge_row's): ptxas moved loads of the first batch into
+    // it, after the reductions, one round trip later. A row no split saw has weights 0 and
+    // partials 0 (each split writes 0 there), so its sums are 0 as before.
+    {
+        const float inv = total > 0.0f ? 1.0f / total : 0.0f;
 #pragma unroll
         for (int k = 0; k < LSE_PER_LANE; ++k) lw[k] = lane + k * LANES < splits ? exp2_approx(lw[k] - base) * inv : 0.0f;
         for (int s0 = 0; s0 < splits; s0 += BATCH) {
