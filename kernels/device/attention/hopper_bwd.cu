@@ -39,10 +39,9 @@
 // DEFINES (kernels/src/ops/attention/hopper_bwd.rs): CALICO_ATTN_KERNEL 0|1|2, CALICO_ATTN_T
 // bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 1 (serial) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ 0 | 1 (main
-// and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_MASK_RANGE 0 | 1
-// (masks as row ranges, see CALICO_ATTN_MASK_RANGE below), CALICO_ATTN_WIDE_REGS 0 | 1 (see
-// PRODUCER_REGS), CALICO_ATTN_DEFER_DQ 0 | 1 (see DEFER_DQ), CALICO_ATTN_FTZ_EXP 0 | 1 (with
-// MASK_RANGE, see p_exp2).
+// and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_WIDE_REGS 0 | 1
+// (see PRODUCER_REGS), CALICO_ATTN_DEFER_DQ 0 | 1 (see DEFER_DQ), CALICO_ATTN_FTZ_EXP 0 | 1
+// (see p_exp2).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -156,9 +155,9 @@ constexpr bool BULK_DQ = CALICO_ATTN_BULK_DQ != 0;
 // Schedule 1 (serial): each MMA batch is waited for before the next step of the block.
 // Schedule 2 (overlapped): P^T is computed while dP^T runs, and the dQ reductions while dK runs.
 constexpr bool OVERLAP = CALICO_ATTN_SCHED == 2;
-// CALICO_ATTN_MASK_RANGE: masks as row ranges. Blocks that need no mask run a P^T pass with no
-// mask code at all, the others one select per element against the rows that see the thread's
-// key, instead of a branch per element (which keeps ptxas from scheduling the exp2s together).
+// Masks as row ranges: blocks that need no mask run a P^T pass with no mask code at all, the
+// others one select per element against the rows that see the thread's key (a branch per
+// element, the form before session 8, kept ptxas from scheduling the exp2s together).
 // dQ by bulk reductions: each consumer stages its dQ tile in shared memory and warp 1 of the
 // producer warpgroup adds it to the accumulator with one cp.reduce.async.bulk (BULK_DQ).
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
@@ -271,12 +270,6 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     return u;
 }
 
-// Row i sees key j (both in range of their padded blocks).
-CALICO_DEVICE bool visible(const params& p, long long i, long long j) {
-    const long long c = i + p.k_len - p.q_len;
-    return i < p.q_len && j < p.k_len && (!p.has_left || j >= c - p.left) && (!p.has_right || j <= c + p.right);
-}
-
 // Every (row, key) of the query block at m0 and the key block at n0 is visible.
 CALICO_DEVICE bool block_visible(const params& p, long long m0, long long n0) {
     const long long off = (long long)p.k_len - p.q_len;
@@ -307,7 +300,7 @@ CALICO_DEVICE row_range rows_seeing(const params& p, long long m0, long long j) 
     return r;
 }
 
-// P = 2^x for the row-range passes. CALICO_ATTN_FTZ_EXP: one MUFU.EX2 with results below 2^-126
+// P = 2^x. CALICO_ATTN_FTZ_EXP: one MUFU.EX2 with results below 2^-126
 // flushed to 0 (they vanish in any 16-bit P or dS anyway), instead of exp2f's range fix-up
 // (a compare, a scale before and a square after each MUFU.EX2).
 #ifndef CALICO_ATTN_FTZ_EXP
@@ -616,7 +609,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     const float* lse_s = reinterpret_cast<const float*>(smem + LSE_OFFSET + qc.slot() * ROW_BYTES);
                     const float* delta_s = reinterpret_cast<const float*>(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES);
                     const bool need_mask = !block_visible(p, m0, u.n0);
-#if CALICO_ATTN_MASK_RANGE
                     // The rows that see this thread's two keys (masked blocks only).
                     row_range seen[2] = {{0, BQ}, {0, BQ}};
                     if (need_mask) {
@@ -699,68 +691,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                             }
                         });
                     }
-#else
-                    if constexpr (OVERLAP && !SOFTCAP) {
-                        // P^T while dP^T is still being computed, then dS^T.
-                        calico::wgmma::wait_group<1>();
-                        calico::wgmma::fence_operands(s);
-#pragma unroll
-                        for (int j = 0; j < BQ / 8; ++j) {
-                            const int col = 8 * j + 2 * t;
-                            const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
-#pragma unroll
-                            for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-                                for (int e = 0; e < 2; ++e) {
-                                    const int i = 4 * j + 2 * hh + e;
-                                    float pr = calico::exp2_approx(s[i] * score_scale - (e ? l.y : l.x));
-                                    if (need_mask && !visible(p, m0 + col + e, u.n0 + key_in_block + 8 * hh)) pr = 0.0f;
-                                    s[i] = pr;
-                                }
-                            }
-                        }
-                        calico::wgmma::wait_group<0>();
-                        calico::wgmma::fence_operands(dp);
-#pragma unroll
-                        for (int j = 0; j < BQ / 8; ++j) {
-                            const float2 dl = *reinterpret_cast<const float2*>(delta_s + 8 * j + 2 * t);
-#pragma unroll
-                            for (int hh = 0; hh < 2; ++hh) {
-                                dp[4 * j + 2 * hh] = s[4 * j + 2 * hh] * (dp[4 * j + 2 * hh] - dl.x);
-                                dp[4 * j + 2 * hh + 1] = s[4 * j + 2 * hh + 1] * (dp[4 * j + 2 * hh + 1] - dl.y);
-                            }
-                        }
-                    } else {
-                    calico::wgmma::wait_group<0>();
-                    calico::wgmma::fence_operands(s);
-                    calico::wgmma::fence_operands(dp);
-#pragma unroll
-                    for (int j = 0; j < BQ / 8; ++j) {
-                        const int col = 8 * j + 2 * t;
-                        const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
-                        const float2 dl = *reinterpret_cast<const float2*>(delta_s + col);
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) {
-                                const int i = 4 * j + 2 * hh + e;
-                                float x = s[i], dcap = 1.0f;
-                                if constexpr (SOFTCAP) {
-                                    const float th = tanhf(x * score_scale);
-                                    x = cap_log2 * th;
-                                    dcap = 1.0f - th * th;
-                                } else {
-                                    x *= score_scale;
-                                }
-                                float pr = calico::exp2_approx(x - (e ? l.y : l.x));
-                                if (need_mask && !visible(p, m0 + col + e, u.n0 + key_in_block + 8 * hh)) pr = 0.0f;
-                                s[i] = pr;
-                                dp[i] = pr * (dp[i] - (e ? dl.y : dl.x)) * dcap;
-                            }
-                        }
-                    }
-                    }
-#endif
                     // 16-bit A fragments: k-step kk covers query rows 16kk..16kk+15.
                     uint32_t pa[P_STEPS][4], da[P_STEPS][4];
 #pragma unroll

@@ -52,16 +52,13 @@ pub(crate) struct HopperBwdVariant {
     overlapped: bool,
     /// Main and finish kernels: dQ tiles by bulk reductions (CALICO_ATTN_BULK_DQ).
     bulk_dq: bool,
-    /// Main kernel: masks as row ranges, no per-element branches (CALICO_ATTN_MASK_RANGE).
-    mask_range: bool,
     /// Main kernel with bulk dQ: consumers at 240 registers, producer warpgroup at 24
     /// (CALICO_ATTN_WIDE_REGS).
     wide_regs: bool,
     /// Main kernel, overlapped with bulk dQ: each dQ tile a step later, the consumers signalling
     /// dS^T halves on mbarriers instead of meeting on a named barrier (CALICO_ATTN_DEFER_DQ).
     defer_dq: bool,
-    /// Main kernel with row-range masks: P = 2^x by one flush-to-zero MUFU.EX2
-    /// (CALICO_ATTN_FTZ_EXP).
+    /// Main kernel: P = 2^x by one flush-to-zero MUFU.EX2 (CALICO_ATTN_FTZ_EXP).
     ftz_exp: bool,
 }
 
@@ -72,22 +69,20 @@ pub(crate) struct HopperBwdVariant {
 /// made the backward 11-29% faster than the serial schedule with per-thread dQ atomics
 /// (docs/perf-log.md). `serial` and `nobulk` turn them off; `stagger` (each key block starts
 /// its walk over the query blocks at a different block) is off by default: it measured neutral.
-/// `rangemask` (masks as row ranges: no mask code in blocks every row sees all keys of, a
-/// select per element elsewhere, instead of a branch per element) and `wideregs` (with bulk
-/// dQ, 240 registers per consumer thread and 24 for the producer warpgroup instead of 232 and
-/// 40) and `deferdq` (overlapped with bulk dQ only: each step's dQ tile is computed during the
-/// next step, and the two consumer warpgroups signal their dS^T halves on mbarriers instead of
-/// meeting on a named barrier every step) and `ftzexp` (with `rangemask`: P = 2^x by one
-/// flush-to-zero ex2 instead of exp2f's range fix-up around it). Session 8 measured them on the
-/// H100 (docs/perf-log.md): `rangemask`, `wideregs` and `ftzexp` are on by default (together
-/// +62-74% at d = 64, +30-52% at d = 128), `deferdq` at d = 64 only (+3-4% there, -4-5% at
-/// d = 128); `branchmask`, `narrowregs`, `exp2f` and `syncdq` / `deferdq` turn each off / on.
+/// `wideregs` (with bulk dQ, 240 registers per consumer thread and 24 for the producer
+/// warpgroup instead of 232 and 40), `deferdq` (overlapped with bulk dQ only: each step's dQ
+/// tile is computed during the next step, and the two consumer warpgroups signal their dS^T
+/// halves on mbarriers instead of meeting on a named barrier every step) and `ftzexp` (P = 2^x
+/// by one flush-to-zero ex2 instead of exp2f's range fix-up around it). Session 8 measured them
+/// on the H100 (docs/perf-log.md): `wideregs` and `ftzexp` are on by default (with the
+/// row-range masks, which replaced a branch per element and are the only form since session 9:
+/// together +62-74% at d = 64, +30-52% at d = 128), `deferdq` at d = 64 only (+3-4% there,
+/// -4-5% at d = 128); `narrowregs`, `exp2f` and `syncdq` / `deferdq` turn each off / on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
     stagger: bool,
     bulk: bool,
-    mask_range: bool,
     wide_regs: bool,
     /// `None`: by head dim (on at d = 64).
     defer_dq: Option<bool>,
@@ -100,7 +95,6 @@ impl Default for Tune {
             overlapped: true,
             stagger: false,
             bulk: true,
-            mask_range: true,
             wide_regs: true,
             defer_dq: None,
             ftz_exp: true,
@@ -118,8 +112,6 @@ impl Tune {
                 "stagger" => t.stagger = true,
                 "bulk" => t.bulk = true,
                 "nobulk" => t.bulk = false,
-                "rangemask" => t.mask_range = true,
-                "branchmask" => t.mask_range = false,
                 "wideregs" => t.wide_regs = true,
                 "narrowregs" => t.wide_regs = false,
                 "deferdq" => t.defer_dq = Some(true),
@@ -160,7 +152,6 @@ impl HopperBwdVariant {
             overlapped: false,
             // The prepare kernel is the same either way.
             bulk_dq: bulk_dq && kernel == BwdKernel::Finish,
-            mask_range: false,
             wide_regs: false,
             defer_dq: false,
             ftz_exp: false,
@@ -178,10 +169,9 @@ impl HopperBwdVariant {
             softcap,
             overlapped: tune.overlapped,
             bulk_dq: tune.bulk,
-            mask_range: tune.mask_range,
             wide_regs: tune.wide_regs && tune.bulk,
             defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && tune.overlapped && tune.bulk,
-            ftz_exp: tune.ftz_exp && tune.mask_range,
+            ftz_exp: tune.ftz_exp,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -217,7 +207,7 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -225,7 +215,6 @@ impl HopperBwdVariant {
             self.softcap,
             if self.overlapped { " overlapped" } else { "" },
             if self.bulk_dq { " bulk" } else { "" },
-            if self.mask_range { " rangemask" } else { "" },
             if self.wide_regs { " wideregs" } else { "" },
             if self.defer_dq { " deferdq" } else { "" },
             if self.ftz_exp { " ftzexp" } else { "" }
@@ -251,10 +240,6 @@ impl KernelVariant for HopperBwdVariant {
                 if self.overlapped { "2" } else { "1" }.to_string(),
             ),
             ("CALICO_ATTN_BULK_DQ", u8::from(self.bulk_dq).to_string()),
-            (
-                "CALICO_ATTN_MASK_RANGE",
-                u8::from(self.mask_range).to_string(),
-            ),
             (
                 "CALICO_ATTN_WIDE_REGS",
                 u8::from(self.wide_regs).to_string(),
@@ -287,46 +272,39 @@ pub(crate) fn catalog(
                 HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false),
                 HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true),
             ];
-            // The default (overlapped, bulk dQ) with and without the soft cap, then the A/B
-            // schedules: serial with per-thread dQ atomics (also soft-capped), each change
-            // alone, the default with masks as row ranges (with and without the ftz exp2; also
-            // soft-capped, also serial), and
-            // with the wide consumer registers (alone, with row-range masks, soft-capped), and
-            // with the deferred dQ tiles (alone, with both, soft-capped).
-            let tune = |overlapped, bulk, mask_range, wide_regs| Tune {
+            // The default (overlapped, bulk dQ, wide registers, ftz exp2) with and without the
+            // soft cap, then the A/B forms: serial with per-thread dQ atomics (also
+            // soft-capped), each of those changes alone, exp2f, the narrow registers (also
+            // soft-capped), the deferred dQ tiles (also soft-capped, also narrow).
+            let tune = |overlapped, bulk, wide_regs| Tune {
                 overlapped,
                 stagger: false,
                 bulk,
-                mask_range,
                 wide_regs,
                 defer_dq: Some(false),
-                ftz_exp: mask_range,
+                ftz_exp: true,
             };
-            let deferred = |mask_range, wide_regs| Tune {
+            let deferred = |wide_regs| Tune {
                 defer_dq: Some(true),
-                ..tune(true, true, mask_range, wide_regs)
+                ..tune(true, true, wide_regs)
             };
             let exact_exp = |t: Tune| Tune {
                 ftz_exp: false,
                 ..t
             };
             for (softcap, tune) in [
-                (false, tune(true, true, false, false)),
-                (true, tune(true, true, false, false)),
-                (false, tune(false, false, false, false)),
-                (true, tune(false, false, false, false)),
-                (false, tune(true, false, false, false)),
-                (false, tune(false, true, false, false)),
-                (false, exact_exp(tune(true, true, true, false))),
-                (false, tune(true, true, true, false)),
-                (true, tune(true, true, true, false)),
-                (false, tune(false, false, true, false)),
-                (false, tune(true, true, false, true)),
-                (false, tune(true, true, true, true)),
-                (true, tune(true, true, true, true)),
-                (false, deferred(false, false)),
-                (false, deferred(true, true)),
-                (true, deferred(true, true)),
+                (false, tune(true, true, true)),
+                (true, tune(true, true, true)),
+                (false, tune(false, false, false)),
+                (true, tune(false, false, false)),
+                (false, tune(true, false, false)),
+                (false, tune(false, true, false)),
+                (false, exact_exp(tune(true, true, true))),
+                (false, tune(true, true, false)),
+                (true, tune(true, true, false)),
+                (false, deferred(true)),
+                (true, deferred(true)),
+                (false, deferred(false)),
             ] {
                 variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune));
             }
@@ -577,7 +555,7 @@ mod tests {
             for tune in [
                 Tune::parse("serial,nobulk"),
                 Tune::default(),
-                Tune::parse("rangemask,wideregs,deferdq"),
+                Tune::parse("wideregs,deferdq"),
             ] {
                 let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, tune).unwrap();
                 assert!(v.stages >= 2, "{v:?}");
@@ -599,7 +577,6 @@ mod tests {
             overlapped: true,
             stagger: false,
             bulk: true,
-            mask_range: true,
             wide_regs: true,
             defer_dq: None,
             ftz_exp: true,
@@ -607,21 +584,17 @@ mod tests {
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
         assert_eq!(
-            Tune::parse("stagger, serial,nobulk,branchmask,narrowregs,exp2f"),
+            Tune::parse("stagger, serial,nobulk,narrowregs,exp2f"),
             Tune {
                 overlapped: false,
                 stagger: true,
                 bulk: false,
-                mask_range: false,
                 wide_regs: false,
                 defer_dq: None,
                 ftz_exp: false,
             }
         );
-        assert_eq!(
-            Tune::parse("overlapped,bulk,rangemask,wideregs,ftzexp"),
-            default
-        );
+        assert_eq!(Tune::parse("overlapped,bulk,wideregs,ftzexp"), default);
         assert_eq!(
             Tune::parse("deferdq"),
             Tune {
