@@ -329,7 +329,8 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// minblocks, blocks_per_sm); min_split applies to both; merge=1: the combiner loads a batch of
 /// splits at once (vector loads); early=1 (kernel 2): the first copies sooner;
 /// l2_ahead=n (kernel 2): L2 prefetch n tiles past each copy. fuse and early are on by default
-/// (`fuse=0,early=0` gives back the two-launch kernel). Session 9 (kernel 2): spec=1 the first
+/// (`fuse=0,early=0` gives back the two-launch kernel). Session 9 (kernel 2; warps=8, spec,
+/// lean and mpipe on by default, `warps=4,spec=0,lean=0,mpipe=0` turns them off): spec=1 the first
 /// copies before the sequence length is known (turns early on); mbatch=8|16|32 the splits the
 /// fused merge loads at once; max_splits=n caps the split count; lean=1 the fused merge's
 /// fences by one thread after a barrier; mpipe=1 the fused merge with every load of a row
@@ -377,19 +378,23 @@ struct Tune {
 const DEFAULT_TUNE: Tune = Tune {
     kernel: 2,
     stages: 3,
-    warps: 4,
+    // Session 9 (H100, one command each, both orders; full profile): warps=8, spec, lean and
+    // mpipe: b1 8k 49 -> 54% of copy, b1 32k 77 -> 83%, b16 94 -> 98%, b64 equal, b1 128k
+    // 94 -> 90% (paged; 33 splits of 4 warps filled the SMs better there).
+    // `warps=4,spec=0,lean=0,mpipe=0` gives back session 8's default.
+    warps: 8,
     splits_x: 1,
     // Session 8 (H100, one command): b1 8k 39 -> 47% of copy, b1 32k 70 -> 75%, b16 92 -> 94%.
     fuse: true,
     merge_batched: false,
     early: true,
     l2_ahead: 0,
-    spec: false,
+    spec: true,
     merge_batch: 0,
     max_splits: MAX_SPLITS,
     trace: false,
-    lean_count: false,
-    merge_early: false,
+    lean_count: true,
+    merge_early: true,
     pipe: true,
     unroll: 4,
     min_blocks: 0,
@@ -1097,14 +1102,19 @@ mod tests {
         let t = parse_tune("pipe=0, unroll=8,minblocks=2,bogus=1,unroll=3,min_split=x,kernel=1");
         assert_eq!((t.pipe, t.unroll, t.min_blocks, t.kernel), (false, 8, 2, 1));
         let t = parse_tune("kernel=3,stages=4,warps=3,splits_x=2,fuse=0,early=0");
-        assert_eq!((t.kernel, t.stages, t.warps, t.splits_x), (2, 4, 4, 2));
+        assert_eq!(
+            (t.kernel, t.stages, t.warps, t.splits_x),
+            (2, 4, DEFAULT_TUNE.warps, 2)
+        );
         assert!(!t.fuse && DEFAULT_TUNE.fuse && !t.early && DEFAULT_TUNE.early);
         assert_eq!(t.min_split, DEFAULT_TUNE.min_split);
         assert_eq!(parse_tune(""), DEFAULT_TUNE);
         let t = parse_tune("spec=1,mbatch=32,max_splits=32,lean=1,trace=1");
         assert_eq!((t.spec, t.merge_batch, t.max_splits), (true, 32, 32));
-        assert!(t.lean_count && t.trace && !DEFAULT_TUNE.lean_count && !DEFAULT_TUNE.trace);
-        assert!(parse_tune("mpipe=1").merge_early && !DEFAULT_TUNE.merge_early);
+        assert!(t.lean_count && t.trace && DEFAULT_TUNE.lean_count && !DEFAULT_TUNE.trace);
+        let off = parse_tune("warps=4,spec=0,lean=0,mpipe=0");
+        assert!(!off.spec && !off.lean_count && !off.merge_early && off.warps == 4);
+        assert!(DEFAULT_TUNE.spec && DEFAULT_TUNE.merge_early && DEFAULT_TUNE.warps == 8);
         let t = parse_tune("mbatch=12,max_splits=0");
         assert_eq!((t.merge_batch, t.max_splits), (0, MAX_SPLITS));
     }
@@ -1118,12 +1128,13 @@ mod tests {
         };
         let tune = Tune {
             early: false,
-            ..parse_tune("spec=1,mbatch=32,max_splits=32")
+            ..parse_tune("warps=4,spec=1,mbatch=32,max_splits=32")
         };
-        // b1 32k: 33 splits fill the 264 slots; the cap keeps 32 (one merge batch).
+        // b1 32k, 4 warps: 33 splits fill the 264 slots; the cap keeps 32 (one merge batch).
         let capped = plan_with(&h100, &problem(1, 32, 8, 1, 32768), true, tune);
         assert_eq!((capped.splits, capped.split_tokens), (32, 1024));
-        let uncapped = plan_with(&h100, &problem(1, 32, 8, 1, 32768), true, DEFAULT_TUNE);
+        let four = parse_tune("warps=4,spec=0");
+        let uncapped = plan_with(&h100, &problem(1, 32, 8, 1, 32768), true, four);
         assert_eq!(uncapped.splits, 33);
         let v = mma(&capped);
         // SPEC needs EARLY's page batches: spec turns it on.
