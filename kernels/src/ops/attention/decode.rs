@@ -1114,7 +1114,8 @@ mod tests {
         assert!(t.lean_count && t.trace && DEFAULT_TUNE.lean_count && !DEFAULT_TUNE.trace);
         let off = parse_tune("warps=4,spec=0,lean=0,mpipe=0");
         assert!(!off.spec && !off.lean_count && !off.merge_early && off.warps == 4);
-        assert!(DEFAULT_TUNE.spec && DEFAULT_TUNE.merge_early && DEFAULT_TUNE.warps == 8);
+        let on = parse_tune("");
+        assert!(on.spec && on.lean_count && on.merge_early && on.warps == 8);
         let t = parse_tune("mbatch=12,max_splits=0");
         assert_eq!((t.merge_batch, t.max_splits), (0, MAX_SPLITS));
     }
