@@ -28,14 +28,6 @@
 //    n runs while P V of block n + 1 is on the tensor cores. 2: 1 plus ping-pong: the
 //    consumers take turns issuing their GEMMs in a fixed round (named barriers 1..CONSUMERS),
 //    so one consumer's softmax runs under the others' MMAs instead of all competing at once.
-//  * Chained units (CALICO_ATTN_CHAIN, schedules 1 and 2 with two Q slots): a unit's last
-//    P V and the next unit's first S = Q K^T go to the tensor cores in one turn, and that S
-//    runs under this unit's epilogue instead of after it (the next call of consume finds it
-//    issued). Short units (few key blocks) pay the epilogue and the first S's latency once
-//    per unit otherwise. Where no next unit has keys (the CTA's last unit), the same S is
-//    issued on this unit's own Q and last K slot, held until it completes, and discarded:
-//    ptxas serialises every wgmma of the kernel when one path leaves an S in flight and
-//    another does not (C7515), so both paths issue it.
 //  * Epilogue from registers: O / l stored as 2-element vectors (scalars when O's strides or
 //    base are odd), rows >= Nq skipped; LSE = (m + log2 l) * ln 2 by one lane per row.
 // EDGES
@@ -51,7 +43,7 @@
 // handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
-// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_CHAIN 0|1 (needs SCHED >= 1 and QBUF 2).
+// CALICO_ATTN_QBUF 1|2.
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -104,9 +96,6 @@ static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
 static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64), "two consumers, or three at d = 64 (registers)");
 static_assert(BM <= 256, "a TMA box has at most 256 rows");
 static_assert(QBUF == 1 || QBUF == 2, "one or two Q slots");
-// Chained units: the next unit's first S is issued before this unit's epilogue.
-constexpr bool CHAIN = CALICO_ATTN_CHAIN != 0;
-static_assert(!CHAIN || (SCHED >= 1 && QBUF == 2), "chained units need an overlapped schedule and two Q slots");
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int Q_OFFSET = 0;
@@ -279,16 +268,6 @@ CALICO_DEVICE void fence_words(uint32_t (&a)[N][4]) {
     }
 }
 
-// x when A, else y (arrays of different sizes: only the chosen one has the right type).
-template <bool A, class X, class Y>
-CALICO_DEVICE auto& pick(X& x, Y& y) {
-    if constexpr (A) {
-        return x;
-    } else {
-        return y;
-    }
-}
-
 // Makes values computed before this point count as used here (no instructions).
 CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "+f"(v[1])::"memory"); }
 
@@ -436,10 +415,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         if constexpr (PINGPONG) calico::named_barrier_arrive(TURN_BARRIER + next, 2 * calico::WARPGROUP_THREADS);
     };
 
-    // CHAIN: S of the next unit, issued by the unit before it (s_issued) and carried over.
-    float s_carried[CHAIN ? S_REGS : 1];
-    bool s_issued = false;
-
     auto consume = [&](int consumer, int w) {
         const unit u = unit_at(p, w);
         const int warp = calico::warpgroup_warp();
@@ -465,17 +440,14 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         float m_run[2] = {ATTN_NEG_INF, ATTN_NEG_INF};
         float l_run[2] = {0.0f, 0.0f};
 
-        // This consumer's 64 rows of Q in the slot of cursor `q`.
-        auto q_rows = [&](const pl::cursor<QBUF>& q) {
-            return calico::smem_addr(smem + Q_OFFSET + q.slot() * Q_BYTES) + consumer * 64 * 128;
-        };
+        const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET + qc.slot() * Q_BYTES) + consumer * 64 * 128;
         const uint32_t k_base = calico::smem_addr(smem + K_OFFSET);
         const uint32_t v_base = calico::smem_addr(smem + V_OFFSET);
 
         // S = Q K^T on the next K slot, issued and committed, not waited for.
-        auto issue_s = [&](float (&s)[S_REGS], uint32_t q_base, const pl::cursor<STAGES>& k) {
-            bars.k.wait_full(k);
-            const uint32_t k_slot = k_base + k.slot() * KV_BYTES;
+        auto issue_s = [&](float (&s)[S_REGS]) {
+            bars.k.wait_full(kc);
+            const uint32_t k_slot = k_base + kc.slot() * KV_BYTES;
             calico::wgmma::fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
@@ -487,23 +459,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         };
         // After S of block n is complete: hand its K slot (and after the unit's last block,
         // Q) back.
-        // CHAIN: whether the next unit has keys (else the closing S reuses this unit's Q and
-        // last K slot, which stay held until it completes).
-        bool next_has_keys = false;
-        if constexpr (CHAIN) {
-            const int next = w + (int)gridDim.x;
-            if (next < p.work) {
-                const unit un = unit_at(p, next);
-                next_has_keys = un.n_hi > un.n_lo;
-            }
-        }
-        const bool hold_last = CHAIN && !next_has_keys;
-        pl::cursor<STAGES> k_held = kc;
-        pl::cursor<QBUF> q_held = qc;
         auto release_k = [&](int n) {
-            if (hold_last && n == u.n_lo) {
-                k_held = kc;
-            } else if (lane == 0) {
+            if (lane == 0) {
                 bars.k.release(kc);
                 if (n == u.n_lo) bars.q.release(qc);
             }
@@ -652,18 +609,16 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             }
         };
 
-        // S of the key block in hand (with CHAIN, the array carried from unit to unit).
-        float s_block[CHAIN ? 1 : S_REGS];
-        float(&s)[S_REGS] = pick<CHAIN>(s_carried, s_block);
         if (u.n_hi > u.n_lo) {
+            bars.q.wait_full(qc);
+            float s[S_REGS];
             float scale_o[2];
             uint32_t pa[P_STEPS][4];
             if constexpr (SCHED == 0) {
                 // Serial: each block's S, softmax and P V in turn (the tensor pipe idles
                 // during this warpgroup's softmax unless the other warpgroup fills it).
-                bars.q.wait_full(qc);
                 for (int n = u.n_hi - 1; n >= u.n_lo; --n) {
-                    issue_s(s, q_rows(qc), kc);
+                    issue_s(s);
                     calico::wgmma::wait_group<0>();
                     calico::wgmma::fence_operands(s);
                     release_k(n);
@@ -679,13 +634,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 // Overlapped: S of block n is issued before P V of block n + 1, and the
                 // softmax of block n runs while that P V is on the tensor cores.
                 int n = u.n_hi - 1;
-                if (!s_issued) {
-                    bars.q.wait_full(qc);
-                    take_turn(consumer);
-                    issue_s(s, q_rows(qc), kc);
-                    pass_turn(consumer);
-                }
-                s_issued = false;
+                take_turn(consumer);
+                issue_s(s);
+                pass_turn(consumer);
                 calico::wgmma::wait_group<0>();
                 calico::wgmma::fence_operands(s);
                 release_k(n);
@@ -693,7 +644,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 pack_p(s, pa);
                 for (--n; n >= u.n_lo; --n) {
                     take_turn(consumer);
-                    issue_s(s, q_rows(qc), kc);
+                    issue_s(s);
                     rescale_o(scale_o);
                     issue_pv(pa);
                     pass_turn(consumer);
@@ -713,54 +664,33 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     pack_p(s, pa);
                 }
                 rescale_o(scale_o);
-                if constexpr (CHAIN) {
-                    // The next unit's first S joins this last P V in one turn (each consumer
-                    // still takes one turn per key block) and runs under the epilogue; without
-                    // a next unit with keys, the same S on this unit's held Q and K slot.
-                    pl::cursor<QBUF> q_next = qc;
-                    if (next_has_keys) q_next.advance();
-                    const pl::cursor<STAGES> k_next = next_has_keys ? kc : k_held;
-                    bars.q.wait_full(q_next);
-                    take_turn(consumer);
-                    issue_pv(pa);
-                    issue_s(s, q_rows(q_next), k_next);
-                    pass_turn(consumer);
-                    calico::wgmma::wait_group<1>();  // the P V; S stays in flight
-                    s_issued = next_has_keys;
-                } else {
-                    issue_pv(pa);
-                    calico::wgmma::wait_group<0>();
-                }
+                issue_pv(pa);
+                calico::wgmma::wait_group<0>();
                 calico::wgmma::fence_operands(acc);
                 fence_words(pa);
                 release_v();
             }
-            q_held = qc;
-            qc.advance();  // the slot went back with the last K release (CHAIN: or goes back after the epilogue's wait)
+            qc.advance();  // the slot went back with the last K release
         }
 
         // Epilogue: O = acc / l, LSE = m ln2 + ln l; rows that saw nothing get 0 and -inf.
         // Every lane runs the shuffles; rows >= Nq only skip their stores.
-        auto row_sum = [&](int h) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
             float l = l_run[h];
             l += calico::shfl_xor(l, 1);
             l += calico::shfl_xor(l, 2);
-            return l;
-        };
-        // Row h of O / l packed as this thread's 16-byte chunks 4c + t (for 16-byte stores).
-        auto pack_chunks = [&](int h, float inv, uint32_t (&chunks)[D / 32][4]) {
-            uint32_t words[D / 8];  // this row's columns 8j + 2t, +1
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) words[j] = pack2<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-            quad_to_chunks(words, t, chunks);
-        };
-        // Stores row h of O (the chunks with 16-byte stores, else from acc) and its LSE.
-        auto store_row = [&](int h, float l, float inv, const uint32_t (&chunks)[D / 32][4]) {
             const long long row = rows[h];
             const bool stored = row < p.q_len;
             const bool seen = l > 0.0f;
+            const float inv = seen ? 1.0f / l : 0.0f;
             in_t* orow = o + u.b * o_sb + u.h * o_sh + row * o_sn;
             if (o_store == O_STORE_VEC16) {
+                uint32_t words[D / 8];  // this row's columns 8j + 2t, +1
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) words[j] = pack2<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+                uint32_t chunks[D / 32][4];
+                quad_to_chunks(words, t, chunks);
 #pragma unroll
                 for (int c = 0; c < D / 32; ++c) {
                     if (stored) {
@@ -783,71 +713,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             }
             if (t == 0 && stored) {
                 lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + logf(l) : ATTN_NEG_INF;
-            }
-        };
-        if constexpr (CHAIN) {
-            // Two phases around the wait for a chained S: the sums, 1 / l and the chunks are
-            // straight-line arithmetic and shuffles that run while it is in flight; the stores
-            // branch, and ptxas serialises every wgmma of the kernel on a wait of its own
-            // before a branch taken with a wgmma's registers in flight (C7517, C7518). Hence
-            // the division without IEEE slow path, and the chunks packed for every store form.
-            float l[2], inv[2];
-            uint32_t chunks[2][D / 32][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                l[h] = row_sum(h);
-                const bool seen = l[h] > 0.0f;
-                inv[h] = __fdividef(seen ? 1.0f : 0.0f, seen ? l[h] : 1.0f);
-                pack_chunks(h, inv[h], chunks[h]);
-            }
-            calico::wgmma::wait_group<0>();
-            calico::wgmma::fence_operands(s);
-            if (hold_last && u.n_hi > u.n_lo && lane == 0) {
-                bars.k.release(k_held);
-                bars.q.release(q_held);
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) store_row(h, l[h], inv[h], chunks[h]);
-        } else {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float l = l_run[h];
-                l += calico::shfl_xor(l, 1);
-                l += calico::shfl_xor(l, 2);
-                const long long row = rows[h];
-                const bool stored = row < p.q_len;
-                const bool seen = l > 0.0f;
-                const float inv = seen ? 1.0f / l : 0.0f;
-                in_t* orow = o + u.b * o_sb + u.h * o_sh + row * o_sn;
-                if (o_store == O_STORE_VEC16) {
-                    uint32_t words[D / 8];  // this row's columns 8j + 2t, +1
-#pragma unroll
-                    for (int j = 0; j < D / 8; ++j) words[j] = pack2<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-                    uint32_t chunks[D / 32][4];
-                    quad_to_chunks(words, t, chunks);
-#pragma unroll
-                    for (int c = 0; c < D / 32; ++c) {
-                        if (stored) {
-                            *reinterpret_cast<uint4*>(orow + 8 * (4 * c + t)) = make_uint4(chunks[c][0], chunks[c][1], chunks[c][2], chunks[c][3]);
-                        }
-                    }
-                } else if (stored) {
-#pragma unroll
-                    for (int j = 0; j < D / 8; ++j) {
-                        const int col = 8 * j + 2 * t;
-                        const float v0 = acc[4 * j + 2 * h] * inv;
-                        const float v1 = acc[4 * j + 2 * h + 1] * inv;
-                        if (o_store == O_STORE_PAIRS) {
-                            *reinterpret_cast<uint32_t*>(orow + col) = pack2<in_t>(v0, v1);
-                        } else {
-                            orow[col] = calico::from_float<in_t>(v0);
-                            orow[col + 1] = calico::from_float<in_t>(v1);
-                        }
-                    }
-                }
-                if (t == 0 && stored) {
-                    lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + logf(l) : ATTN_NEG_INF;
-                }
             }
         }
     };

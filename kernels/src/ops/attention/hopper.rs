@@ -43,9 +43,6 @@ pub(crate) struct HopperFwdVariant {
     /// Q slots: 2 so that the next unit's Q loads during this one (where two K/V stages still
     /// fit beside them), or 1 (`CALICO_ATTN_HOPPER_QBUF=1`).
     q_buffers: usize,
-    /// Chained units: the next unit's first S is issued with this unit's last P V and runs
-    /// under its epilogue (overlapped schedules with two Q slots only).
-    chain: bool,
 }
 
 /// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max). Both on by
@@ -122,13 +119,6 @@ fn q_buffers_chosen() -> usize {
     }
 }
 
-/// Chained units (hopper_fwd.cu, CALICO_ATTN_CHAIN): `CALICO_ATTN_HOPPER_CHAIN=1` turns them
-/// on (A/B runs).
-fn chain_chosen() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_CHAIN").as_deref() == Ok("1"))
-}
-
 /// Keys per K/V block at d = 128 for `k_len` keys: 176 from [`WIDE_BLOCKS_FROM`] keys, else 128
 /// (H100, session 9: 176 gains 2-3% at N >= 8192 and loses up to 5% on short causal
 /// problems, whose last 176-key block is mostly masked). `CALICO_ATTN_HOPPER_BN` = 128 | 176 |
@@ -178,8 +168,6 @@ pub(crate) struct Choices {
     q_buffers: usize,
     /// Keys per K/V block at d = 128: 128, 176 or 192 (other head dims keep theirs).
     block_n_d128: usize,
-    /// Chained units where the schedule and Q slots allow them.
-    chain: bool,
 }
 
 impl Default for Choices {
@@ -191,7 +179,6 @@ impl Default for Choices {
             softmax: SoftmaxForm::LEAN,
             q_buffers: 2,
             block_n_d128: 128,
-            chain: false,
         }
     }
 }
@@ -204,7 +191,6 @@ impl Choices {
             softmax: SoftmaxForm::chosen(),
             q_buffers: q_buffers_chosen(),
             block_n_d128: block_n_chosen(k_len),
-            chain: chain_chosen(),
         }
     }
 }
@@ -227,7 +213,6 @@ impl HopperFwdVariant {
             softmax,
             q_buffers,
             block_n_d128,
-            chain,
         } = choices;
         let block_n = match head_dim {
             128 => block_n_d128,
@@ -251,7 +236,6 @@ impl HopperFwdVariant {
             consumers,
             softmax,
             q_buffers: 1,
-            chain: false,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -265,9 +249,7 @@ impl HopperFwdVariant {
         // A second Q slot where two K/V stages still fit beside it (not d = 256).
         if q_buffers >= 2 {
             if let Some(v) = fit(2) {
-                // Chaining needs an overlapped schedule and the second Q slot.
-                let chain = chain && schedule != Schedule::Serial;
-                return Some(HopperFwdVariant { chain, ..v });
+                return Some(v);
             }
         }
         fit(1)
@@ -293,7 +275,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -304,7 +286,6 @@ impl HopperFwdVariant {
             self.schedule,
             if self.softmax.ilp { " ilp" } else { "" },
             if self.softmax.lazy { " lazy" } else { "" },
-            if self.chain { " chain" } else { "" },
         )
     }
 }
@@ -322,7 +303,6 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_ILP", u8::from(self.softmax.ilp).to_string()),
             ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
             ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
-            ("CALICO_ATTN_CHAIN", u8::from(self.chain).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -353,9 +333,7 @@ pub(crate) fn catalog(
         softmax,
         q_buffers,
         block_n_d128,
-        chain: false,
     };
-    let chained = |c: Choices| Choices { chain: true, ..c };
     let (pp, ov, se) = (Schedule::PingPong, Schedule::Overlapped, Schedule::Serial);
     let (bf, hf) = (DType::BF16, DType::F16);
     for (dtype, d, softcap, choices) in [
@@ -374,10 +352,6 @@ pub(crate) fn catalog(
         (bf, 128, false, choices(pp, 2, lean, 2, 176)),
         (hf, 128, true, choices(pp, 2, lean, 2, 176)),
         (bf, 128, false, choices(pp, 2, lean, 2, 192)),
-        (bf, 64, false, chained(choices(pp, 3, lean, 2, 128))),
-        (bf, 128, false, chained(choices(pp, 2, lean, 2, 128))),
-        (hf, 128, true, chained(choices(pp, 2, lean, 2, 128))),
-        (bf, 128, false, chained(choices(ov, 2, lean, 2, 128))),
         (bf, 256, false, choices(pp, 2, plain, 1, 128)),
     ] {
         if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, choices) {
@@ -677,31 +651,6 @@ mod tests {
             assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1), 128);
             assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM), 176);
         }
-    }
-
-    #[test]
-    fn chained_units_need_an_overlapped_schedule_and_two_q_slots() {
-        let arch = h100();
-        let asked = |schedule, q_buffers, block_n_d128| Choices {
-            schedule,
-            q_buffers,
-            block_n_d128,
-            chain: true,
-            ..Choices::default()
-        };
-        let chain = |d, c| {
-            HopperFwdVariant::new(&arch, DType::BF16, d, false, c)
-                .unwrap()
-                .chain
-        };
-        assert!(chain(128, asked(Schedule::PingPong, 2, 128)));
-        assert!(chain(64, asked(Schedule::Overlapped, 2, 128)));
-        assert!(!chain(128, asked(Schedule::Serial, 2, 128)));
-        assert!(!chain(128, asked(Schedule::PingPong, 1, 128)));
-        // 176-key blocks leave room for one Q slot only.
-        assert!(!chain(128, asked(Schedule::PingPong, 2, 176)));
-        // d = 256 keeps one Q slot.
-        assert!(!chain(256, asked(Schedule::PingPong, 2, 128)));
     }
 
     #[test]
