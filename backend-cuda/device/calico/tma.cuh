@@ -5,8 +5,11 @@
 // by value as a `const __grid_constant__ calico::tensor_map` kernel parameter; its address
 // is then a generic address the copy engine can read. Coordinates are element indices,
 // innermost first; the innermost one must fall on a 16-byte boundary (coordinate x element size
-// a multiple of 16). A load box may start before the tensor (negative coordinates) or run past
-// its end: elements outside read as zero, and a load always completes the full box size in
+// a multiple of 16), for loads too: a load box starting 2 bytes past a boundary stopped the
+// H100 with an illegal instruction (benches/gpu/tma_class_probe.cu), so rows that do not start
+// on 16-byte boundaries cannot be read by TMA at all, whatever the tensor map. A load box may
+// start before the tensor (negative coordinates) or run past its end: elements outside read
+// as zero, and a load always completes the full box size in
 // bytes on its mbarrier, edge boxes included. A store box may run past the end (those elements
 // are not written) but must not start before the tensor: a negative store coordinate, like a
 // misaligned innermost one, is not clipped but faults (illegal instruction at the UTMASTG,

@@ -3,9 +3,9 @@
 //
 // DESIGN
 //  * Warp-specialised and persistent (calico/pipeline.cuh): CONSUMERS + 1 warpgroups.
-//    Warpgroup 0 is the producer (setmaxnreg.dec): one thread loads, per work unit, the
-//    BM-row Q tile once (a ring of QBUF slots: with two, the next unit's Q loads during this
-//    one) and then the unit's K and V tiles of BN keys into two rings of STAGES slots (K and
+//    Warpgroup 0 is the producer (setmaxnreg.dec): one thread (warp 1's lane 0) loads each
+//    work unit's BM-row Q tile once (a ring of QBUF slots: with two, the next unit's Q loads
+//    during this one) and another (thread 0) the unit's K and V tiles of BN keys into two rings of STAGES slots (K and
 //    V have their own barriers, so S = Q K^T starts before V lands). Consumer warpgroups 1.. (setmaxnreg.inc) own 64 query rows each: two consumers
 //    (BM = 128, 384 threads) by default, three (BM = 192, 512 threads) at d = 64 on request,
 //    so that two consumers' softmax can run under the third's MMAs.
@@ -43,7 +43,10 @@
 // handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
-// CALICO_ATTN_QBUF 1|2.
+// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_TRACE 0|1 (a diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
+// thread per consumer warpgroup stamps %globaltimer at each unit's milestones into `trace`,
+// TRACE_SLOTS per (CTA, unit of the CTA, consumer); the producer adds when it issued the
+// unit's Q and first K/V. kernels/src/ops/attention/hopper_trace.rs reads them).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -96,6 +99,20 @@ static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
 static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64), "two consumers, or three at d = 64 (registers)");
 static_assert(BM <= 256, "a TMA box has at most 256 rows");
 static_assert(QBUF == 1 || QBUF == 2, "one or two Q slots");
+#ifndef CALICO_ATTN_TRACE
+#define CALICO_ATTN_TRACE 0
+#endif
+constexpr bool TRACE = CALICO_ATTN_TRACE != 0;
+// Trace slots per (CTA, unit, consumer): consume entry, Q landed, first turn taken, first S
+// done, last P V done, epilogue done; then (consumer 0's record only) the producer's Q issue
+// and first K/V issue of the unit.
+constexpr int TRACE_SLOTS = 8;
+
+CALICO_DEVICE unsigned long long global_ns() {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return ns;
+}
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int Q_OFFSET = 0;
@@ -123,6 +140,9 @@ struct params {
 constexpr int TUNE_KV_FIRST = 1;  // the producer loads a unit's first K/V block before its Q
 constexpr int TUNE_FOLD = 2;      // pair long and short row blocks on one CTA (masks that grow with the row)
 constexpr int TUNE_FOLD_ODD = 4;  // fold odd row-block counts too: the unpaired middle blocks come last
+constexpr int TUNE_Q_THREAD = 8;  // Q loaded by a thread of its own (producer warp 1), as soon as its slot is free
+constexpr int TUNE_DECODE_AHEAD = 16;  // consumers decode their next unit during this one's first turns
+constexpr int TUNE_FAST_EPILOGUE = 32;  // 1 / l and ln l by MUFU approximations in the epilogue
 
 struct unit {
     int b, h, m0;
@@ -325,13 +345,13 @@ CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
 //  O_STORE_* (what the base's and strides' alignment allows). lse: f32 [B, Hq, Nq] contiguous.
 //  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
 //  left/right: the window sides (flags say whether each is bounded; causal is right = 0).
-//  tune: TUNE_* bits.
+//  tune: TUNE_* bits. trace: with CALICO_ATTN_TRACE, the stamps (see TRACE_SLOTS); else unused.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
                                 int q_heads, int group, int q_len, int k_len, int heads_per_chunk, long long o_sb, long long o_sh,
                                 long long o_sn, int o_store, float score_scale, float cap_log2, int has_left, long long left,
-                                int has_right, long long right, int tune) {
+                                int has_right, long long right, int tune, unsigned long long* trace) {
     using namespace attn_hopper;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -355,6 +375,19 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.ctas = gridDim.x;
     p.tune = tune;
     const float sc = SOFTCAP ? cap_log2 : score_scale;  // > 0: base-2 units per score unit
+    // The trace record of unit w for `consumer`: this CTA's units are w = blockIdx.x + j * gridDim.x.
+    auto stamp = [&](int w, int consumer, int slot) {
+        if constexpr (TRACE) {
+            const int per_cta = (work + (int)gridDim.x - 1) / (int)gridDim.x;
+            const int j = (w - (int)blockIdx.x) / (int)gridDim.x;
+            trace[(((long long)blockIdx.x * per_cta + j) * CONSUMERS + consumer) * TRACE_SLOTS + slot] = global_ns();
+        } else {
+            (void)w;
+            (void)consumer;
+            (void)slot;
+            (void)trace;
+        }
+    };
 
     if (threadIdx.x == 0) {
         bars.k.init(RELEASES);
@@ -368,13 +401,25 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     pl::cursor<STAGES> kc, vc;
     pl::cursor<QBUF> qc;
 
+    // Q of unit u into the next Q slot, once the unit that last used the slot has released it.
+    auto load_q = [&](const unit& u, int w) {
+        calico::mbarrier& qb = bars.q.acquire(qc, Q_BYTES);
+        unsigned char* qd = smem + Q_OFFSET + qc.slot() * Q_BYTES;
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(qd + c * BM * 128, map_q, c * CHUNK, u.m0, u.h, u.b, qb);
+        qc.advance();
+        stamp(w, 0, 6);
+    };
+    const bool q_thread = (p.tune & TUNE_Q_THREAD) != 0;
+
+    // The K/V producer (and, without TUNE_Q_THREAD, Q too).
     auto produce = [&](int w) {
         const unit u = unit_at(p, w);
         if (u.n_hi <= u.n_lo) return;
-        if (qc.count == 0) {
-            calico::tma::prefetch(map_q);
+        if (kc.count == 0) {
             calico::tma::prefetch(map_k);
             calico::tma::prefetch(map_v);
+            if (!q_thread) calico::tma::prefetch(map_q);
         }
         const int hk = u.h / p.group;
         auto load_kv = [&](int n) {
@@ -389,16 +434,34 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(vd + c * BN * 128, map_v, c * CHUNK, n * BN, hk, u.b, vb);
             vc.advance();
         };
-        // The Q slot frees only when the previous unit's last S is done; the first K/V block
-        // need not wait for that.
+        // Without the Q thread: the Q slot frees only when the previous unit's last S is done;
+        // the first K/V block need not wait for that (TUNE_KV_FIRST).
         int n = u.n_hi - 1;
-        if (p.tune & TUNE_KV_FIRST) load_kv(n--);
-        calico::mbarrier& qb = bars.q.acquire(qc, Q_BYTES);
-        unsigned char* qd = smem + Q_OFFSET + qc.slot() * Q_BYTES;
-#pragma unroll
-        for (int c = 0; c < CHUNKS; ++c) calico::tma::load_4d(qd + c * BM * 128, map_q, c * CHUNK, u.m0, u.h, u.b, qb);
-        qc.advance();
+        if (q_thread || (p.tune & TUNE_KV_FIRST)) {
+            load_kv(n--);
+            stamp(w, 0, 7);
+        }
+        if (!q_thread) {
+            load_q(u, w);
+            if (!(p.tune & TUNE_KV_FIRST)) {
+                load_kv(n--);
+                stamp(w, 0, 7);
+            }
+        }
         for (; n >= u.n_lo; --n) load_kv(n);
+    };
+
+    // TUNE_Q_THREAD: lane 0 of the producer warpgroup's warp 1 loads every unit's Q, each as
+    // soon as its slot is free. With two Q slots that is while the previous unit runs, a whole
+    // unit ahead; from the K/V thread it went out only after the unit's first K/V copy, about
+    // a block ahead, and landed late (the trace: 0.8 us of Q wait per unit, the copies of
+    // every CTA's Q reaching HBM at once).
+    auto produce_q = [&](int w) {
+        if (!q_thread || threadIdx.x % 32 != 0) return;
+        const unit u = unit_at(p, w);
+        if (u.n_hi <= u.n_lo) return;
+        if (qc.count == 0) calico::tma::prefetch(map_q);
+        load_q(u, w);
     };
 
     // Ping-pong (SCHED 2): the consumers take turns issuing their GEMMs in the round 0, 1,
@@ -415,8 +478,15 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         if constexpr (PINGPONG) calico::named_barrier_arrive(TURN_BARRIER + next, 2 * calico::WARPGROUP_THREADS);
     };
 
+    // TUNE_DECODE_AHEAD: the consumer's next unit, decoded (unit_at: six integer divisions,
+    // ~400 instructions) while it waits for a turn in this one, not between the two units where
+    // the tensor cores wait for it (the trace: ~0.8 us from a unit's entry to its first S).
+    unit ahead;
+    int ahead_w = -1;
     auto consume = [&](int consumer, int w) {
-        const unit u = unit_at(p, w);
+        const bool tracer = TRACE && threadIdx.x % calico::WARPGROUP_THREADS == 0;
+        if (tracer) stamp(w, consumer, 0);
+        const unit u = ahead_w == w ? ahead : unit_at(p, w);
         const int warp = calico::warpgroup_warp();
         const int lane = threadIdx.x % 32;
         const int g = lane / 4;
@@ -611,6 +681,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 
         if (u.n_hi > u.n_lo) {
             bars.q.wait_full(qc);
+            if (tracer) stamp(w, consumer, 1);
             float s[S_REGS];
             float scale_o[2];
             uint32_t pa[P_STEPS][4];
@@ -635,13 +706,24 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 // softmax of block n runs while that P V is on the tensor cores.
                 int n = u.n_hi - 1;
                 take_turn(consumer);
+                if (tracer) stamp(w, consumer, 2);
                 issue_s(s);
                 pass_turn(consumer);
                 calico::wgmma::wait_group<0>();
                 calico::wgmma::fence_operands(s);
+                if (tracer) stamp(w, consumer, 3);
                 release_k(n);
                 softmax(s, n, scale_o);
                 pack_p(s, pa);
+                // No wgmma is in flight here (ptxas serialises them across branches otherwise),
+                // and the next step waits for the partner's turn anyway.
+                if (p.tune & TUNE_DECODE_AHEAD) {
+                    const int next = w + (int)gridDim.x;
+                    if (next < work) {
+                        ahead = unit_at(p, next);
+                        ahead_w = next;
+                    }
+                }
                 for (--n; n >= u.n_lo; --n) {
                     take_turn(consumer);
                     issue_s(s);
@@ -670,6 +752,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 fence_words(pa);
                 release_v();
             }
+            if (tracer) stamp(w, consumer, 4);
             qc.advance();  // the slot went back with the last K release
         }
 
@@ -683,7 +766,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             const long long row = rows[h];
             const bool stored = row < p.q_len;
             const bool seen = l > 0.0f;
-            const float inv = seen ? 1.0f / l : 0.0f;
+            const bool fast = (p.tune & TUNE_FAST_EPILOGUE) != 0;
+            // l lies in [1, Nkv * 2^LAZY_SLACK]: far from where the approximations lose range.
+            const float inv = seen ? (fast ? __fdividef(1.0f, l) : 1.0f / l) : 0.0f;
             in_t* orow = o + u.b * o_sb + u.h * o_sh + row * o_sn;
             if (o_store == O_STORE_VEC16) {
                 uint32_t words[D / 8];  // this row's columns 8j + 2t, +1
@@ -712,9 +797,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 }
             }
             if (t == 0 && stored) {
-                lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + logf(l) : ATTN_NEG_INF;
+                lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + (fast ? __logf(l) : logf(l)) : ATTN_NEG_INF;
             }
         }
+        if (tracer) stamp(w, consumer, 5);
     };
 
     auto consume_all = [&](int consumer, int w) {
@@ -723,5 +809,5 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         if (PINGPONG && consumer == 0 && w + (int)gridDim.x >= work) take_turn(consumer);
     };
 
-    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume_all);
+    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume_all, produce_q);
 }

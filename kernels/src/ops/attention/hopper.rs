@@ -4,6 +4,7 @@
 //! it declines go to the other GPU kernels (see [`enabled`] and [`Schedule`]).
 
 use super::check::Problem;
+use super::hopper_trace;
 use crate::Device;
 use calico_core::{
     Arch, AsyncCopy, DType, GpuBackend, KernelArg, KernelSource, KernelVariant, LaunchConfig,
@@ -43,6 +44,15 @@ pub(crate) struct HopperFwdVariant {
     /// Q slots: 2 so that the next unit's Q loads during this one (where two K/V stages still
     /// fit beside them), or 1 (`CALICO_ATTN_HOPPER_QBUF=1`).
     q_buffers: usize,
+    /// `CALICO_ATTN_HOPPER_TRACE=1`: stamp each unit's milestones (a diagnostic, hopper_trace.rs).
+    trace: bool,
+}
+
+/// `CALICO_ATTN_HOPPER_TRACE=1`: every call stamps its units' milestones, syncs and (every 8th
+/// call) prints where a unit's time goes (hopper_trace.rs). Off by default.
+fn trace_chosen() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_TRACE").as_deref() == Ok("1"))
 }
 
 /// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max). Both on by
@@ -236,6 +246,7 @@ impl HopperFwdVariant {
             consumers,
             softmax,
             q_buffers: 1,
+            trace: trace_chosen(),
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -247,12 +258,10 @@ impl HopperFwdVariant {
                 .find(|v| v.smem_bytes() <= budget)
         };
         // A second Q slot where two K/V stages still fit beside it (not d = 256).
-        if q_buffers >= 2 {
-            if let Some(v) = fit(2) {
-                return Some(v);
-            }
-        }
-        fit(1)
+        (q_buffers >= 2)
+            .then(|| fit(2))
+            .flatten()
+            .or_else(|| fit(1))
     }
 
     /// Must match hopper_fwd.cu: alignment slack, the Q slots, the K and V rings,
@@ -275,7 +284,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -286,6 +295,7 @@ impl HopperFwdVariant {
             self.schedule,
             if self.softmax.ilp { " ilp" } else { "" },
             if self.softmax.lazy { " lazy" } else { "" },
+            if self.trace { " trace" } else { "" },
         )
     }
 }
@@ -303,6 +313,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_ILP", u8::from(self.softmax.ilp).to_string()),
             ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
             ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
+            ("CALICO_ATTN_TRACE", u8::from(self.trace).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -362,6 +373,17 @@ pub(crate) fn catalog(
             });
         }
     }
+    // The traced form of the defaults (CALICO_ATTN_HOPPER_TRACE=1), so that it stays compiled.
+    for d in [64, 128] {
+        if let Some(v) = HopperFwdVariant::new(arch, bf, d, false, Choices::default()) {
+            let v = HopperFwdVariant { trace: true, ..v };
+            out.push(crate::catalog::CatalogEntry {
+                op: "attention_hopper",
+                label: v.label(),
+                source: v.source(vendor)?,
+            });
+        }
+    }
     Ok(out)
 }
 
@@ -396,7 +418,8 @@ pub(crate) fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool
 }
 
 /// The kernel's tuning switches, all on unless `CALICO_ATTN_HOPPER_TUNE` names some to turn
-/// off (comma-separated: `nokvfirst`, `nofold`, `novec`), for A/B runs.
+/// off (comma-separated: `nokvfirst`, `nofold`, `novec`, `noqthread`,
+/// `nodecodeahead`, `nofastepi`), for A/B runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     /// The producer loads a unit's first K/V block before waiting for the Q slot.
@@ -405,6 +428,12 @@ struct Tune {
     fold: bool,
     /// 16-byte O stores where alignment allows.
     vector_stores: bool,
+    /// Q loaded by a thread of its own, a unit ahead with two Q slots.
+    q_thread: bool,
+    /// Consumers decode their next unit during this one.
+    decode_ahead: bool,
+    /// MUFU approximations for 1 / l and ln l in the epilogue.
+    fast_epilogue: bool,
 }
 
 impl Tune {
@@ -414,13 +443,21 @@ impl Tune {
             kv_first: !off("nokvfirst"),
             fold: !off("nofold"),
             vector_stores: !off("novec"),
+            q_thread: !off("noqthread"),
+            decode_ahead: !off("nodecodeahead"),
+            fast_epilogue: !off("nofastepi"),
         }
     }
     /// hopper_fwd.cu's TUNE_* bits. `fold_odd`: fold odd row-block counts too (the middle
     /// blocks last); on with three consumers (192-row blocks: N = 2048 and 8192 have 11 and
     /// 43), off with two until measured there.
     fn bits(&self, fold_odd: bool) -> i32 {
-        i32::from(self.kv_first) | i32::from(self.fold) << 1 | i32::from(self.fold && fold_odd) << 2
+        i32::from(self.kv_first)
+            | i32::from(self.fold) << 1
+            | i32::from(self.fold && fold_odd) << 2
+            | i32::from(self.q_thread) << 3
+            | i32::from(self.decode_ahead) << 4
+            | i32::from(self.fast_epilogue) << 5
     }
 }
 
@@ -559,6 +596,17 @@ fn launch(
     let work = p.batch * p.q_heads * p.q_len.div_ceil(variant.block_m());
     let grid = work.min(arch.compute_units.max(1) as usize).max(1) as u32;
     let [map_q, map_k, map_v] = maps;
+    // trace: a zeroed buffer for the stamps (milestones not reached stay 0).
+    let per_cta = work.div_ceil(grid as usize);
+    let trace = if variant.trace {
+        let storage =
+            gpu.alloc(grid as usize * per_cta * variant.consumers * hopper_trace::SLOTS * 8)?;
+        storage.write_bytes(0, &vec![0u8; storage.size_bytes()])?;
+        Some(storage)
+    } else {
+        None
+    };
+    let trace_ptr = trace.as_ref().and_then(|t| t.device_address()).unwrap_or(0);
     let args = [
         KernelArg::Opaque128(map_q),
         KernelArg::Opaque128(map_k),
@@ -582,9 +630,40 @@ fn launch(
         KernelArg::I32(has_right),
         KernelArg::I64(right),
         KernelArg::I32(tune().bits(variant.consumers == 3)),
+        KernelArg::Ptr(trace_ptr),
     ];
     let config = LaunchConfig::linear(grid, variant.threads(), variant.smem_bytes() as u32);
-    gpu.launch_variant(&variant, &config, &args)
+    gpu.launch_variant(&variant, &config, &args)?;
+    if let Some(storage) = trace {
+        gpu.synchronize()?;
+        let mut bytes = vec![0u8; storage.size_bytes()];
+        storage.read_bytes(0, &mut bytes)?;
+        let stamps: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        // Every 8th traced call: a few lines per bench case.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        if CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8 == 3 {
+            eprintln!(
+                "[attention fwd b{} h{} n{} d{} causal={} {}] {}",
+                p.batch,
+                p.q_heads,
+                p.q_len,
+                p.head_dim,
+                params.right == Some(0),
+                variant.label(),
+                hopper_trace::summary(
+                    &stamps,
+                    grid as usize,
+                    per_cta,
+                    variant.consumers,
+                    p.k_len.div_ceil(variant.block_n)
+                )
+            );
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -694,13 +773,16 @@ mod tests {
     #[test]
     fn tune_switches_turn_off_by_name() {
         let all = Tune::parse("");
-        assert_eq!(all.bits(false), 3);
-        assert_eq!(all.bits(true), 7);
+        assert_eq!(all.bits(false), 59);
+        assert_eq!(all.bits(true), 63);
         assert!(all.vector_stores);
         let some = Tune::parse("nofold, novec");
-        assert_eq!(some.bits(true), 1);
+        assert_eq!(some.bits(true), 57);
         assert!(!some.vector_stores);
-        assert_eq!(Tune::parse("nokvfirst,nofold").bits(false), 0);
+        let none = "nokvfirst,nofold,noqthread,nodecodeahead,nofastepi";
+        assert_eq!(Tune::parse(none).bits(false), 0);
+        assert_eq!(Tune::parse("noqthread").bits(false), 51);
+        assert_eq!(Tune::parse("nodecodeahead,nofastepi").bits(false), 11);
     }
 
     #[test]

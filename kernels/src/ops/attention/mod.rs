@@ -16,6 +16,7 @@ pub(crate) mod decode_trace;
 pub(crate) mod gpu;
 pub(crate) mod hopper;
 pub(crate) mod hopper_bwd;
+pub(crate) mod hopper_trace;
 pub(crate) mod tiles;
 mod varlen;
 
