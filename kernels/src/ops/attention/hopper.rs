@@ -131,8 +131,8 @@ fn q_buffers_chosen() -> usize {
 
 /// Keys per K/V block at d = 128 for `k_len` keys: 176 from [`WIDE_BLOCKS_FROM`] keys, else 128
 /// (H100, session 9: 176 gains 2-3% at N >= 8192 and loses up to 5% on short causal
-/// problems, whose last 176-key block is mostly masked). `CALICO_ATTN_HOPPER_BN` = 128 | 176 |
-/// 192 forces one (A/B runs).
+/// problems, whose last 176-key block is mostly masked). `CALICO_ATTN_HOPPER_BN` = 128 | 160 |
+/// 176 | 192 forces one (A/B runs).
 fn block_n_chosen(k_len: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     let forced = *FORCED.get_or_init(|| {
@@ -141,6 +141,7 @@ fn block_n_chosen(k_len: usize) -> usize {
             .map(str::trim)
         {
             Ok("128") => Some(128),
+            Ok("160") => Some(160),
             Ok("176") => Some(176),
             Ok("192") => Some(192),
             _ => None,
@@ -360,6 +361,7 @@ pub(crate) fn catalog(
         (bf, 128, false, choices(se, 2, plain, 1, 128)),
         (hf, 128, true, choices(pp, 2, plain, 1, 128)),
         (hf, 128, true, choices(pp, 2, lean, 2, 128)),
+        (bf, 128, false, choices(pp, 2, lean, 2, 160)),
         (bf, 128, false, choices(pp, 2, lean, 2, 176)),
         (hf, 128, true, choices(pp, 2, lean, 2, 176)),
         (bf, 128, false, choices(pp, 2, lean, 2, 192)),
