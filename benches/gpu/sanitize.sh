@@ -11,7 +11,9 @@
 #   SANITIZE_TOOLS     tools to run, in order (default "memcheck racecheck synccheck initcheck")
 #   SANITIZE_FILTER    only executables whose name contains this (default: all)
 #   SANITIZE_EXCLUDE   space-separated name parts of executables to leave out, listed as
-#                      "excluded" (e.g. "compile_all": it compiles kernels but launches none)
+#                      "excluded" (default "huge": conformance's tensors of 4+ GiB, whose
+#                      instrumented launches take minutes per tool; they run the same kernel
+#                      variants as the other executables; "" leaves out none)
 #   SANITIZE_TIMEOUT   seconds per (tool, executable) run before it counts as failed (default 600)
 #   SANITIZE_BUDGET    seconds for the whole script; runs that would start later are "not run"
 #                      (and fail the script) (default: no limit)
@@ -36,7 +38,7 @@
 set -uo pipefail
 tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}
 filter=${SANITIZE_FILTER:-}
-exclude=${SANITIZE_EXCLUDE:-}
+exclude=${SANITIZE_EXCLUDE-huge}
 per_run=${SANITIZE_TIMEOUT:-600}
 budget=${SANITIZE_BUDGET:-0}
 split=${SANITIZE_SPLIT-gemm attention tiles}
