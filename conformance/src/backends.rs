@@ -35,6 +35,25 @@ pub fn report_skipped(test: &str) {
     }
 }
 
+/// The GPU backends that opened, after [`report_skipped`]; with none, one line on stderr
+/// (directly, as `report_skipped` writes) says that `what` was not run, so a GPU-only test
+/// that passes on a machine without a GPU never reads as if it had covered one.
+pub fn gpu_backends(test: &str, what: &str) -> Vec<Device> {
+    report_skipped(test);
+    let gpus: Vec<Device> = backends()
+        .0
+        .into_iter()
+        .filter(|d| d.kind() != BackendKind::Cpu)
+        .collect();
+    if gpus.is_empty() {
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "[{test}] ran on no GPU backend: {what} not run"
+        );
+    }
+    gpus
+}
+
 /// Every how many shapes an exhaustive shape walk runs: 1 (all), or
 /// `CALICO_CONFORMANCE_SHAPE_STRIDE` when set. A stride keeps the walk deterministic and spread
 /// over its whole range; the sanitizer script sets it for the tools (racecheck) under which

@@ -18,5 +18,5 @@ pub mod runner;
 pub mod strategies;
 pub mod tensors;
 
-pub use backends::{backends, cases, report_skipped, shape_stride};
+pub use backends::{backends, cases, gpu_backends, report_skipped, shape_stride};
 pub use runner::{property, Ctx};

@@ -8,7 +8,7 @@ use calico_conformance::compare::{check_close, check_normwise, elementwise_tol};
 use calico_conformance::reference::{self, AttentionDims};
 use calico_conformance::rng::{Dist, Rng};
 use calico_conformance::tensors::{intact, round_all, untouched_outside, view, write, View};
-use calico_conformance::{property, report_skipped, Ctx};
+use calico_conformance::{gpu_backends, property, report_skipped, Ctx};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -977,25 +977,6 @@ fn attention_hopper_shapes_backward() {
 // ---------------------------------------------------------------------------------------------
 // The vendor-neutral tile forward (kernels/device/attention/tiles.cu)
 
-/// The GPU backends present; each missing one is named on stderr, and a run with none says
-/// that the tile kernel was not run.
-fn gpu_backends(test: &str) -> Vec<Device> {
-    report_skipped(test);
-    let gpus: Vec<Device> = calico_conformance::backends()
-        .0
-        .into_iter()
-        .filter(|d| d.kind() != calico::BackendKind::Cpu)
-        .collect();
-    if gpus.is_empty() {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "[{test}] ran on no GPU backend: the tile forward was not run"
-        );
-    }
-    gpus
-}
-
 /// The router sends the forward of `c` on `dev` to the tile kernel (called inside
 /// `with_tile_forward`, which the launch sees as the plan does).
 fn routed_to_tiles(dev: &Device, c: &Case) -> Result<(), String> {
@@ -1034,7 +1015,7 @@ fn tiles_forward_case(dev: &Device, c: &Case) -> Result<(), String> {
 fn attention_tiles_forward_matches_reference() {
     const TEST: &str = "attention_tiles_forward_matches_reference";
     let strategy = case(vec![16, 32, 48, 64, 80, 96, 128, 160, 192, 256]);
-    for dev in gpu_backends(TEST) {
+    for dev in gpu_backends(TEST, "the tile forward") {
         let mut runner =
             proptest::test_runner::TestRunner::new(calico_conformance::runner::config(32));
         if let Err(e) = runner.run(&strategy, |c| {
@@ -1086,7 +1067,7 @@ fn attention_tiles_forward_edges() {
             4.0,
         ),
     ]);
-    for dev in gpu_backends(TEST) {
+    for dev in gpu_backends(TEST, "the tile forward") {
         for c in &cases {
             if let Err(e) = tiles_forward_case(&dev, c) {
                 panic!("{TEST} on backend {}: {c:?}: {e}", dev.kind());
@@ -1114,7 +1095,7 @@ fn attention_tiles_varlen_matches_reference() {
         &[(64, 64), (2, 17), (129, 1)],
         &[(3, 63), (0, 1), (1, 0)],
     ];
-    for dev in gpu_backends(TEST) {
+    for dev in gpu_backends(TEST, "the tile forward") {
         for (i, l) in lens.iter().enumerate() {
             for (dtype, opts) in [
                 (DType::BF16, AttentionOptions::default()),

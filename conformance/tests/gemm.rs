@@ -11,7 +11,7 @@ use calico_conformance::rng::{Dist, Rng};
 use calico_conformance::tensors::{
     intact, matrix, round_all, untouched_outside, MatrixMemory, View,
 };
-use calico_conformance::{backends, property, report_skipped, shape_stride, Ctx};
+use calico_conformance::{backends, gpu_backends, property, report_skipped, shape_stride, Ctx};
 use proptest::prelude::*;
 use proptest::sample::select;
 
@@ -366,18 +366,8 @@ fn gemm_tile_crossing_sizes() {
 /// the properties above and would take minutes in a debug build.
 #[test]
 fn gemm_large_on_gpu() {
-    report_skipped("gemm_large_on_gpu");
-    let gpus: Vec<Device> = backends()
-        .0
-        .into_iter()
-        .filter(|d| d.kind() != calico::BackendKind::Cpu)
-        .collect();
+    let gpus = gpu_backends("gemm_large_on_gpu", "the large GEMM checks");
     if gpus.is_empty() {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "[gemm_large_on_gpu] no GPU backend present: large GEMM checks not run"
-        );
         return;
     }
     let row = MatrixMemory::default();
@@ -867,18 +857,11 @@ fn gemv_shapes() {
 /// workspace for the Hopper kernel), checked on sampled elements.
 #[test]
 fn gemv_and_odd_shapes_on_gpu() {
-    report_skipped("gemv_and_odd_shapes_on_gpu");
-    let gpus: Vec<Device> = backends()
-        .0
-        .into_iter()
-        .filter(|d| d.kind() != calico::BackendKind::Cpu)
-        .collect();
+    let gpus = gpu_backends(
+        "gemv_and_odd_shapes_on_gpu",
+        "the GEMV and odd-shape checks",
+    );
     if gpus.is_empty() {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "[gemv_and_odd_shapes_on_gpu] no GPU backend present: GEMV and odd-shape checks not run"
-        );
         return;
     }
     let row = MatrixMemory::default();
@@ -1093,14 +1076,8 @@ fn tile_gemm_sizes_reach_every_block_tile() {
 /// and sm_100; the padded Hopper path on an H100).
 #[test]
 fn tile_gemm_matches_reference() {
-    report_skipped("tile_gemm_matches_reference");
-    let gpus: Vec<Device> = backends()
-        .0
-        .into_iter()
-        .filter(|d| !matches!(d, Device::Cpu(_)))
-        .collect();
+    let gpus = gpu_backends("tile_gemm_matches_reference", "the tile GEMM (GPU-only)");
     if gpus.is_empty() {
-        eprintln!("[tile_gemm_matches_reference] skipped: no CUDA or HIP device (the tile GEMM is GPU-only)");
         return;
     }
     // (in, out, epilogue, C, bias, alpha, beta)

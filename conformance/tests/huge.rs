@@ -5,10 +5,10 @@
 //! machine, and the CPU backend indexes with usize throughout.
 
 use calico::ops;
-use calico::{DType, Device, Tensor};
+use calico::{DType, Tensor};
 use calico_conformance::compare::{check_close, gemm_tol, row_tol};
+use calico_conformance::gpu_backends;
 use calico_conformance::reference;
-use calico_conformance::report_skipped;
 use calico_conformance::rng::Rng;
 use half::bf16;
 
@@ -18,24 +18,6 @@ const COLS: usize = 4096;
 const ROWS: usize = (1 << 31) / COLS + 3;
 /// A repeating pattern of random values, its length prime so that rows differ.
 const PATTERN: usize = 1_000_003;
-
-/// The GPU backends present; with none, says on stderr that nothing was run.
-fn gpus(test: &str) -> Vec<Device> {
-    report_skipped(test);
-    let gpus: Vec<Device> = calico_conformance::backends()
-        .0
-        .into_iter()
-        .filter(|d| d.kind() != calico::BackendKind::Cpu)
-        .collect();
-    if gpus.is_empty() {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr().lock(),
-            "[{test}] ran on no GPU backend: tensors past 2^31 elements were not tested"
-        );
-    }
-    gpus
-}
 
 /// `n` bf16 values in [-2, 2): a random pattern repeated (filling 2^31 values one by one would
 /// take most of the test's time).
@@ -83,7 +65,10 @@ fn read_row(t: &Tensor, r: usize) -> Result<Vec<f64>, String> {
 
 #[test]
 fn softmax_and_rms_norm_past_2_31_elements() {
-    for dev in gpus("softmax_and_rms_norm_past_2_31_elements") {
+    for dev in gpu_backends(
+        "softmax_and_rms_norm_past_2_31_elements",
+        "the checks of tensors past 2^31 elements",
+    ) {
         let x = values(ROWS * COLS, 11);
         let w = values(COLS, 12);
         let xt = dev.tensor(&x, &[ROWS, COLS]).expect("x");
@@ -140,7 +125,10 @@ fn gemm_rows(a: &[bf16], w: &[bf16], k: usize, n: usize, rows: &[usize]) -> Vec<
 /// (K = 64, N = 4096): the operand loads and the epilogue's stores past 4 GiB.
 #[test]
 fn matmul_past_2_31_elements_in_a_and_in_d() {
-    for dev in gpus("matmul_past_2_31_elements_in_a_and_in_d") {
+    for dev in gpu_backends(
+        "matmul_past_2_31_elements_in_a_and_in_d",
+        "the checks of tensors past 2^31 elements",
+    ) {
         for (k, n) in [(COLS, 64), (64, COLS)] {
             let a = values(ROWS * k, 21);
             let w = values(n * k, 22);
@@ -173,7 +161,10 @@ fn attention_past_2_31_elements_in_q_and_o() {
     const D: usize = 128;
     const KEYS: usize = 128;
     const QROWS: usize = (1 << 31) / (HEADS * D) + 3;
-    for dev in gpus("attention_past_2_31_elements_in_q_and_o") {
+    for dev in gpu_backends(
+        "attention_past_2_31_elements_in_q_and_o",
+        "the checks of tensors past 2^31 elements",
+    ) {
         let q = values(HEADS * QROWS * D, 31);
         let k = values(HEADS * KEYS * D, 32);
         let v = values(HEADS * KEYS * D, 33);
