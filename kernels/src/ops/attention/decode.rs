@@ -6,6 +6,7 @@
 
 use super::decode_mma::{self, DecodeMmaVariant};
 use super::decode_trace;
+use super::stamps;
 use super::AttentionOptions;
 use crate::ops::check;
 use crate::Device;
@@ -686,9 +687,7 @@ fn launch(
     let trace = match plan.kernel {
         MainKernel::Mma(v) if v.trace => {
             let blocks = plan.splits * grid_y * p.batch;
-            let storage = gpu.alloc(blocks * decode_trace::SLOTS * 8)?;
-            storage.write_bytes(0, &vec![0u8; storage.size_bytes()])?;
-            Some(storage)
+            Some(stamps::zeroed(gpu, blocks * decode_trace::SLOTS)?)
         }
         _ => None,
     };
@@ -803,20 +802,9 @@ fn launch(
         launch_both(0, 0)?;
     }
     if let Some(storage) = trace {
-        gpu.synchronize()?;
-        let mut bytes = vec![0u8; storage.size_bytes()];
-        storage.read_bytes(0, &mut bytes)?;
-        let stamps: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|c| {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(c);
-                u64::from_le_bytes(word)
-            })
-            .collect();
-        // Every 8th traced call: a few lines per bench case.
+        let stamps = stamps::read(gpu, storage.as_ref())?;
         static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        if CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8 == 3 {
+        if stamps::every_eighth(&CALLS) {
             eprintln!(
                 "[decode b{} ctx{} {} splits {}] {}",
                 p.batch,

@@ -5,6 +5,7 @@
 
 use super::check::Problem;
 use super::hopper_trace;
+use super::stamps;
 use crate::Device;
 use calico_core::{
     Arch, AsyncCopy, DType, GpuBackend, KernelArg, KernelSource, KernelVariant, LaunchConfig,
@@ -601,10 +602,8 @@ fn launch(
     // trace: a zeroed buffer for the stamps (milestones not reached stay 0).
     let per_cta = work.div_ceil(grid as usize);
     let trace = if variant.trace {
-        let storage =
-            gpu.alloc(grid as usize * per_cta * variant.consumers * hopper_trace::SLOTS * 8)?;
-        storage.write_bytes(0, &vec![0u8; storage.size_bytes()])?;
-        Some(storage)
+        let words = grid as usize * per_cta * variant.consumers * hopper_trace::SLOTS;
+        Some(stamps::zeroed(gpu, words)?)
     } else {
         None
     };
@@ -637,16 +636,9 @@ fn launch(
     let config = LaunchConfig::linear(grid, variant.threads(), variant.smem_bytes() as u32);
     gpu.launch_variant(&variant, &config, &args)?;
     if let Some(storage) = trace {
-        gpu.synchronize()?;
-        let mut bytes = vec![0u8; storage.size_bytes()];
-        storage.read_bytes(0, &mut bytes)?;
-        let stamps: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect();
-        // Every 8th traced call: a few lines per bench case.
+        let stamps = stamps::read(gpu, storage.as_ref())?;
         static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        if CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8 == 3 {
+        if stamps::every_eighth(&CALLS) {
             eprintln!(
                 "[attention fwd b{} h{} n{} d{} causal={} {}] {}",
                 p.batch,

@@ -17,6 +17,7 @@ pub(crate) mod gpu;
 pub(crate) mod hopper;
 pub(crate) mod hopper_bwd;
 pub(crate) mod hopper_trace;
+mod stamps;
 pub(crate) mod tiles;
 mod varlen;
 
