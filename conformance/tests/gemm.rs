@@ -849,6 +849,44 @@ fn gemv_shapes() {
                 panic!("backend {}: {g:?}: {e}", dev.kind());
             }
         }
+        // Aligned rows, where A fits in shared memory (the GPU's streaming form): fewer K
+        // steps than warps, a partial last step, two steps per warp, several groups per CTA
+        // and fewer groups than SMs, M on both sides of 8, C in place and a bias.
+        let aligned = [
+            (1, 24, 8),
+            (3, 1100, 1000),
+            (8, 300, 6144),
+            (9, 2000, 768),
+            (16, 1057, 4104),
+            (16, 40, 256),
+        ];
+        for (i, &(m, n, k)) in aligned.iter().enumerate() {
+            let g = GemmCase {
+                in_dtype: [DType::BF16, DType::F16][i % 2],
+                out_dtype: [DType::BF16, DType::F32, DType::F16][i % 3],
+                batch: None,
+                m,
+                n,
+                k,
+                a_mem: row(0, 0),
+                b_mem: weight(0, 0),
+                c_mem: MatrixMemory::default(),
+                d_mem: MatrixMemory::default(),
+                alpha: [1.0, -0.75][i % 2],
+                beta: if i % 3 == 1 { 0.5 } else { 0.0 },
+                c_mode: if i % 3 == 1 {
+                    CMode::InPlace
+                } else {
+                    CMode::None
+                },
+                bias: i % 2 == 0,
+                epilogue: [Epilogue::None, Epilogue::Gelu, Epilogue::Silu][i % 3],
+                seed: 150 + i as u64,
+            };
+            if let Err(e) = run_gemm(&dev, &g, false) {
+                panic!("backend {}: {g:?}: {e}", dev.kind());
+            }
+        }
     }
 }
 
