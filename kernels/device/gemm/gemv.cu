@@ -24,22 +24,6 @@
 //     element with bounds; CALICO_GEMV_VEC = 0 (A or W rows not 16-byte aligned) reads every
 //     chunk element by element.
 //
-// The streaming form (CALICO_GEMV_STREAM = 1, 16-byte aligned rows, A small enough for shared
-// memory): one CTA per SM that never ends until its share of W is read. The split form above
-// launches CTAs of 255-register lanes at M = 16, one per SM, and every CTA boundary drains the
-// SM's loads (the last bytes land, the partials meet, the CTA exits, the next one starts and
-// waits a full memory latency for its first bytes). Here:
-//   * A (M x K, rows padded to whole steps with zeros) is copied once into shared memory, with a
-//     row pitch of 64 bytes past a multiple of 128 so a quarter-warp's two rows (g, g + 1) read
-//     disjoint banks. Its fragments come from there (ld.shared), not from registers in flight.
-//   * CTA b owns a contiguous, balanced range of 8-row groups. For each group, warp w takes the
-//     K steps w, w + WARPS, ... (one step: UNROLL chunks of 32 K, the split form's fragments).
-//     A warp's (group, step) items run back to back with the next item's weight loads issued
-//     before the current item's MMAs, so a warp always has loads in flight, across groups too.
-//   * After its last step of a group each warp parks its m16 x 8 partial in one of two buffers;
-//     one barrier per group, then 128 threads sum the partials in warp order (deterministic) and
-//     write D through the shared epilogue, while the warps go on with the next group.
-//
 // Defines:
 //   CALICO_GEMM_IN       bf16 | f16
 //   CALICO_GEMM_OUT      bf16 | f16 | float
@@ -49,8 +33,6 @@
 //   CALICO_GEMV_VEC      1: A and W rows are 16-byte aligned (vector loads), 0: scalar loads
 //   CALICO_GEMV_M16      1 when M > 8 (A rows 8..15 are read)
 //   CALICO_GEMV_PREFETCH 1: weight loads ask L2 for the whole 256-byte block (longer DRAM bursts)
-//   CALICO_GEMV_STREAM   1: the streaming form (needs CALICO_GEMV_VEC = 1; NB is not used;
-//                        dynamic shared memory of stream_smem_bytes(M, K) from the host)
 //   and the epilogue defines of gemm/epilogue.cuh.
 #include "calico/calico.h"
 #include "calico/mma_sync.cuh"
@@ -79,9 +61,6 @@
 #endif
 #ifndef CALICO_GEMV_PREFETCH
 #define CALICO_GEMV_PREFETCH 0
-#endif
-#ifndef CALICO_GEMV_STREAM
-#define CALICO_GEMV_STREAM 0
 #endif
 
 namespace calico {
@@ -192,7 +171,6 @@ CALICO_DEVICE void step(float (&acc)[NB][4], const In* const (&wrow)[NB], const 
     }
 }
 
-#if !CALICO_GEMV_STREAM
 CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict__ w, i64 w_rs, const Out* c,
                        i64 c_rs, i64 c_cs, Out* d, i64 d_rs, i64 d_cs, const Out* __restrict__ bias, i64 m, i64 n,
                        i64 k, float alpha, float beta) {
@@ -250,167 +228,6 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
         d[r * d_rs + col * d_cs] = gemm::finish<Out>(sum, alpha, beta, c_at, bias_at);
     }
 }
-#endif
-
-#if CALICO_GEMV_STREAM
-static_assert(CALICO_GEMV_VEC == 1, "the streaming form reads 16-byte aligned rows");
-
-// A's rows in shared memory: M <= 8 reads rows 0..7 only.
-constexpr int A_ROWS = CALICO_GEMV_M16 ? 16 : 8;
-// Row pitch padding in elements: whole steps plus 64 bytes, so rows g and g + 1 (one
-// quarter-warp of a 16-byte load) start 64 bytes apart modulo 128 and share no bank.
-constexpr int A_PAD = 32;
-// Partials of one group: [WARPS][16][PITCH] floats; two of them (groups alternate).
-constexpr int PART_FLOATS = WARPS * 16 * PITCH;
-
-// Elements per row of A in shared memory for this K (the host computes the same).
-CALICO_DEVICE i64 stream_pitch(i64 k) { return ((k + STEP - 1) / STEP) * STEP + A_PAD; }
-
-CALICO_DEVICE unsigned smem_u32(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
-
-CALICO_DEVICE u32x4 lds128(unsigned addr) {
-    u32x4 r;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(addr));
-    return r;
-}
-
-CALICO_DEVICE void sts128(unsigned addr, u32x4 v) {
-    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
-
-// 16 bytes global -> shared without a register round trip (sm_80+).
-CALICO_DEVICE void cp_async16(unsigned dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-// One item's weight fragments: UNROLL chunks of 16 bytes of this lane's row.
-struct item_loads {
-    u32x4 w[UNROLL];
-};
-
-// Loads step s of the weight row `wrow` (null: a row past N, zeros): vector loads when the
-// step is whole, element by element at K's end, zeros past it or for steps past the last.
-CALICO_DEVICE void load_item(item_loads& out, const In* wrow, i64 s, i64 steps, int t, i64 k) {
-    const i64 k0 = s * STEP;
-    if (wrow != nullptr && s < steps && k0 + STEP <= k) {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) out.w[u] = load_stream(wrow + k0 + 32 * u + 8 * t);
-    } else {
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            const i64 kc = k0 + 32 * u + 8 * t;
-            out.w[u] = (wrow != nullptr && s < steps && kc < k) ? load_scalar(wrow + kc, k - kc) : zero4();
-        }
-    }
-}
-
-// The MMAs of step s: A's fragments for rows g and g + 8 at this lane's K from shared memory.
-CALICO_DEVICE void mma_item(float (&acc)[4], const item_loads& in, unsigned a_lo, unsigned a_hi, bool lo_in, bool hi_in, i64 s, int t) {
-#pragma unroll
-    for (int u = 0; u < UNROLL; ++u) {
-        const unsigned off = unsigned(s * STEP + 32 * u + 8 * t) * 2u;
-        const u32x4 alo = lo_in ? lds128(a_lo + off) : zero4();
-        const u32x4 ahi = hi_in ? lds128(a_hi + off) : zero4();
-        const unsigned f0[4] = {alo.x, ahi.x, alo.y, ahi.y};
-        const unsigned f1[4] = {alo.z, ahi.z, alo.w, ahi.w};
-        mma_16816<In>(acc, f0, in.w[u].x, in.w[u].y);
-        mma_16816<In>(acc, f1, in.w[u].z, in.w[u].w);
-    }
-}
-
-CALICO_DEVICE void run_stream(const In* __restrict__ a, i64 a_rs, const In* __restrict__ w, i64 w_rs, const Out* c, i64 c_rs,
-                              i64 c_cs, Out* d, i64 d_rs, i64 d_cs, const Out* __restrict__ bias, i64 m, i64 n, i64 k, float alpha,
-                              float beta) {
-    extern __shared__ __align__(16) unsigned char gemv_smem[];
-    const i64 pitch = stream_pitch(k);
-    In* const a_s = reinterpret_cast<In*>(gemv_smem);
-    float* const part = reinterpret_cast<float*>(gemv_smem + A_ROWS * pitch * 2);
-
-    const int tid = int(thread_x());
-    const int lane = tid % 32;
-    const int warp = tid / 32;
-    const int g = lane / 4;
-    const int t = lane % 4;
-
-    // This CTA's groups of 8 weight rows: a contiguous range, sizes differing by at most one.
-    const i64 groups = (n + 7) / 8;
-    const i64 ctas = i64(grid_dim_x());
-    const i64 b = i64(block_x());
-    const i64 per = groups / ctas;
-    const i64 extra = groups % ctas;
-    const i64 first_group = b * per + (b < extra ? b : extra);
-    const i64 my_groups = per + (b < extra ? 1 : 0);
-    const i64 steps = (k + STEP - 1) / STEP;
-    const i64 slots = (steps + WARPS - 1) / WARPS;  // step slots of each warp in a group
-    const i64 items = my_groups * slots;
-
-    // The weight row of item i (its group's row g), or null past N.
-    auto row_of = [&](i64 i) -> const In* {
-        const i64 row = (first_group + i / slots) * 8 + g;
-        return row < n ? w + row * w_rs : nullptr;
-    };
-    auto step_of = [&](i64 i) -> i64 { return warp + (i % slots) * WARPS; };
-
-    item_loads cur;
-    if (items > 0) load_item(cur, row_of(0), step_of(0), steps, t, k);
-
-    // A into shared memory (rows < M; whole steps, zeros past K) while the first loads fly.
-    const i64 rows = m < A_ROWS ? m : A_ROWS;
-    const i64 chunks = steps * STEP / 8;
-    for (i64 idx = tid; idx < rows * chunks; idx += THREADS) {
-        const i64 r = idx / chunks;
-        const i64 kc = (idx - r * chunks) * 8;
-        const In* src = a + r * a_rs + kc;
-        const unsigned dst = smem_u32(a_s + r * pitch + kc);
-        if (kc + 8 <= k) {
-            cp_async16(dst, src);  // all of a thread's copies in flight at once, no registers
-        } else {
-            sts128(dst, kc < k ? load_scalar(src, k - kc) : zero4());
-        }
-    }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    sync_threads();
-
-    const bool lo_in = g < m;
-    const bool hi_in = g + 8 < m;
-    const unsigned a_lo = smem_u32(a_s + (lo_in ? g : 0) * pitch);
-    const unsigned a_hi = smem_u32(a_s + (hi_in ? g + 8 : 0) * pitch);
-    const int out_rows = m < 16 ? int(m) : 16;
-
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (i64 i = 0; i < items; ++i) {
-        item_loads next;
-        if (i + 1 < items) load_item(next, row_of(i + 1), step_of(i + 1), steps, t, k);
-        const i64 s = step_of(i);
-        if (s < steps) mma_item(acc, cur, a_lo, a_hi, lo_in, hi_in, s, t);
-        cur = next;
-        if ((i + 1) % slots != 0) continue;
-
-        // The group is done in this warp: park its partial, then sum the group's partials.
-        const i64 j = i / slots;
-        float* buf = part + (j & 1) * PART_FLOATS;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) buf[(warp * 16 + g + (e >> 1) * 8) * PITCH + 2 * t + (e & 1)] = acc[e];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[e] = 0.0f;
-        // The buffer was last read two groups ago, before the previous group's barrier.
-        sync_threads();
-        if (tid < out_rows * 8) {
-            const int r = tid / 8;
-            const int cl = tid % 8;
-            const i64 col = (first_group + j) * 8 + cl;
-            if (col < n) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int wi = 0; wi < WARPS; ++wi) sum += buf[(wi * 16 + r) * PITCH + cl];
-                const Out* c_at = CALICO_GEMM_HAS_C ? c + r * c_rs + col * c_cs : nullptr;
-                const Out* bias_at = CALICO_GEMM_HAS_BIAS ? bias + col : nullptr;
-                d[r * d_rs + col * d_cs] = gemm::finish<Out>(sum, alpha, beta, c_at, bias_at);
-            }
-        }
-    }
-}
-#endif
 
 }  // namespace gemv
 }  // namespace calico
@@ -426,9 +243,5 @@ CALICO_KERNEL void __launch_bounds__(CALICO_GEMV_WARPS * 32) calico_gemv(
     const CALICO_GEMM_IN* __restrict__ a, long long a_rs, const CALICO_GEMM_IN* __restrict__ w, long long w_rs,
     const CALICO_GEMM_OUT* c, long long c_rs, long long c_cs, CALICO_GEMM_OUT* d, long long d_rs, long long d_cs,
     const CALICO_GEMM_OUT* __restrict__ bias, long long m, long long n, long long k, float alpha, float beta) {
-#if CALICO_GEMV_STREAM
-    calico::gemv::run_stream(a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k, alpha, beta);
-#else
     calico::gemv::run(a, a_rs, w, w_rs, c, c_rs, c_cs, d, d_rs, d_cs, bias, m, n, k, alpha, beta);
-#endif
 }

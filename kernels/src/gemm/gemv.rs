@@ -4,11 +4,6 @@
 //! summed in shared memory in a fixed order (deterministic, one launch, no workspace).
 //! `CALICO_GEMV=off` disables the path; `CALICO_GEMV_TUNE=nb=2,warps=8,unroll=4` forces its
 //! shape (A/B runs).
-//!
-//! Two forms of the kernel: the split form (a CTA per NB groups of 8 weight rows, K split over
-//! its warps) and the streaming form (`stream`: A copied once into shared memory, one CTA per SM
-//! walking a balanced range of row groups with the next loads always in flight), taken where
-//! rows are 16-byte aligned and A fits in shared memory (`stream=0|1` forces either).
 
 use super::portable::GEMM_HEADERS;
 use super::{Epilogue, GemmProblem};
@@ -30,31 +25,12 @@ const DEFAULT_PREFETCH: bool = false;
 /// off): on by default since the H100 measured M = 16 at 4096 x 4096 0.0190 -> 0.0174 ms and
 /// at 4096 x 14336 0.0539 -> 0.0490 ms (the uncapped 16 warps spilled).
 const DEFAULT_FIT: bool = true;
-/// Whether the streaming form is taken where it applies (`stream=0|1` overrides).
-const DEFAULT_STREAM: bool = true;
 /// 32-bit registers per SM (sm_80 .. sm_100): a block of W warps gets at most 65536 / (32 W)
 /// per thread (255 at most).
 const REGS_PER_SM: usize = 65536;
 /// Registers a lane needs besides its loads in flight: accumulators, pointers, indices.
 const OTHER_REGS: usize = 48;
 const MAX_GRID_X: usize = i32::MAX as usize;
-/// The streaming form's shape: 16 warps (one CTA per SM, 128 registers a lane: two steps of
-/// 8 x 16-byte weight loads in flight) and 8 chunks of 32 K per step.
-const STREAM_WARPS: usize = 16;
-const STREAM_UNROLL: usize = 8;
-/// Elements of padding per row of A in shared memory (gemv.cu's A_PAD).
-const STREAM_A_PAD: usize = 32;
-/// Floats of one warp's m16 x 8 partial with its row pitch of 9 (gemv.cu's PITCH at NB 1).
-const STREAM_PART_FLOATS: usize = 16 * 9;
-
-/// Dynamic shared memory of the streaming form: A's rows (8, or 16 when M > 8) padded to whole
-/// steps plus [`STREAM_A_PAD`], and two sets of per-warp partials.
-fn stream_smem_bytes(m16: bool, k: usize) -> usize {
-    let step = 32 * STREAM_UNROLL;
-    let rows = if m16 { 16 } else { 8 };
-    let pitch = k.div_ceil(step).max(1) * step + STREAM_A_PAD;
-    rows * pitch * 2 + 2 * STREAM_WARPS * STREAM_PART_FLOATS * 4
-}
 
 /// One compiled form of the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,8 +49,6 @@ pub(crate) struct Variant {
     pub m16: bool,
     /// Weight loads with the L2 256-byte prefetch hint.
     pub prefetch: bool,
-    /// The streaming form (A in shared memory, one CTA per SM); `nb` is 1 and unused.
-    pub stream: bool,
     pub epilogue: Epilogue,
     pub has_c: bool,
     pub has_bias: bool,
@@ -91,7 +65,6 @@ impl Variant {
             ("CALICO_GEMV_VEC", u8::from(self.vec).to_string()),
             ("CALICO_GEMV_M16", u8::from(self.m16).to_string()),
             ("CALICO_GEMV_PREFETCH", u8::from(self.prefetch).to_string()),
-            ("CALICO_GEMV_STREAM", u8::from(self.stream).to_string()),
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
@@ -100,8 +73,7 @@ impl Variant {
 
     fn label(self) -> String {
         format!(
-            "gemv{} {}->{} nb{} warps{} unroll{} vec={} m16={} prefetch={} {:?} c={} bias={}",
-            if self.stream { " stream" } else { "" },
+            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} prefetch={} {:?} c={} bias={}",
             self.in_dtype,
             self.out_dtype,
             self.nb,
@@ -133,8 +105,6 @@ struct Tune {
     prefetch: Option<bool>,
     /// Cap the warps so that one step's loads fit a lane's registers.
     fit: Option<bool>,
-    /// Take the streaming form where it applies (`stream=1`) or never (`stream=0`).
-    stream: Option<bool>,
 }
 
 impl Tune {
@@ -151,7 +121,6 @@ impl Tune {
                 "unroll" => t.unroll = num.filter(|v| [1, 2, 4, 8].contains(v)),
                 "prefetch" => t.prefetch = num.filter(|v| *v <= 1).map(|v| v == 1),
                 "fit" => t.fit = num.filter(|v| *v <= 1).map(|v| v == 1),
-                "stream" => t.stream = num.filter(|v| *v <= 1).map(|v| v == 1),
                 _ => {}
             }
         }
@@ -222,25 +191,6 @@ fn loads_fit(nb: usize, unroll: usize, m16: bool, warps: usize) -> bool {
 /// 16) that give every SM ~16 warps while each keeps at least one K step; with `fit=1`, no more
 /// than a lane's registers can feed (see [`loads_fit`]).
 fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
-    let m16 = p.m > 8;
-    let vec = vector_loads_ok(p);
-    let stream_fits = vec && stream_smem_bytes(m16, p.k) <= arch.shared_mem_per_block;
-    if stream_fits && tune.stream.unwrap_or(DEFAULT_STREAM) {
-        return Variant {
-            in_dtype: p.in_dtype,
-            out_dtype: p.out_dtype,
-            nb: 1,
-            warps: STREAM_WARPS,
-            unroll: STREAM_UNROLL,
-            vec,
-            m16,
-            prefetch: false,
-            stream: true,
-            epilogue: p.epilogue,
-            has_c: p.c.is_some() && p.beta != 0.0,
-            has_bias: p.bias.is_some(),
-        };
-    }
     let nb = tune.nb.unwrap_or(match p.m {
         0..=4 => 1,
         5..=8 => 2,
@@ -257,6 +207,7 @@ fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
     while warps > 1 && warps > steps {
         warps /= 2;
     }
+    let m16 = p.m > 8;
     if tune.fit.unwrap_or(DEFAULT_FIT) {
         while warps > 1 && !loads_fit(nb, unroll, m16, warps) {
             warps /= 2;
@@ -268,10 +219,9 @@ fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
         nb,
         warps: tune.warps.unwrap_or(warps),
         unroll,
-        vec,
+        vec: vector_loads_ok(p),
         m16,
         prefetch: tune.prefetch.unwrap_or(DEFAULT_PREFETCH),
-        stream: false,
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
         has_bias: p.bias.is_some(),
@@ -288,19 +238,10 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
         )));
     }
     let v = variant(arch, p, Tune::get());
-    let groups = p.n.div_ceil(8 * v.nb);
-    let config = if v.stream {
-        LaunchConfig {
-            grid: (groups.min(arch.compute_units.max(1) as usize) as u32, 1, 1),
-            block: (32 * v.warps as u32, 1, 1),
-            shared_mem_bytes: stream_smem_bytes(v.m16, p.k) as u32,
-        }
-    } else {
-        LaunchConfig {
-            grid: (groups as u32, 1, 1),
-            block: (32 * v.warps as u32, 1, 1),
-            shared_mem_bytes: 0,
-        }
+    let config = LaunchConfig {
+        grid: (p.n.div_ceil(8 * v.nb) as u32, 1, 1),
+        block: (32 * v.warps as u32, 1, 1),
+        shared_mem_bytes: 0,
     };
     // Positional, not WeightParams: see the kernel entry in gemv.cu.
     let args = super::weight_args(p, v.has_c)?;
@@ -321,18 +262,9 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
         vec: true,
         m16: false,
         prefetch: false,
-        stream: false,
         epilogue: Epilogue::None,
         has_c: false,
         has_bias: false,
-    };
-    // The streaming form at M <= 8 and M > 8, the second with C, bias and GELU.
-    let stream = Variant {
-        nb: 1,
-        warps: STREAM_WARPS,
-        unroll: STREAM_UNROLL,
-        stream: true,
-        ..base
     };
     let variants = [
         base,
@@ -372,14 +304,6 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
             m16: true,
             ..base
         },
-        stream,
-        Variant {
-            m16: true,
-            epilogue: Epilogue::Gelu,
-            has_c: true,
-            has_bias: true,
-            ..stream
-        },
     ];
     variants
         .into_iter()
@@ -404,44 +328,8 @@ mod tests {
     }
 
     #[test]
-    fn streaming_form_where_a_fits_in_shared_memory() {
-        let t = Tune::default();
-        for (m, n, k) in [
-            (1, 4096, 4096),
-            (16, 4096, 4096),
-            (16, 14336, 4096),
-            (4, 4096, 12288),
-        ] {
-            let v = variant(&h100(), &problem(m, n, k, true), t);
-            assert!(v.stream, "{m}x{n}x{k}");
-            assert_eq!(
-                (v.warps, v.unroll, v.m16),
-                (STREAM_WARPS, STREAM_UNROLL, m > 8)
-            );
-        }
-        // 16 rows of 14336 (460 KB) or 8 rows of 14336 (230 KB + partials) do not fit 227 KB.
-        assert_eq!(
-            stream_smem_bytes(true, 4096),
-            16 * (4096 + 32) * 2 + 2 * 16 * 144 * 4
-        );
-        assert!(!variant(&h100(), &problem(16, 4096, 14336, true), t).stream);
-        assert!(!variant(&h100(), &problem(1, 4096, 14336, true), t).stream);
-        // Rows off 16-byte boundaries take the split form's scalar loads.
-        assert!(!variant(&h100(), &problem(3, 100, 4095, true), t).stream);
-        // stream=0 forces the split form.
-        assert!(
-            !variant(
-                &h100(),
-                &problem(16, 4096, 4096, true),
-                Tune::parse("stream=0")
-            )
-            .stream
-        );
-    }
-
-    #[test]
     fn decode_shapes_fill_the_sms() {
-        let t = Tune::parse("stream=0");
+        let t = Tune::default();
         let v = variant(&h100(), &problem(1, 4096, 4096, true), t);
         assert_eq!((v.nb, v.warps, v.vec, v.m16), (1, 8, true, false));
         let v = variant(&h100(), &problem(16, 4096, 4096, true), t);
@@ -454,7 +342,7 @@ mod tests {
 
     #[test]
     fn fit_caps_the_warps_where_the_loads_would_spill() {
-        let fit = Tune::parse("fit=1,stream=0");
+        let fit = Tune::parse("fit=1");
         assert_eq!(fit.fit, Some(true));
         // M = 16 against 4096 x 4096 and 4096 x 14336: 16 warps spilled, 8 hold 192 + 48.
         for k in [4096, 14336] {
@@ -471,13 +359,13 @@ mod tests {
         let v = variant(
             &h100(),
             &problem(16, 4096, 4096, true),
-            Tune::parse("fit=0,stream=0"),
+            Tune::parse("fit=0"),
         );
         assert_eq!(v.warps, 16);
         let v = variant(
             &h100(),
             &problem(16, 4096, 4096, true),
-            Tune::parse("fit=1,warps=16,stream=0"),
+            Tune::parse("fit=1,warps=16"),
         );
         assert_eq!(v.warps, 16);
     }
@@ -531,11 +419,7 @@ mod tests {
         assert_eq!(a[4], KernelArg::Ptr(3 << 20));
         assert_eq!(a[15], KernelArg::F32(0.5));
         let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
-        assert_eq!(entries.len(), 8);
-        assert!(entries[6]
-            .source
-            .text
-            .contains("#define CALICO_GEMV_STREAM 1\n"));
+        assert_eq!(entries.len(), 6);
         assert!(entries[1]
             .source
             .text
