@@ -2,6 +2,7 @@
 
 use crate::context::Context;
 use crate::context::Kernel;
+use crate::graph::{self, CapturedHipGraph};
 use crate::loader::{self, Runtime};
 use crate::result::{check, hip_message};
 use crate::storage::{self, HipStorage};
@@ -122,6 +123,27 @@ impl HipDevice {
                 workspace: Arc::new(Mutex::new(None)),
             }),
         })
+    }
+
+    /// The raw HIP stream all of this device's work runs on (for events, ordering with the
+    /// caller's own work, or capture by the caller).
+    pub fn stream(&self) -> sys::HipStream {
+        self.inner.ctx.stream()
+    }
+
+    /// Records the ops `work` queues on this device's stream into a HIP graph instead of
+    /// running them, and returns it instantiated (launch it with `CapturedHipGraph::launch`,
+    /// which queues it on this stream). Run each op once before capturing it, so that its
+    /// kernel is compiled and loaded and its scratch buffer sized: a captured op must not
+    /// compile, allocate or synchronise. Capture is thread-local: other threads may keep
+    /// working. `Err(Unsupported)` when the runtime has no graph entry points.
+    pub fn capture_graph(&self, work: impl FnOnce() -> Result<()>) -> Result<CapturedHipGraph> {
+        graph::capture(&self.inner.ctx, work)
+    }
+
+    /// How many kernels this device has loaded (the per-variant cache points into these).
+    pub fn loaded_kernels(&self) -> usize {
+        self.inner.ctx.kernels.lock().map(|m| m.len()).unwrap_or(0)
     }
 
     /// The full gcnArchName, feature flags included.

@@ -3,7 +3,7 @@
 //! Libraries are never unloaded: buffers and modules may be freed during process exit,
 //! and the function tables point into them.
 
-use crate::sys::{self, GetDevicePropertiesFn, HipFns, HiprtcFns};
+use crate::sys::{self, GetDevicePropertiesFn, HipFns, HipGraphFns, HiprtcFns};
 use calico_core::{Error, Result};
 use libloading::Library;
 use std::path::PathBuf;
@@ -19,6 +19,8 @@ pub struct Runtime {
     pub hip_path: String,
     /// hipRTC, or why it could not be loaded (a device without it can still move memory).
     pub rtc: std::result::Result<HiprtcFns, String>,
+    /// Stream capture and graphs, or why the runtime lacks them (only capture needs them).
+    pub graph: std::result::Result<HipGraphFns, String>,
     /// The properties call and the offset of `gcnArchName` in the struct it fills.
     pub props: Option<(GetDevicePropertiesFn, usize)>,
     /// `hipRuntimeGetVersion`, e.g. 60342134 for 6.3.42134.
@@ -106,11 +108,14 @@ pub fn load(hip_paths: &[PathBuf], rtc_paths: &[PathBuf]) -> std::result::Result
     // SAFETY: the pointer is to a live local; the call only writes an int.
     let _ = unsafe { (hip.hipRuntimeGetVersion)(&mut version) };
     let props = properties_fn(&hip_lib, version);
+    // SAFETY: HipGraphFns declares the ROCm 4.5+ C signatures of these entry points.
+    let graph = unsafe { HipGraphFns::load(&hip_lib) };
     libs.push(hip_lib);
     Ok(Runtime {
         hip,
         hip_path: hip_path.display().to_string(),
         rtc,
+        graph,
         props,
         version,
         _libs: libs,
@@ -153,6 +158,19 @@ mod tests {
             );
         }
         assert!(names.iter().any(|n| n == "/opt/rocm/lib/libamdhip64.so.6"));
+    }
+
+    /// Where a HIP runtime is installed (Debian's libamdhip64-5 is enough; no GPU needed),
+    /// every entry point is resolved, the graph ones included; elsewhere a skip is reported.
+    #[test]
+    fn an_installed_runtime_resolves_the_graph_entry_points() {
+        match runtime() {
+            Ok(rt) => {
+                assert!(rt.graph.is_ok(), "{:?}", rt.graph.as_ref().err());
+                assert!(rt.rtc.is_ok(), "{:?}", rt.rtc.as_ref().err());
+            }
+            Err(e) => println!("skipped: no HIP runtime to resolve against ({e})"),
+        }
     }
 
     #[test]

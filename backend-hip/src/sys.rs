@@ -23,6 +23,14 @@ pub type HipEvent = *mut c_void;
 pub type HipModule = *mut c_void;
 pub type HipFunction = *mut c_void;
 pub type HiprtcProgram = *mut c_void;
+pub type HipGraph = *mut c_void;
+pub type HipGraphExec = *mut c_void;
+pub type HipGraphNode = *mut c_void;
+
+/// `hipStreamCaptureMode` (as CUDA's): only this thread's calls are checked during a capture.
+pub const HIP_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
+/// `hipGraphNodeType`: a kernel launch (the values follow CUDA's: memcpy 1, memset 2, host 3).
+pub const HIP_GRAPH_NODE_TYPE_KERNEL: c_int = 0;
 
 /// `hipDeviceAttribute_t` values (identical in ROCm 5.2 and 6.x).
 pub mod attr {
@@ -147,6 +155,21 @@ fn_table! {
         hiprtcGetProgramLog: fn(HiprtcProgram, *mut c_char) -> HiprtcResult;
         hiprtcGetCodeSize: fn(HiprtcProgram, *mut usize) -> HiprtcResult;
         hiprtcGetCode: fn(HiprtcProgram, *mut c_char) -> HiprtcResult;
+    }
+}
+
+fn_table! {
+    /// Stream capture and graphs (libamdhip64 since ROCm 4.3-4.5; loaded apart from
+    /// [`HipFns`] so that a runtime without them still runs every op).
+    HipGraphFns {
+        hipStreamBeginCapture: fn(HipStream, c_int) -> HipError;
+        hipStreamEndCapture: fn(HipStream, *mut HipGraph) -> HipError;
+        hipGraphInstantiate: fn(*mut HipGraphExec, HipGraph, *mut HipGraphNode, *mut c_char, usize) -> HipError;
+        hipGraphLaunch: fn(HipGraphExec, HipStream) -> HipError;
+        hipGraphExecDestroy: fn(HipGraphExec) -> HipError;
+        hipGraphDestroy: fn(HipGraph) -> HipError;
+        hipGraphGetNodes: fn(HipGraph, *mut HipGraphNode, *mut usize) -> HipError;
+        hipGraphNodeGetType: fn(HipGraphNode, *mut c_int) -> HipError;
     }
 }
 

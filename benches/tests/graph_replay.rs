@@ -1,7 +1,8 @@
-//! Calico ops recorded into a CUDA graph replay to the eager results: a decode step
+//! Calico ops recorded into a CUDA or HIP graph replay to the eager results: a decode step
 //! (add_rms_norm, three matmuls, rope, softmax) is captured once and replayed 100 times.
 
 use calico::backends::cuda::{cudarc, CapturedGraph, CudaDevice};
+use calico::backends::hip::{sys as hip_sys, HipDevice};
 use calico::Device;
 use calico_benches::cases::decode_step::DecodeStep;
 use calico_benches::rng::XorShift;
@@ -105,4 +106,51 @@ fn ops_queue_on_a_users_cudarc_stream() {
     graph.launch().unwrap();
     stream.synchronize().unwrap();
     assert_eq!(step.outputs().unwrap(), first);
+}
+
+fn hip() -> Option<HipDevice> {
+    match HipDevice::new(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            println!("skipped backend hip: {e}");
+            None
+        }
+    }
+}
+
+/// The HIP side of `capture_and_replay`: the same step, recorded with hipStreamBeginCapture.
+fn capture_and_replay_hip(tokens: usize, hidden: usize, kv_heads: usize) {
+    let Some(hip) = hip() else { return };
+    let dev = Device::Hip(hip.clone());
+    let mut rng = XorShift::new(0x9a11);
+    let mut step = DecodeStep::new(&dev, &mut rng, tokens, hidden, kv_heads).unwrap();
+    step.run(&dev).unwrap();
+    let eager = step.outputs().unwrap();
+    assert!(eager.iter().flatten().all(|v| v.is_finite()));
+
+    step.poison_outputs().unwrap();
+    let loaded = hip.loaded_kernels();
+    let graph = hip.capture_graph(|| step.run(&dev)).unwrap();
+    assert_eq!(hip.loaded_kernels(), loaded, "capture compiled a kernel");
+    assert!(step.outputs().unwrap()[0].iter().all(|v| v.is_nan()));
+    let types = graph.node_types().unwrap();
+    assert!(types.len() >= 7, "fewer nodes than ops: {types:?}");
+    assert!(types
+        .iter()
+        .all(|&t| t == hip_sys::HIP_GRAPH_NODE_TYPE_KERNEL));
+
+    for _ in 0..100 {
+        graph.launch().unwrap();
+    }
+    let replayed = step.outputs().unwrap();
+    for (i, (r, e)) in replayed.iter().zip(&eager).enumerate() {
+        let same = r.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "output {i} differs between replay and eager (HIP)");
+    }
+}
+
+#[test]
+fn a_captured_decode_step_replays_to_the_eager_results_on_hip() {
+    capture_and_replay_hip(8, 1024, 2);
+    capture_and_replay_hip(16, 4096, 8);
 }

@@ -212,7 +212,7 @@ pub fn run_graph(dev: &Device, steps: usize, tiny: bool, rng: &mut XorShift) -> 
         format!("graph replay decode step {tokens}x{hidden} graph"),
         "decode_step_graph",
         shape,
-        format!("{what}, {steps} replays of one CUDA graph"),
+        format!("{what}, {steps} replays of one CUDA or HIP graph"),
         None,
     );
     let result = (|| -> Result<()> {
@@ -230,12 +230,18 @@ pub fn run_graph(dev: &Device, steps: usize, tiny: bool, rng: &mut XorShift) -> 
             Ok(t.elapsed().as_secs_f64() * 1e6 / steps as f64)
         };
         eager.calico_us = Some(per_step(&mut || step.run(dev))?);
-        if let Device::Cuda(cuda) = dev {
-            let graph = cuda.capture_graph(|| step.run(dev))?;
-            replay.calico_us = Some(per_step(&mut || graph.launch())?);
-            replay.target_us = eager.calico_us;
-        } else {
-            replay.message = Some("CUDA graphs need the CUDA backend".into());
+        match dev {
+            Device::Cuda(cuda) => {
+                let graph = cuda.capture_graph(|| step.run(dev))?;
+                replay.calico_us = Some(per_step(&mut || graph.launch())?);
+                replay.target_us = eager.calico_us;
+            }
+            Device::Hip(hip) => {
+                let graph = hip.capture_graph(|| step.run(dev))?;
+                replay.calico_us = Some(per_step(&mut || graph.launch())?);
+                replay.target_us = eager.calico_us;
+            }
+            _ => replay.message = Some("graph replay needs a GPU backend (CUDA or HIP)".into()),
         }
         Ok(())
     })();
