@@ -6,7 +6,7 @@ use crate::result::check;
 use crate::sys::{self, HipFunction, HipModule, HipStream};
 use calico_core::Result;
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A raw HIP handle that may cross threads.
 #[derive(Debug, Clone, Copy)]
@@ -24,13 +24,40 @@ pub struct Kernel {
     pub function: Handle,
 }
 
+/// The modules one device has loaded, shared by every handle (stream) of it and unloaded
+/// when the last one goes.
+#[derive(Debug)]
+pub struct Modules {
+    rt: &'static Runtime,
+    ordinal: i32,
+    /// KernelSource digest -> loaded kernel, so repeat launches skip compile and load.
+    pub map: Mutex<HashMap<[u8; 32], Kernel>>,
+}
+
+impl Drop for Modules {
+    fn drop(&mut self) {
+        let hip = &self.rt.hip;
+        // SAFETY: plain int argument. Then: the last handle is gone, so no launch can use
+        // these modules any more (each handle synchronised its stream when it was dropped).
+        // Errors during teardown have nowhere to go and are ignored.
+        unsafe {
+            (hip.hipSetDevice)(self.ordinal);
+            let map = self.map.get_mut().unwrap_or_else(|p| p.into_inner());
+            for k in map.values() {
+                (hip.hipModuleUnload)(k.module.0);
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Context {
     pub rt: &'static Runtime,
     pub ordinal: i32,
     pub stream: Handle,
-    /// KernelSource digest -> loaded kernel, so repeat launches skip compile and load.
-    pub kernels: Mutex<HashMap<[u8; 32], Kernel>>,
+    /// Whether this context created the stream (and destroys it) or borrows a caller's.
+    owns_stream: bool,
+    pub kernels: Arc<Modules>,
 }
 
 impl Context {
@@ -57,8 +84,25 @@ impl Context {
             rt,
             ordinal,
             stream: Handle(stream),
-            kernels: Mutex::new(HashMap::new()),
+            owns_stream: true,
+            kernels: Arc::new(Modules {
+                rt,
+                ordinal,
+                map: Mutex::new(HashMap::new()),
+            }),
         })
+    }
+
+    /// A context of the same device whose work queues on `stream`, a caller's stream that
+    /// this context neither creates nor destroys; it shares the loaded modules.
+    pub fn on_stream(&self, stream: HipStream) -> Context {
+        Context {
+            rt: self.rt,
+            ordinal: self.ordinal,
+            stream: Handle(stream),
+            owns_stream: false,
+            kernels: self.kernels.clone(),
+        }
     }
 
     pub fn stream(&self) -> HipStream {
@@ -78,7 +122,7 @@ impl Context {
 
     /// The cached kernel for `digest`, if loaded.
     pub fn cached(&self, digest: &[u8; 32]) -> Option<Kernel> {
-        self.kernels.lock().ok()?.get(digest).copied()
+        self.kernels.map.lock().ok()?.get(digest).copied()
     }
 
     /// Loads `code` and looks up `entry`; the first kernel stored for a digest wins.
@@ -104,7 +148,7 @@ impl Context {
             module: Handle(module),
             function: Handle(function),
         };
-        let mut map = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.kernels.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(existing) = map.get(&digest) {
             // Another thread won the race; drop our copy.
             // SAFETY: the module is ours and nothing refers to it.
@@ -120,15 +164,14 @@ impl Drop for Context {
     fn drop(&mut self) {
         let hip = &self.rt.hip;
         let _ = self.bind();
-        let map = self.kernels.get_mut().unwrap_or_else(|p| p.into_inner());
-        // SAFETY: the last owner is going away: no launch can use these modules or the
-        // stream any more. Errors during teardown have nowhere to go and are ignored.
+        // SAFETY: the last owner of this handle is going away: its queued work is waited
+        // for, and a stream it created is destroyed (a borrowed one stays the caller's). The
+        // modules go with the last handle (`Modules`). Errors during teardown are ignored.
         unsafe {
             (hip.hipStreamSynchronize)(self.stream.0);
-            for k in map.values() {
-                (hip.hipModuleUnload)(k.module.0);
+            if self.owns_stream {
+                (hip.hipStreamDestroy)(self.stream.0);
             }
-            (hip.hipStreamDestroy)(self.stream.0);
         }
     }
 }

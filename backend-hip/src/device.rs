@@ -6,6 +6,7 @@ use crate::graph::{self, CapturedHipGraph};
 use crate::loader::{self, Runtime};
 use crate::result::{check, hip_message};
 use crate::storage::{self, HipStorage};
+use crate::stream::OwnedStream;
 use crate::{compile, launch, sys, timing};
 use calico_core::{
     Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, DynVariant, Error, GpuBackend,
@@ -131,6 +132,32 @@ impl HipDevice {
         self.inner.ctx.stream()
     }
 
+    /// A new non-blocking stream on this device for the caller's own work (destroyed when the
+    /// returned value is dropped); see [`HipDevice::with_stream`].
+    pub fn create_stream(&self) -> Result<OwnedStream> {
+        OwnedStream::new(self.inner.ctx.rt, self.inner.ctx.ordinal)
+    }
+
+    /// A handle to the same GPU whose ops queue on `stream`, a HIP stream of the caller's (to
+    /// order Calico's work with the caller's own, or to capture it). It shares the loaded
+    /// kernels and has its own scratch buffer; tensors of either handle work with the other,
+    /// and ordering work between the two streams is the caller's job.
+    ///
+    /// # Safety
+    /// `stream` must be a live stream created on this device, and stay alive (not be
+    /// destroyed) until the returned handle and every tensor allocated through it are dropped.
+    pub unsafe fn with_stream(&self, stream: sys::HipStream) -> Result<HipDevice> {
+        let ctx = Arc::new(self.inner.ctx.on_stream(stream));
+        let inner = Inner {
+            ctx,
+            workspace: Arc::new(Mutex::new(None)),
+            ..(*self.inner).clone()
+        };
+        Ok(HipDevice {
+            inner: Arc::new(inner),
+        })
+    }
+
     /// Records the ops `work` queues on this device's stream into a HIP graph instead of
     /// running them, and returns it instantiated (launch it with `CapturedHipGraph::launch`,
     /// which queues it on this stream). Run each op once before capturing it, so that its
@@ -143,7 +170,13 @@ impl HipDevice {
 
     /// How many kernels this device has loaded (the per-variant cache points into these).
     pub fn loaded_kernels(&self) -> usize {
-        self.inner.ctx.kernels.lock().map(|m| m.len()).unwrap_or(0)
+        self.inner
+            .ctx
+            .kernels
+            .map
+            .lock()
+            .map(|m| m.len())
+            .unwrap_or(0)
     }
 
     /// The full gcnArchName, feature flags included.

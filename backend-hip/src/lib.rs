@@ -19,6 +19,7 @@ mod offline;
 mod resources;
 mod result;
 mod storage;
+mod stream;
 pub mod sys;
 mod timing;
 
@@ -29,3 +30,4 @@ pub use headers::hip_headers;
 pub use offline::{clang_path, compile_offline, disassemble, objdump_path, require_clang};
 pub use resources::{parse_metadata, read_resources, readelf_path, KernelResources};
 pub use storage::HipStorage;
+pub use stream::OwnedStream;

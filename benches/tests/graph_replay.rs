@@ -154,3 +154,24 @@ fn a_captured_decode_step_replays_to_the_eager_results_on_hip() {
     capture_and_replay_hip(8, 1024, 2);
     capture_and_replay_hip(16, 4096, 8);
 }
+
+#[test]
+fn ops_queue_on_a_users_hip_stream() {
+    let Some(hip) = hip() else { return };
+    let stream = hip.create_stream().unwrap();
+    // SAFETY: `stream` was created on this device and outlives `mine` and its tensors (both
+    // are dropped at the end of this test, before `stream`).
+    let mine = unsafe { hip.with_stream(stream.raw()) }.unwrap();
+    assert_eq!(mine.stream(), stream.raw());
+    let dev = Device::Hip(mine.clone());
+    let mut rng = XorShift::new(5);
+    let mut step = DecodeStep::new(&dev, &mut rng, 4, 1024, 2).unwrap();
+    step.run(&dev).unwrap();
+    let first = step.outputs().unwrap();
+    step.poison_outputs().unwrap();
+    let graph = mine.capture_graph(|| step.run(&dev)).unwrap();
+    graph.launch().unwrap();
+    dev.synchronize().unwrap();
+    assert_eq!(step.outputs().unwrap(), first);
+    drop((graph, step, dev, mine));
+}
