@@ -10,7 +10,7 @@ use crate::stream::OwnedStream;
 use crate::{compile, launch, sys, timing};
 use calico_core::{
     Arch, Backend, BackendKind, CompilerInfo, DeviceId, DiskCache, DynVariant, Error, GpuBackend,
-    KernelArg, KernelSource, LaunchConfig, Result, Storage, VariantCache,
+    KernelArg, KernelSource, LaunchConfig, Result, Storage, Tensor, VariantCache,
 };
 use std::ffi::{c_char, c_int, CStr};
 use std::sync::{Arc, Mutex};
@@ -130,6 +130,29 @@ impl HipDevice {
     /// caller's own work, or capture by the caller).
     pub fn stream(&self) -> sys::HipStream {
         self.inner.ctx.stream()
+    }
+
+    /// Wraps a raw device pointer (memory the caller allocated on this GPU, e.g. another
+    /// library's HIP buffer) as a tensor without copying.
+    ///
+    /// # Safety
+    /// `ptr` must address at least `bytes` bytes of device memory of this GPU, valid until
+    /// every tensor viewing it is dropped, and not written by other streams while Calico's work
+    /// on it is queued.
+    pub unsafe fn wrap_raw(
+        &self,
+        ptr: u64,
+        bytes: usize,
+        dtype: calico_core::DType,
+        shape: &[usize],
+    ) -> Result<Tensor> {
+        // SAFETY: forwarded to the caller's contract above.
+        let storage = unsafe { HipStorage::borrowed(self.inner.ctx.clone(), ptr, bytes) };
+        Tensor::from_storage(
+            Arc::new(storage),
+            dtype,
+            calico_core::Layout::contiguous(shape),
+        )
     }
 
     /// A new non-blocking stream on this device for the caller's own work (destroyed when the

@@ -15,6 +15,8 @@ pub struct HipStorage {
     ctx: Arc<Context>,
     ptr: Handle,
     bytes: usize,
+    /// Whether this storage allocated the memory (and frees it) or views the caller's.
+    owned: bool,
 }
 
 impl HipStorage {
@@ -25,6 +27,7 @@ impl HipStorage {
                 ctx,
                 ptr: Handle(std::ptr::null_mut()),
                 bytes,
+                owned: true,
             });
         }
         ctx.bind()?;
@@ -37,11 +40,26 @@ impl HipStorage {
             ctx,
             ptr: Handle(ptr),
             bytes,
+            owned: true,
         };
         // SAFETY: the allocation is `bytes` long; the stream belongs to this device.
         let code = unsafe { (hip.hipMemsetAsync)(ptr, 0, bytes, storage.ctx.stream()) };
         check(hip, code, "hipMemsetAsync")?;
         Ok(storage)
+    }
+
+    /// A view of `bytes` bytes of the caller's device memory at `ptr`: never freed here.
+    ///
+    /// # Safety
+    /// `ptr` must address at least `bytes` bytes of device memory of `ctx`'s device, valid
+    /// until this storage is dropped.
+    pub(crate) unsafe fn borrowed(ctx: Arc<Context>, ptr: u64, bytes: usize) -> HipStorage {
+        HipStorage {
+            ctx,
+            ptr: Handle(ptr as *mut c_void),
+            bytes,
+            owned: false,
+        }
     }
 
     /// The device pointer of byte 0.
@@ -124,7 +142,7 @@ impl Storage for HipStorage {
 
 impl Drop for HipStorage {
     fn drop(&mut self) {
-        if self.ptr.0.is_null() {
+        if self.ptr.0.is_null() || !self.owned {
             return;
         }
         // Queued kernels may still use the buffer: wait for them before freeing.
