@@ -33,6 +33,7 @@
 //   CALICO_GEMV_VEC      1: A and W rows are 16-byte aligned (vector loads), 0: scalar loads
 //   CALICO_GEMV_M16      1 when M > 8 (A rows 8..15 are read)
 //   CALICO_GEMV_PREFETCH 1: weight loads ask L2 for the whole 256-byte block (longer DRAM bursts)
+//   CALICO_GEMV_ROTATE   1: CTA b starts its K walk at step b (mod the whole steps)
 //   and the epilogue defines of gemm/epilogue.cuh.
 #include "calico/calico.h"
 #include "calico/mma_sync.cuh"
@@ -61,6 +62,9 @@
 #endif
 #ifndef CALICO_GEMV_PREFETCH
 #define CALICO_GEMV_PREFETCH 0
+#endif
+#ifndef CALICO_GEMV_ROTATE
+#define CALICO_GEMV_ROTATE 0
 #endif
 
 namespace calico {
@@ -202,8 +206,16 @@ CALICO_DEVICE void run(const In* __restrict__ a, i64 a_rs, const In* __restrict_
         for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
 
     const i64 whole = k / STEP;  // steps that need no bounds
+    // CALICO_GEMV_ROTATE: CTA b walks the whole steps from step b (mod whole), so CTAs that
+    // run at the same time read different parts of A (every CTA reads all of A; in step with
+    // each other they would all hit the same L2 lines of it at once).
+    const i64 first = CALICO_GEMV_ROTATE && whole > 0 ? i64(block_x()) % whole : 0;
     i64 s = warp;
-    for (; s < whole; s += WARPS) step<false>(acc, wrow, w_in, a_lo, a_hi, lo_in, hi_in, s * STEP, t, k);
+    for (; s < whole; s += WARPS) {
+        i64 at = s + first;
+        if (at >= whole) at -= whole;
+        step<false>(acc, wrow, w_in, a_lo, a_hi, lo_in, hi_in, at * STEP, t, k);
+    }
     if (s == whole && s * STEP < k) step<true>(acc, wrow, w_in, a_lo, a_hi, lo_in, hi_in, s * STEP, t, k);
 
     // Park the warp's m16 x COLS partial: fragment e0, e1 at row g, columns 2t, 2t + 1 of its

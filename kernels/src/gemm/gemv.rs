@@ -25,6 +25,13 @@ const DEFAULT_PREFETCH: bool = false;
 /// off): on by default since the H100 measured M = 16 at 4096 x 4096 0.0190 -> 0.0174 ms and
 /// at 4096 x 14336 0.0539 -> 0.0490 ms (the uncapped 16 warps spilled).
 const DEFAULT_FIT: bool = true;
+/// Whether CTAs start their K walks at different steps when M > 8 (`rotate=0|1` overrides):
+/// H100, session 12, two mirrored pairs: M = 16 +0.7-1.6 points of the copy (16x14336x4096
+/// 80.8 against 79.7-80.1%, 16x4096x14336 81.4-81.5 against 79.9-80.2%), M <= 4 0.5-2 points
+/// worse, so only M > 8 (where A is 16 rows, read by every CTA) rotates.
+fn default_rotate(m16: bool) -> bool {
+    m16
+}
 /// 32-bit registers per SM (sm_80 .. sm_100): a block of W warps gets at most 65536 / (32 W)
 /// per thread (255 at most).
 const REGS_PER_SM: usize = 65536;
@@ -49,6 +56,8 @@ pub(crate) struct Variant {
     pub m16: bool,
     /// Weight loads with the L2 256-byte prefetch hint.
     pub prefetch: bool,
+    /// CTA b starts its walk over K at step b, so concurrent CTAs read different parts of A.
+    pub rotate: bool,
     pub epilogue: Epilogue,
     pub has_c: bool,
     pub has_bias: bool,
@@ -65,6 +74,7 @@ impl Variant {
             ("CALICO_GEMV_VEC", u8::from(self.vec).to_string()),
             ("CALICO_GEMV_M16", u8::from(self.m16).to_string()),
             ("CALICO_GEMV_PREFETCH", u8::from(self.prefetch).to_string()),
+            ("CALICO_GEMV_ROTATE", u8::from(self.rotate).to_string()),
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
@@ -73,7 +83,7 @@ impl Variant {
 
     fn label(self) -> String {
         format!(
-            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} prefetch={} {:?} c={} bias={}",
+            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} prefetch={}{} {:?} c={} bias={}",
             self.in_dtype,
             self.out_dtype,
             self.nb,
@@ -82,6 +92,7 @@ impl Variant {
             self.vec,
             self.m16,
             self.prefetch,
+            if self.rotate { " rotate" } else { "" },
             self.epilogue,
             self.has_c,
             self.has_bias
@@ -105,6 +116,8 @@ struct Tune {
     prefetch: Option<bool>,
     /// Cap the warps so that one step's loads fit a lane's registers.
     fit: Option<bool>,
+    /// Rotate each CTA's walk over K (`rotate=0|1`).
+    rotate: Option<bool>,
 }
 
 impl Tune {
@@ -121,6 +134,7 @@ impl Tune {
                 "unroll" => t.unroll = num.filter(|v| [1, 2, 4, 8].contains(v)),
                 "prefetch" => t.prefetch = num.filter(|v| *v <= 1).map(|v| v == 1),
                 "fit" => t.fit = num.filter(|v| *v <= 1).map(|v| v == 1),
+                "rotate" => t.rotate = num.filter(|v| *v <= 1).map(|v| v == 1),
                 _ => {}
             }
         }
@@ -222,6 +236,7 @@ fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
         vec: vector_loads_ok(p),
         m16,
         prefetch: tune.prefetch.unwrap_or(DEFAULT_PREFETCH),
+        rotate: tune.rotate.unwrap_or(default_rotate(m16)),
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
         has_bias: p.bias.is_some(),
@@ -262,6 +277,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
         vec: true,
         m16: false,
         prefetch: false,
+        rotate: false,
         epilogue: Epilogue::None,
         has_c: false,
         has_bias: false,
@@ -304,6 +320,14 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
             m16: true,
             ..base
         },
+        Variant {
+            nb: 4,
+            warps: 8,
+            unroll: DEFAULT_UNROLL,
+            m16: true,
+            rotate: true,
+            ..base
+        },
     ];
     variants
         .into_iter()
@@ -333,7 +357,11 @@ mod tests {
         let v = variant(&h100(), &problem(1, 4096, 4096, true), t);
         assert_eq!((v.nb, v.warps, v.vec, v.m16), (1, 8, true, false));
         let v = variant(&h100(), &problem(16, 4096, 4096, true), t);
-        assert_eq!((v.nb, v.warps, v.m16), (4, 8, true));
+        assert_eq!((v.nb, v.warps, v.m16, v.rotate), (4, 8, true, true));
+        // M <= 8 walks K in order; rotate=0 / 1 overrides.
+        assert!(!variant(&h100(), &problem(8, 4096, 4096, true), t).rotate);
+        let r = Tune::parse("rotate=0");
+        assert!(!variant(&h100(), &problem(16, 4096, 4096, true), r).rotate);
         let v = variant(&h100(), &problem(4, 14336, 4096, true), t);
         assert_eq!((v.nb, v.warps), (1, 4));
         // Short K: no more warps than K steps.
@@ -419,7 +447,7 @@ mod tests {
         assert_eq!(a[4], KernelArg::Ptr(3 << 20));
         assert_eq!(a[15], KernelArg::F32(0.5));
         let entries = catalog(&h100(), calico_cuda::device_headers()).unwrap();
-        assert_eq!(entries.len(), 6);
+        assert_eq!(entries.len(), 7);
         assert!(entries[1]
             .source
             .text
