@@ -34,6 +34,8 @@
 //   CALICO_GEMV_M16      1 when M > 8 (A rows 8..15 are read)
 //   CALICO_GEMV_PREFETCH 1: weight loads ask L2 for the whole 256-byte block (longer DRAM bursts)
 //   CALICO_GEMV_ROTATE   1: CTA b starts its K walk at step b (mod the whole steps)
+//   CALICO_GEMV_EVICT_FIRST 1: weight loads marked evict-first in L2 (read once: A, re-read by
+//                        every CTA, and other data stay)
 //   and the epilogue defines of gemm/epilogue.cuh.
 #include "calico/calico.h"
 #include "calico/mma_sync.cuh"
@@ -65,6 +67,9 @@
 #endif
 #ifndef CALICO_GEMV_ROTATE
 #define CALICO_GEMV_ROTATE 0
+#endif
+#ifndef CALICO_GEMV_EVICT_FIRST
+#define CALICO_GEMV_EVICT_FIRST 0
 #endif
 
 namespace calico {
@@ -101,6 +106,12 @@ CALICO_DEVICE u32x4 load_stream(const In* p) {
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                  : "l"(p));
+#elif CALICO_GEMV_EVICT_FIRST
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));  // not volatile: computed once
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p), "l"(policy));
 #else
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)

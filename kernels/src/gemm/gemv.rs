@@ -25,6 +25,14 @@ const DEFAULT_PREFETCH: bool = false;
 /// off): on by default since the H100 measured M = 16 at 4096 x 4096 0.0190 -> 0.0174 ms and
 /// at 4096 x 14336 0.0539 -> 0.0490 ms (the uncapped 16 warps spilled).
 const DEFAULT_FIT: bool = true;
+/// Whether weight loads are marked evict-first in L2 at this M (`evict=0|1` overrides): H100,
+/// session 12, two mirrored pairs: M = 1 and 4 gain 2.5-3.5 points of the copy (1x4096x4096
+/// 69.2-70.0 against 67.0-67.1%, 1x14336x4096 89.7-90.5 against 86.9-87.3%), M = 16 loses 2-4
+/// (16x14336x4096 76.8-77.5 against 80.6-80.9%). M = 5..8 has no bench case and keeps the
+/// default policy.
+fn default_evict_first(m: usize) -> bool {
+    m <= 4
+}
 /// Whether CTAs start their K walks at different steps when M > 8 (`rotate=0|1` overrides):
 /// H100, session 12, two mirrored pairs: M = 16 +0.7-1.6 points of the copy (16x14336x4096
 /// 80.8 against 79.7-80.1%, 16x4096x14336 81.4-81.5 against 79.9-80.2%), M <= 4 0.5-2 points
@@ -58,6 +66,8 @@ pub(crate) struct Variant {
     pub prefetch: bool,
     /// CTA b starts its walk over K at step b, so concurrent CTAs read different parts of A.
     pub rotate: bool,
+    /// Weight loads marked evict-first in L2.
+    pub evict_first: bool,
     pub epilogue: Epilogue,
     pub has_c: bool,
     pub has_bias: bool,
@@ -75,6 +85,10 @@ impl Variant {
             ("CALICO_GEMV_M16", u8::from(self.m16).to_string()),
             ("CALICO_GEMV_PREFETCH", u8::from(self.prefetch).to_string()),
             ("CALICO_GEMV_ROTATE", u8::from(self.rotate).to_string()),
+            (
+                "CALICO_GEMV_EVICT_FIRST",
+                u8::from(self.evict_first).to_string(),
+            ),
             ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
             ("CALICO_GEMM_HAS_C", u8::from(self.has_c).to_string()),
             ("CALICO_GEMM_HAS_BIAS", u8::from(self.has_bias).to_string()),
@@ -83,7 +97,7 @@ impl Variant {
 
     fn label(self) -> String {
         format!(
-            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} prefetch={}{} {:?} c={} bias={}",
+            "gemv {}->{} nb{} warps{} unroll{} vec={} m16={} prefetch={}{}{} {:?} c={} bias={}",
             self.in_dtype,
             self.out_dtype,
             self.nb,
@@ -93,6 +107,7 @@ impl Variant {
             self.m16,
             self.prefetch,
             if self.rotate { " rotate" } else { "" },
+            if self.evict_first { " evict_first" } else { "" },
             self.epilogue,
             self.has_c,
             self.has_bias
@@ -118,6 +133,8 @@ struct Tune {
     fit: Option<bool>,
     /// Rotate each CTA's walk over K (`rotate=0|1`).
     rotate: Option<bool>,
+    /// Weight loads evict-first in L2 (`evict=0|1`).
+    evict_first: Option<bool>,
 }
 
 impl Tune {
@@ -135,6 +152,7 @@ impl Tune {
                 "prefetch" => t.prefetch = num.filter(|v| *v <= 1).map(|v| v == 1),
                 "fit" => t.fit = num.filter(|v| *v <= 1).map(|v| v == 1),
                 "rotate" => t.rotate = num.filter(|v| *v <= 1).map(|v| v == 1),
+                "evict" => t.evict_first = num.filter(|v| *v <= 1).map(|v| v == 1),
                 _ => {}
             }
         }
@@ -237,6 +255,7 @@ fn variant(arch: &Arch, p: &GemmProblem, tune: Tune) -> Variant {
         m16,
         prefetch: tune.prefetch.unwrap_or(DEFAULT_PREFETCH),
         rotate: tune.rotate.unwrap_or(default_rotate(m16)),
+        evict_first: tune.evict_first.unwrap_or(default_evict_first(p.m)),
         epilogue: p.epilogue,
         has_c: p.c.is_some() && p.beta != 0.0,
         has_bias: p.bias.is_some(),
@@ -278,6 +297,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
         m16: false,
         prefetch: false,
         rotate: false,
+        evict_first: false,
         epilogue: Epilogue::None,
         has_c: false,
         has_bias: false,
@@ -326,6 +346,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
             unroll: DEFAULT_UNROLL,
             m16: true,
             rotate: true,
+            evict_first: true,
             ..base
         },
     ];
@@ -360,6 +381,10 @@ mod tests {
         assert_eq!((v.nb, v.warps, v.m16, v.rotate), (4, 8, true, true));
         // M <= 8 walks K in order; rotate=0 / 1 overrides.
         assert!(!variant(&h100(), &problem(8, 4096, 4096, true), t).rotate);
+        // Weight loads evict-first in L2 at M <= 4 only.
+        assert!(variant(&h100(), &problem(4, 4096, 4096, true), t).evict_first);
+        assert!(!variant(&h100(), &problem(5, 4096, 4096, true), t).evict_first);
+        assert!(!variant(&h100(), &problem(16, 4096, 4096, true), t).evict_first);
         let r = Tune::parse("rotate=0");
         assert!(!variant(&h100(), &problem(16, 4096, 4096, true), r).rotate);
         let v = variant(&h100(), &problem(4, 14336, 4096, true), t);
