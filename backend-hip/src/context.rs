@@ -3,7 +3,7 @@
 
 use crate::loader::Runtime;
 use crate::result::check;
-use crate::sys::{self, HipFunction, HipModule, HipStream};
+use crate::sys::{HipFunction, HipModule, HipStream};
 use calico_core::Result;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -72,14 +72,7 @@ impl Context {
     }
 
     pub fn new(rt: &'static Runtime, ordinal: i32) -> Result<Context> {
-        // SAFETY: plain int argument, validated by the caller.
-        let code = unsafe { (rt.hip.hipSetDevice)(ordinal) };
-        check(&rt.hip, code, "hipSetDevice")?;
-        let mut stream: HipStream = std::ptr::null_mut();
-        // SAFETY: `stream` is a live out-pointer.
-        let code =
-            unsafe { (rt.hip.hipStreamCreateWithFlags)(&mut stream, sys::HIP_STREAM_NON_BLOCKING) };
-        check(&rt.hip, code, "hipStreamCreateWithFlags")?;
+        let stream = crate::stream::create_non_blocking(rt, ordinal)?;
         Ok(Context {
             rt,
             ordinal,

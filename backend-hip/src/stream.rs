@@ -16,20 +16,26 @@ pub struct OwnedStream {
     stream: Handle,
 }
 
+/// Makes device `ordinal` current and creates a non-blocking stream on it (one that does not
+/// wait for the legacy null stream); the caller destroys it.
+pub(crate) fn create_non_blocking(rt: &'static Runtime, ordinal: i32) -> Result<HipStream> {
+    // SAFETY: plain int argument, a device ordinal validated against the device count.
+    let code = unsafe { (rt.hip.hipSetDevice)(ordinal) };
+    check(&rt.hip, code, "hipSetDevice")?;
+    let mut stream: HipStream = std::ptr::null_mut();
+    // SAFETY: `stream` is a live out-pointer.
+    let code =
+        unsafe { (rt.hip.hipStreamCreateWithFlags)(&mut stream, sys::HIP_STREAM_NON_BLOCKING) };
+    check(&rt.hip, code, "hipStreamCreateWithFlags")?;
+    Ok(stream)
+}
+
 impl OwnedStream {
     pub(crate) fn new(rt: &'static Runtime, ordinal: i32) -> Result<OwnedStream> {
-        // SAFETY: plain int argument, a device ordinal validated when the device was opened.
-        let code = unsafe { (rt.hip.hipSetDevice)(ordinal) };
-        check(&rt.hip, code, "hipSetDevice")?;
-        let mut stream: HipStream = std::ptr::null_mut();
-        // SAFETY: `stream` is a live out-pointer.
-        let code =
-            unsafe { (rt.hip.hipStreamCreateWithFlags)(&mut stream, sys::HIP_STREAM_NON_BLOCKING) };
-        check(&rt.hip, code, "hipStreamCreateWithFlags")?;
         Ok(OwnedStream {
             rt,
             ordinal,
-            stream: Handle(stream),
+            stream: Handle(create_non_blocking(rt, ordinal)?),
         })
     }
 

@@ -2,7 +2,7 @@
 //! (add_rms_norm, three matmuls, rope, softmax) is captured once and replayed 100 times.
 
 use calico::backends::cuda::{cudarc, CapturedGraph, CudaDevice};
-use calico::backends::hip::{sys as hip_sys, HipDevice};
+use calico::backends::hip::{sys as hip_sys, CapturedHipGraph, HipDevice};
 use calico::Device;
 use calico_benches::cases::decode_step::DecodeStep;
 use calico_benches::rng::XorShift;
@@ -44,9 +44,75 @@ fn node_types(graph: &CapturedGraph) -> Vec<sys::CUgraphNodeType> {
         .collect()
 }
 
-fn capture_and_replay(tokens: usize, hidden: usize, kv_heads: usize) {
-    let Some(cuda) = cuda() else { return };
-    let dev = Device::Cuda(cuda.clone());
+/// What the replay check needs from a backend's graph capture.
+trait Recorder {
+    type Graph;
+    fn device(&self) -> Device;
+    fn loaded_kernels(&self) -> usize;
+    fn capture(&self, step: &mut DecodeStep, dev: &Device) -> Self::Graph;
+    /// Each node of the graph: whether it is a kernel launch, and its type for messages.
+    fn nodes(&self, graph: &Self::Graph) -> Vec<(bool, String)>;
+    fn launch(&self, graph: &Self::Graph);
+}
+
+impl Recorder for CudaDevice {
+    type Graph = CapturedGraph;
+    fn device(&self) -> Device {
+        Device::Cuda(self.clone())
+    }
+    fn loaded_kernels(&self) -> usize {
+        CudaDevice::loaded_kernels(self)
+    }
+    fn capture(&self, step: &mut DecodeStep, dev: &Device) -> CapturedGraph {
+        self.capture_graph(|| step.run(dev)).unwrap()
+    }
+    fn nodes(&self, graph: &CapturedGraph) -> Vec<(bool, String)> {
+        node_types(graph)
+            .into_iter()
+            .map(|t| {
+                (
+                    t == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL,
+                    format!("{t:?}"),
+                )
+            })
+            .collect()
+    }
+    fn launch(&self, graph: &CapturedGraph) {
+        graph.launch().unwrap();
+    }
+}
+
+impl Recorder for HipDevice {
+    type Graph = CapturedHipGraph;
+    fn device(&self) -> Device {
+        Device::Hip(self.clone())
+    }
+    fn loaded_kernels(&self) -> usize {
+        HipDevice::loaded_kernels(self)
+    }
+    fn capture(&self, step: &mut DecodeStep, dev: &Device) -> CapturedHipGraph {
+        self.capture_graph(|| step.run(dev)).unwrap()
+    }
+    fn nodes(&self, graph: &CapturedHipGraph) -> Vec<(bool, String)> {
+        graph
+            .node_types()
+            .unwrap()
+            .into_iter()
+            .map(|t| {
+                (
+                    t == hip_sys::HIP_GRAPH_NODE_TYPE_KERNEL,
+                    format!("hipGraphNodeType {t}"),
+                )
+            })
+            .collect()
+    }
+    fn launch(&self, graph: &CapturedHipGraph) {
+        graph.launch().unwrap();
+    }
+}
+
+fn capture_and_replay<R: Recorder>(gpu: &R, tokens: usize, hidden: usize, kv_heads: usize) {
+    let dev = gpu.device();
     let mut rng = XorShift::new(0x9a11);
     let mut step = DecodeStep::new(&dev, &mut rng, tokens, hidden, kv_heads).unwrap();
     // Eager: the reference, and the warm-up that compiles and loads every kernel.
@@ -55,38 +121,42 @@ fn capture_and_replay(tokens: usize, hidden: usize, kv_heads: usize) {
     assert!(eager.iter().flatten().all(|v| v.is_finite()));
 
     step.poison_outputs().unwrap();
-    let loaded = cuda.loaded_kernels();
-    let graph = cuda.capture_graph(|| step.run(&dev)).unwrap();
-    assert_eq!(cuda.loaded_kernels(), loaded, "capture compiled a kernel");
+    let loaded = gpu.loaded_kernels();
+    let graph = gpu.capture(&mut step, &dev);
+    assert_eq!(gpu.loaded_kernels(), loaded, "capture compiled a kernel");
     // Capturing queued nothing: the outputs still hold the poison.
     assert!(step.outputs().unwrap()[0].iter().all(|v| v.is_nan()));
     // Only kernel launches were recorded: no allocation, copy, memset or host node.
-    let types = node_types(&graph);
+    let nodes = gpu.nodes(&graph);
     // At least one node per op (an op may launch more than one kernel).
-    assert!(types.len() >= 7, "fewer nodes than ops: {types:?}");
-    assert!(types
-        .iter()
-        .all(|t| *t == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL));
+    assert!(nodes.len() >= 7, "fewer nodes than ops: {nodes:?}");
+    assert!(nodes.iter().all(|(kernel, _)| *kernel), "{nodes:?}");
 
     for _ in 0..100 {
-        graph.launch().unwrap();
+        gpu.launch(&graph);
     }
     let replayed = step.outputs().unwrap();
     for (i, (r, e)) in replayed.iter().zip(&eager).enumerate() {
         // Same kernels on the same inputs: bit-identical.
         let same = r.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "output {i} differs between replay and eager");
+        assert!(
+            same,
+            "output {i} differs between replay and eager on {}",
+            dev.kind()
+        );
     }
 }
 
 #[test]
 fn a_captured_decode_step_replays_to_the_eager_results() {
-    capture_and_replay(8, 1024, 2);
+    let Some(cuda) = cuda() else { return };
+    capture_and_replay(&cuda, 8, 1024, 2);
 }
 
 #[test]
 fn a_captured_decode_step_of_a_7b_model_replays_to_the_eager_results() {
-    capture_and_replay(16, 4096, 8);
+    let Some(cuda) = cuda() else { return };
+    capture_and_replay(&cuda, 16, 4096, 8);
 }
 
 #[test]
@@ -118,41 +188,11 @@ fn hip() -> Option<HipDevice> {
     }
 }
 
-/// The HIP side of `capture_and_replay`: the same step, recorded with hipStreamBeginCapture.
-fn capture_and_replay_hip(tokens: usize, hidden: usize, kv_heads: usize) {
-    let Some(hip) = hip() else { return };
-    let dev = Device::Hip(hip.clone());
-    let mut rng = XorShift::new(0x9a11);
-    let mut step = DecodeStep::new(&dev, &mut rng, tokens, hidden, kv_heads).unwrap();
-    step.run(&dev).unwrap();
-    let eager = step.outputs().unwrap();
-    assert!(eager.iter().flatten().all(|v| v.is_finite()));
-
-    step.poison_outputs().unwrap();
-    let loaded = hip.loaded_kernels();
-    let graph = hip.capture_graph(|| step.run(&dev)).unwrap();
-    assert_eq!(hip.loaded_kernels(), loaded, "capture compiled a kernel");
-    assert!(step.outputs().unwrap()[0].iter().all(|v| v.is_nan()));
-    let types = graph.node_types().unwrap();
-    assert!(types.len() >= 7, "fewer nodes than ops: {types:?}");
-    assert!(types
-        .iter()
-        .all(|&t| t == hip_sys::HIP_GRAPH_NODE_TYPE_KERNEL));
-
-    for _ in 0..100 {
-        graph.launch().unwrap();
-    }
-    let replayed = step.outputs().unwrap();
-    for (i, (r, e)) in replayed.iter().zip(&eager).enumerate() {
-        let same = r.iter().zip(e).all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same, "output {i} differs between replay and eager (HIP)");
-    }
-}
-
 #[test]
 fn a_captured_decode_step_replays_to_the_eager_results_on_hip() {
-    capture_and_replay_hip(8, 1024, 2);
-    capture_and_replay_hip(16, 4096, 8);
+    let Some(hip) = hip() else { return };
+    capture_and_replay(&hip, 8, 1024, 2);
+    capture_and_replay(&hip, 16, 4096, 8);
 }
 
 #[test]

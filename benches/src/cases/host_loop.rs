@@ -230,19 +230,23 @@ pub fn run_graph(dev: &Device, steps: usize, tiny: bool, rng: &mut XorShift) -> 
             Ok(t.elapsed().as_secs_f64() * 1e6 / steps as f64)
         };
         eager.calico_us = Some(per_step(&mut || step.run(dev))?);
-        match dev {
+        // One replay of the step, recorded on this backend's stream.
+        let mut replay_once: Box<dyn FnMut() -> Result<()>> = match dev {
             Device::Cuda(cuda) => {
                 let graph = cuda.capture_graph(|| step.run(dev))?;
-                replay.calico_us = Some(per_step(&mut || graph.launch())?);
-                replay.target_us = eager.calico_us;
+                Box::new(move || graph.launch())
             }
             Device::Hip(hip) => {
                 let graph = hip.capture_graph(|| step.run(dev))?;
-                replay.calico_us = Some(per_step(&mut || graph.launch())?);
-                replay.target_us = eager.calico_us;
+                Box::new(move || graph.launch())
             }
-            _ => replay.message = Some("graph replay needs a GPU backend (CUDA or HIP)".into()),
-        }
+            _ => {
+                replay.message = Some("graph replay needs a GPU backend (CUDA or HIP)".into());
+                return Ok(());
+            }
+        };
+        replay.calico_us = Some(per_step(&mut *replay_once)?);
+        replay.target_us = eager.calico_us;
         Ok(())
     })();
     if let Err(e) = result {
