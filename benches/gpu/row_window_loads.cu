@@ -1,0 +1,139 @@
+// Probe: how fast can a GEMM producer warpgroup read the operand rows of a 128 x 256 tile with
+// vector loads when the rows start off 16-byte boundaries (K = 4095), with no shared memory and
+// no consumers? The question behind it (docs/perf-log.md, session 13): a Hopper GEMM whose
+// producer warpgroup loads, shifts and stores such rows itself ran 7-12x slower than the same
+// kernel on padded copies, and its producer waited on long-scoreboard results although every
+// load was issued a whole k-tile ahead.
+//
+// The pattern is the producer's: persistent CTAs of 4 warps walk the 4096 x 4096 output's
+// 128 x 256 tiles (16 row tiles sweeping all column tiles together, as the GEMM orders them);
+// per k-tile of 64 columns every warp reads 32 rows of each 128-row part of the A tile (128
+// rows) and the B tile (256 rows): lane (g, j) the aligned 16-byte chunk j of rows 4 i + g
+// (i = 0..7) of its rows' 16-byte aligned superset, and lane l the ninth chunk of row l. The
+// loaded words are folded into one value per thread so that no load is dead.
+//
+// Lines: odd rows (ld = K = 4095 elements) with .nc loads not kept in L1, the same with plain
+// (L1-cached) loads, aligned rows (ld = 4096) for comparison, and odd rows with two CTAs per SM.
+// Each gives the median of 20 timed launches and the tiles' operand bytes read per second.
+//
+// Build and run on the GPU machine:
+//   nvcc -O2 -arch=sm_90a -o /tmp/rows benches/gpu/row_window_loads.cu && /tmp/rows
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#define CHECK(x)                                                                      \
+    do {                                                                              \
+        cudaError_t e_ = (x);                                                         \
+        if (e_ != cudaSuccess) {                                                      \
+            std::printf("%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+            return 1;                                                                 \
+        }                                                                             \
+    } while (0)
+
+constexpr int BM = 128, BN = 256, GROUP_M = 16;
+
+template <int MODE>
+__device__ __forceinline__ uint4 load16(const unsigned char* p) {
+    uint4 v;
+    if (MODE == 1) {
+        asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    } else {
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(p));
+    }
+    return v;
+}
+
+__device__ __forceinline__ const unsigned char* align16(const unsigned char* p) {
+    return reinterpret_cast<const unsigned char*>(reinterpret_cast<unsigned long long>(p) & ~15ull);
+}
+
+// 32 rows from `row0` of an operand with `row_bytes` per row, k-tile kt: 8 chunks + the ninth.
+template <int MODE>
+__device__ __forceinline__ unsigned group(const unsigned char* base, long long row_bytes, int row0, int kt, int lane) {
+    const int g = lane >> 3, j = lane & 7;
+    const long long k = static_cast<long long>(kt) * 128;
+    unsigned acc = 0;
+    uint4 v[9];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = load16<MODE>(align16(base + (row0 + 4 * i + g) * row_bytes) + k + 16 * j);
+    v[8] = load16<MODE>(align16(base + (row0 + lane) * row_bytes) + k + 128);
+#pragma unroll
+    for (int i = 0; i < 9; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    return acc;
+}
+
+template <int MODE>
+__global__ void __launch_bounds__(128) walk(const unsigned char* a, const unsigned char* b, long long row_bytes, int m, int n, int k_tiles,
+                                            unsigned* sink) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int m_tiles = m / BM, n_tiles = n / BN;
+    unsigned acc = 0;
+    for (int t = blockIdx.x; t < m_tiles * n_tiles; t += gridDim.x) {
+        const int per_group = GROUP_M * n_tiles;
+        const int first_m = (t / per_group) * GROUP_M;
+        const int in_group = t % per_group;
+        const int tm = first_m + in_group % GROUP_M, tn = in_group / GROUP_M;
+        for (int kt = 0; kt < k_tiles; ++kt) {
+            acc ^= group<MODE>(a, row_bytes, tm * BM + 32 * warp, kt, lane);
+            acc ^= group<MODE>(b, row_bytes, tn * BN + 32 * warp, kt, lane);
+            acc ^= group<MODE>(b, row_bytes, tn * BN + 128 + 32 * warp, kt, lane);
+        }
+    }
+    sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
+}
+
+template <int MODE>
+int run(const char* what, int ld, int sms) {
+    const int m = 4096, n = 4096, kdim = 4095;
+    const long long row_bytes = 2ll * ld;
+    // Room for the ninth chunk of the last row.
+    const size_t bytes = static_cast<size_t>(row_bytes) * m + 256;
+    unsigned char *a, *b;
+    unsigned* sink;
+    CHECK(cudaMalloc(&a, bytes));
+    CHECK(cudaMalloc(&b, bytes));
+    CHECK(cudaMalloc(&sink, sms * 128 * sizeof(unsigned)));
+    CHECK(cudaMemset(a, 1, bytes));
+    CHECK(cudaMemset(b, 2, bytes));
+    const int k_tiles = (kdim + 63) / 64;
+    cudaEvent_t e0, e1;
+    CHECK(cudaEventCreate(&e0));
+    CHECK(cudaEventCreate(&e1));
+    std::vector<float> ms;
+    for (int r = 0; r < 23; ++r) {
+        CHECK(cudaEventRecord(e0));
+        walk<MODE><<<sms, 128>>>(a, b, row_bytes, m, n, k_tiles, sink);
+        CHECK(cudaEventRecord(e1));
+        CHECK(cudaEventSynchronize(e1));
+        float t = 0;
+        CHECK(cudaEventElapsedTime(&t, e0, e1));
+        if (r >= 3) ms.push_back(t);
+    }
+    CHECK(cudaGetLastError());
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    // Bytes the GEMM's tiles read: every tile reads its A rows and B rows over all k-tiles.
+    const double tile_bytes = (double)(m / BM) * (n / BN) * (BM + BN) * 2.0 * kdim;
+    std::printf("%-44s %8.3f ms  %7.0f GB/s of tile operand bytes\n", what, med, tile_bytes / (med * 1e-3) / 1e9);
+    CHECK(cudaFree(a));
+    CHECK(cudaFree(b));
+    CHECK(cudaFree(sink));
+    return 0;
+}
+
+int main() {
+    int sms = 0;
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    std::printf("persistent grid: %d CTAs of 4 warps; the aligned GEMM reads these bytes in ~0.176 ms\n", sms);
+    int rc = 0;
+    rc |= run<0>("odd rows (ld 4095), .nc no L1", 4095, sms);
+    rc |= run<1>("odd rows (ld 4095), plain loads", 4095, sms);
+    rc |= run<0>("aligned rows (ld 4096), .nc no L1", 4096, sms);
+    rc |= run<0>("odd rows, 2 CTAs per SM", 4095, 2 * sms);
+    return rc;
+}
