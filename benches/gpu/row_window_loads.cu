@@ -13,8 +13,13 @@
 // loaded words are folded into one value per thread so that no load is dead.
 //
 // Lines: odd rows (ld = K = 4095 elements) with .nc loads not kept in L1, the same with plain
-// (L1-cached) loads, aligned rows (ld = 4096) for comparison, and odd rows with two CTAs per SM.
+// (L1-cached) loads, aligned rows (ld = 4096) for comparison, odd rows with two CTAs per SM, and
+// the same bytes read as runs of 512, 256 or 128 bytes of a row per lane group (1, 2 or 4 rows
+// per warp instruction, whole k-tiles in order along each row, 8 instructions in flight).
 // Each gives the median of 20 timed launches and the tiles' operand bytes read per second.
+//
+// H100 (session 13): 128-byte visits (the producer's) ~1.0 TB/s, 2 CTAs per SM ~2.1; 256-byte
+// runs ~1.8 TB/s; 512-byte runs ~7.5 TB/s, ~10.7 with 2 CTAs per SM; the GEMM needs ~9.1.
 //
 // Build and run on the GPU machine:
 //   nvcc -O2 -arch=sm_90a -o /tmp/rows benches/gpu/row_window_loads.cu && /tmp/rows
@@ -67,6 +72,26 @@ __device__ __forceinline__ unsigned group(const unsigned char* base, long long r
     return acc;
 }
 
+// The same rows, read as runs of RUN bytes (128, 256 or 512): each warp instruction covers
+// 512 / RUN rows, RUN / 128 k-tiles of each (lane l the 16 bytes at 16 (l % (RUN / 16)) of row
+// l / (RUN / 16)); 8 instructions in flight at a time.
+template <int RUN>
+__device__ __forceinline__ unsigned runs(const unsigned char* base, long long row_bytes, int row0, int step, int lane) {
+    constexpr int LANES_PER_ROW = RUN / 16, ROWS = 32 / LANES_PER_ROW;
+    unsigned acc = 0;
+    for (int r = 0; r < 32; r += 8 * ROWS) {
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int row = row0 + r + ROWS * i + lane / LANES_PER_ROW;
+            v[i] = load16<0>(align16(base + row * row_bytes) + static_cast<long long>(step) * RUN + 16 * (lane % LANES_PER_ROW));
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    }
+    return acc;
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(128) walk(const unsigned char* a, const unsigned char* b, long long row_bytes, int m, int n, int k_tiles,
                                             unsigned* sink) {
@@ -78,10 +103,19 @@ __global__ void __launch_bounds__(128) walk(const unsigned char* a, const unsign
         const int first_m = (t / per_group) * GROUP_M;
         const int in_group = t % per_group;
         const int tm = first_m + in_group % GROUP_M, tn = in_group / GROUP_M;
+        if constexpr (MODE >= 4) {
+            constexpr int RUN = MODE == 4 ? 512 : MODE == 5 ? 256 : 128;
+            for (int step = 0; step < k_tiles * 128 / RUN; ++step) {
+                acc ^= runs<RUN>(a, row_bytes, tm * BM + 32 * warp, step, lane);
+                acc ^= runs<RUN>(b, row_bytes, tn * BN + 32 * warp, step, lane);
+                acc ^= runs<RUN>(b, row_bytes, tn * BN + 128 + 32 * warp, step, lane);
+            }
+        } else {
         for (int kt = 0; kt < k_tiles; ++kt) {
             acc ^= group<MODE>(a, row_bytes, tm * BM + 32 * warp, kt, lane);
             acc ^= group<MODE>(b, row_bytes, tn * BN + 32 * warp, kt, lane);
             acc ^= group<MODE>(b, row_bytes, tn * BN + 128 + 32 * warp, kt, lane);
+        }
         }
     }
     sink[blockIdx.x * blockDim.x + threadIdx.x] = acc;
@@ -135,5 +169,9 @@ int main() {
     rc |= run<1>("odd rows (ld 4095), plain loads", 4095, sms);
     rc |= run<0>("aligned rows (ld 4096), .nc no L1", 4096, sms);
     rc |= run<0>("odd rows, 2 CTAs per SM", 4095, 2 * sms);
+    rc |= run<4>("odd rows as 512-byte runs (1 row / instr)", 4095, sms);
+    rc |= run<4>("the same, 2 CTAs per SM", 4095, 2 * sms);
+    rc |= run<5>("odd rows as 256-byte runs (2 rows / instr)", 4095, sms);
+    rc |= run<6>("odd rows as 128-byte runs (4 rows / instr)", 4095, sms);
     return rc;
 }
