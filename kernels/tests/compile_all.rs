@@ -250,35 +250,7 @@ fn hopper_gemm_disassembles_to_hgmma_and_utmaldg() {
         !entries.is_empty(),
         "the sm_90a catalog has Hopper GEMM variants"
     );
-    for e in &entries {
-        let cubin = catalog::compile("sm_90a", &e.source).expect("compiles");
-        let sass = match catalog::disassemble("sm_90a", &cubin) {
-            Ok(s) => s,
-            Err(err) => {
-                // Reports "skipped" (or fails under CI=true): the disassembler is missing.
-                toolchain_or_skip("cuobjdump", Err(err.to_string()));
-                return;
-            }
-        };
-        let hgmma = calico_cuda::disasm::count_opcode(&sass, "HGMMA");
-        let utmaldg = calico_cuda::disasm::count_opcode(&sass, "UTMALDG");
-        println!("{}: {hgmma} HGMMA, {utmaldg} UTMALDG", e.label);
-        assert!(
-            hgmma > 0 && utmaldg > 0,
-            "{}: {hgmma} HGMMA, {utmaldg} UTMALDG",
-            e.label
-        );
-        if e.label.contains("store=staged") {
-            // The staged store: 16-byte global stores from the staging boxes, no TMA store,
-            // no local memory.
-            let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
-            let (stg128, utmastg) = (count("STG.E.128"), count("UTMASTG"));
-            let spills = count("STL") + count("LDL");
-            println!("{}: {stg128} STG.E.128, {utmastg} UTMASTG", e.label);
-            assert!(stg128 > 0 && utmastg == 0, "{}", e.label);
-            assert_eq!(spills, 0, "{}: local memory", e.label);
-        }
-    }
+    assert_hgmma_fed_by_tma(&entries);
 }
 
 /// The Hopper attention kernels (forward and the backward's main kernel) are wgmma (HGMMA)
@@ -297,7 +269,15 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
         entries.iter().any(|e| e.label.starts_with("hopper bwd")),
         "the sm_90a catalog has Hopper attention backward variants"
     );
-    for e in &entries {
+    assert_hgmma_fed_by_tma(&entries);
+}
+
+/// Compiles each sm_90a catalog entry and checks that its SASS has wgmma (HGMMA) fed by TMA
+/// (UTMALDG); the GEMM's staged-store variants also store D with 16-byte global stores, no TMA
+/// store and no local memory. Reports "skipped" (or fails under CI=true) when the
+/// disassembler is missing.
+fn assert_hgmma_fed_by_tma(entries: &[catalog::CatalogEntry]) {
+    for e in entries {
         let cubin = catalog::compile("sm_90a", &e.source).expect("compiles");
         let sass = match catalog::disassemble("sm_90a", &cubin) {
             Ok(s) => s,
@@ -306,8 +286,8 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
                 return;
             }
         };
-        let hgmma = calico_cuda::disasm::count_opcode(&sass, "HGMMA");
-        let utmaldg = calico_cuda::disasm::count_opcode(&sass, "UTMALDG");
+        let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
+        let (hgmma, utmaldg) = (count("HGMMA"), count("UTMALDG"));
         println!("{}: {hgmma} HGMMA, {utmaldg} UTMALDG", e.label);
         assert!(
             hgmma > 0 && utmaldg > 0,
@@ -315,9 +295,6 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
             e.label
         );
         if e.label.contains("store=staged") {
-            // The staged store: 16-byte global stores from the staging boxes, no TMA store,
-            // no local memory.
-            let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
             let (stg128, utmastg) = (count("STG.E.128"), count("UTMASTG"));
             let spills = count("STL") + count("LDL");
             println!("{}: {stg128} STG.E.128, {utmastg} UTMASTG", e.label);
