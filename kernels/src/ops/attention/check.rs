@@ -90,6 +90,20 @@ pub(crate) fn like(name: &str, t: &Tensor, dtype: DType, shape: &[usize]) -> Res
     Ok(())
 }
 
+/// The backward's O, dO and dQ shaped like Q, dK and dV like K, all of `dtype`.
+pub(crate) fn backward_like(
+    dtype: DType,
+    q: &Tensor,
+    k: &Tensor,
+    [o, d_o, dq, dk, dv]: [&Tensor; 5],
+) -> Result<()> {
+    like("o", o, dtype, q.shape())?;
+    like("d_o", d_o, dtype, q.shape())?;
+    like("dq", dq, dtype, q.shape())?;
+    like("dk", dk, dtype, k.shape())?;
+    like("dv", dv, dtype, k.shape())
+}
+
 /// Q [B, Hq, Nq, D], K and V [B, Hkv, Nkv, D], all of one half dtype.
 pub(crate) fn qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Problem> {
     let dtype = half_dtype("q", q)?;

@@ -121,11 +121,7 @@ pub fn attention_backward(
             ("dv", dv),
         ],
     )?;
-    check::like("o", o, p.dtype, q.shape())?;
-    check::like("d_o", d_o, p.dtype, q.shape())?;
-    check::like("dq", dq, p.dtype, q.shape())?;
-    check::like("dk", dk, p.dtype, k.shape())?;
-    check::like("dv", dv, p.dtype, k.shape())?;
+    check::backward_like(p.dtype, q, k, [o, d_o, dq, dk, dv])?;
     check::lse_is(lse, &[p.batch, p.q_heads, p.q_len])?;
     common::no_overlap(
         &[("dq", dq), ("dk", dk), ("dv", dv)],
