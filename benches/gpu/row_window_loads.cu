@@ -15,11 +15,13 @@
 // Lines: odd rows (ld = K = 4095 elements) with .nc loads not kept in L1, the same with plain
 // (L1-cached) loads, aligned rows (ld = 4096) for comparison, odd rows with two CTAs per SM, and
 // the same bytes read as runs of 512, 256 or 128 bytes of a row per lane group (1, 2 or 4 rows
-// per warp instruction, whole k-tiles in order along each row, 8 instructions in flight).
+// per warp instruction, whole k-tiles in order along each row, 8 instructions in flight), and
+// 128-byte visits of one row per instruction (8 lanes active).
 // Each gives the median of 20 timed launches and the tiles' operand bytes read per second.
 //
 // H100 (session 13): 128-byte visits (the producer's) ~1.0 TB/s, 2 CTAs per SM ~2.1; 256-byte
-// runs ~1.8 TB/s; 512-byte runs ~7.5 TB/s, ~10.7 with 2 CTAs per SM; the GEMM needs ~9.1.
+// runs ~1.8 TB/s; 512-byte runs ~7.5-8.0 TB/s, ~10.7 with 2 CTAs per SM; 128-byte visits one row
+// per instruction ~0.58 TB/s; the GEMM needs ~9.1.
 //
 // Build and run on the GPU machine:
 //   nvcc -O2 -arch=sm_90a -o /tmp/rows benches/gpu/row_window_loads.cu && /tmp/rows
@@ -92,6 +94,23 @@ __device__ __forceinline__ unsigned runs(const unsigned char* base, long long ro
     return acc;
 }
 
+// 128-byte visits one row per instruction: lanes 0..7 read a row's k-tile, lanes 8..31 idle
+// (four times the instructions of the 4-row form for the same bytes).
+__device__ __forceinline__ unsigned one_row_visits(const unsigned char* base, long long row_bytes, int row0, int kt, int lane) {
+    unsigned acc = 0;
+    for (int r = 0; r < 32; r += 8) {
+        uint4 v[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            v[i] = make_uint4(0, 0, 0, 0);
+            if (lane < 8) v[i] = load16<0>(align16(base + (row0 + r + i) * row_bytes) + kt * 128ll + 16 * lane);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
+    }
+    return acc;
+}
+
 template <int MODE>
 __global__ void __launch_bounds__(128) walk(const unsigned char* a, const unsigned char* b, long long row_bytes, int m, int n, int k_tiles,
                                             unsigned* sink) {
@@ -103,7 +122,13 @@ __global__ void __launch_bounds__(128) walk(const unsigned char* a, const unsign
         const int first_m = (t / per_group) * GROUP_M;
         const int in_group = t % per_group;
         const int tm = first_m + in_group % GROUP_M, tn = in_group / GROUP_M;
-        if constexpr (MODE >= 4) {
+        if constexpr (MODE == 7) {
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                acc ^= one_row_visits(a, row_bytes, tm * BM + 32 * warp, kt, lane);
+                acc ^= one_row_visits(b, row_bytes, tn * BN + 32 * warp, kt, lane);
+                acc ^= one_row_visits(b, row_bytes, tn * BN + 128 + 32 * warp, kt, lane);
+            }
+        } else if constexpr (MODE >= 4) {
             constexpr int RUN = MODE == 4 ? 512 : MODE == 5 ? 256 : 128;
             for (int step = 0; step < k_tiles * 128 / RUN; ++step) {
                 acc ^= runs<RUN>(a, row_bytes, tm * BM + 32 * warp, step, lane);
@@ -173,5 +198,6 @@ int main() {
     rc |= run<4>("the same, 2 CTAs per SM", 4095, 2 * sms);
     rc |= run<5>("odd rows as 256-byte runs (2 rows / instr)", 4095, sms);
     rc |= run<6>("odd rows as 128-byte runs (4 rows / instr)", 4095, sms);
+    rc |= run<7>("128-byte visits, 1 row / instr (8 lanes)", 4095, sms);
     return rc;
 }
