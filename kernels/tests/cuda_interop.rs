@@ -1,17 +1,10 @@
 //! Interop with cudarc: buffers made outside Calico become tensors without a copy.
 
-use calico::backends::cuda::{cudarc, CudaDevice};
+use calico::backends::cuda::cudarc;
 use calico::{ops, DType, Device};
 
-fn cuda() -> Option<CudaDevice> {
-    match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("skipped backend cuda: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::cuda;
 
 fn values(n: usize) -> Vec<f32> {
     (0..n)

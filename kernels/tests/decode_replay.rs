@@ -4,24 +4,16 @@
 //! the eager result bit for bit, and threads that call it at once on one device each get their
 //! own result bit for bit; both agree with the CPU backend.
 
-use calico::backends::cuda::CudaDevice;
 use calico::ops::{self, AttentionOptions, KvCache};
 use calico::{DType, Device, Tensor};
+
+mod common;
+use common::cuda;
 
 const HQ: usize = 32;
 const HKV: usize = 8;
 const DIM: usize = 128;
 const PAGE: usize = 16;
-
-fn cuda() -> Option<CudaDevice> {
-    match CudaDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("skipped backend cuda: {e}");
-            None
-        }
-    }
-}
 
 /// Values in [-1, 1) from a seed (xorshift64).
 fn values(seed: u64, n: usize) -> Vec<half::bf16> {

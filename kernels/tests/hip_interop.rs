@@ -1,18 +1,10 @@
 //! Interop on AMD: device memory allocated outside Calico's tensor becomes a tensor without a
 //! copy (`HipDevice::wrap_raw`). Reports itself skipped without a HIP device.
 
-use calico::backends::hip::HipDevice;
 use calico::{ops, DType, Device};
 
-fn hip() -> Option<HipDevice> {
-    match HipDevice::new(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            println!("skipped backend hip: {e}");
-            None
-        }
-    }
-}
+mod common;
+use common::hip;
 
 fn values(n: usize) -> Vec<f32> {
     (0..n)
