@@ -393,12 +393,19 @@ pub fn attention_reference(
     (o, lse)
 }
 
-/// Attention backward in f64 from the inputs alone: `(dq, dk, dv)` for the gradient `d_o` of
-/// the output (dK and dV summed over the query heads of each KV head).
+/// Attention backward in f64: `(dq, dk, dv)` for the gradient `d_o` of the output (dK and dV
+/// summed over the query heads of each KV head).
+///
+/// `o` is the forward output as the backward receives it (rounded to the storage dtype): the
+/// row term D_i = dO_i . O_i is defined on it, as in every FlashAttention-style backward. Using
+/// the exact O instead would make the reference differ from the defined result by
+/// rounding(O) * dO, which the small difference dP_ij - D_i (two keys of similar dP) can
+/// amplify into a >10% error on an ill-conditioned row.
 pub fn attention_backward_reference(
     q: &[f64],
     k: &[f64],
     v: &[f64],
+    o: &[f64],
     d_o: &[f64],
     dims: &AttentionDims,
     opts: &calico::ops::AttentionOptions,
@@ -416,11 +423,11 @@ pub fn attention_backward_reference(
                 let (p, _) = attention_row_softmax(row);
                 let r = ((b * dims.q_heads + h) * dims.q_len + i) * d;
                 let g = &d_o[r..r + d];
-                // dP_ij = dO_i . V_j; dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij).
+                // dP_ij = dO_i . V_j; dS_ij = P_ij (dP_ij - D_i), D_i = dO_i . O_i.
                 let dp: Vec<f64> = (0..dims.k_len)
                     .map(|j| (0..d).map(|c| g[c] * v[kvbase + j * d + c]).sum())
                     .collect();
-                let delta: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                let delta: f64 = g.iter().zip(&o[r..r + d]).map(|(a, b)| a * b).sum();
                 for j in 0..dims.k_len {
                     let Some((_, dcap)) = row[j] else { continue };
                     let dx = p[j] * (dp[j] - delta) * dcap * scale;

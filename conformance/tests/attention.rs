@@ -306,29 +306,43 @@ fn check_grad(what: &str, dtype: DType, got: &[f64], expected: &[f64]) -> Result
 /// Below this largest |gradient| a gradient is compared absolutely (inputs are O(1)).
 const GRAD_FLOOR: f64 = 0.05;
 
+/// What the backward reads besides Q, K and V: the output gradient, and the forward's O
+/// (rounded to the dtype, as a forward stores it) and LSE from the f64 reference.
+struct BackwardFeed {
+    d_o: Vec<f64>,
+    o: Vec<f64>,
+    lse: Vec<f64>,
+}
+
+fn backward_feed(c: &Case, x: &Inputs) -> BackwardFeed {
+    let mut rng = Rng::new(c.seed ^ 0x5eed);
+    let d_o = sample(c.dtype, &mut rng, x.q.len(), 1.0);
+    let (o, lse) = reference::attention_reference(&x.q, &x.k, &x.v, &c.dims, &c.opts);
+    BackwardFeed {
+        d_o,
+        o: round_all(c.dtype, &o),
+        lse,
+    }
+}
+
 /// Runs the backward on `c` and returns (dq, dk, dv) as read back.
-fn run_backward(dev: &Device, c: &Case, x: &Inputs) -> Result<[Vec<f64>; 3], String> {
+fn run_backward(
+    dev: &Device,
+    c: &Case,
+    x: &Inputs,
+    feed: &BackwardFeed,
+) -> Result<[Vec<f64>; 3], String> {
     let d = &c.dims;
     let qshape = [d.batch, d.q_heads, d.q_len, d.head_dim];
     let kshape = [d.batch, d.kv_heads, d.k_len, d.head_dim];
-    let mut rng = Rng::new(c.seed ^ 0x5eed);
-    let g = sample(c.dtype, &mut rng, x.q.len(), 1.0);
-    let (ref_o, ref_lse) = reference::attention_reference(&x.q, &x.k, &x.v, d, &c.opts);
-    let o = operand(
-        dev,
-        c.dtype,
-        qshape,
-        c.o_mem,
-        Some(&round_all(c.dtype, &ref_o)),
-    )
-    .ctx("allocating o")?;
+    let o = operand(dev, c.dtype, qshape, c.o_mem, Some(&feed.o)).ctx("allocating o")?;
     let lse = dev
         .tensor(
-            &ref_lse.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            &feed.lse.iter().map(|&v| v as f32).collect::<Vec<_>>(),
             &[d.batch, d.q_heads, d.q_len],
         )
         .ctx("allocating lse")?;
-    let gv = operand(dev, c.dtype, qshape, c.q_mem, Some(&g)).ctx("allocating d_o")?;
+    let gv = operand(dev, c.dtype, qshape, c.q_mem, Some(&feed.d_o)).ctx("allocating d_o")?;
     let mut dq = operand(dev, c.dtype, qshape, c.o_mem, None).ctx("allocating dq")?;
     let mut dk = operand(dev, c.dtype, kshape, c.o_mem, None).ctx("allocating dk")?;
     let mut dv = operand(dev, c.dtype, kshape, c.o_mem, None).ctx("allocating dv")?;
@@ -358,11 +372,11 @@ fn run_backward(dev: &Device, c: &Case, x: &Inputs) -> Result<[Vec<f64>; 3], Str
 
 fn backward_case(dev: &Device, c: &Case) -> Result<(), String> {
     let x = inputs(dev, c)?;
-    let [dq, dk, dv] = run_backward(dev, c, &x)?;
-    let mut rng = Rng::new(c.seed ^ 0x5eed);
-    let g = sample(c.dtype, &mut rng, x.q.len(), 1.0);
-    let (rq, rk, rv) =
-        reference::attention_backward_reference(&x.q, &x.k, &x.v, &g, &c.dims, &c.opts);
+    let feed = backward_feed(c, &x);
+    let [dq, dk, dv] = run_backward(dev, c, &x, &feed)?;
+    let (rq, rk, rv) = reference::attention_backward_reference(
+        &x.q, &x.k, &x.v, &feed.o, &feed.d_o, &c.dims, &c.opts,
+    );
     check_grad("dq", c.dtype, &dq, &rq)?;
     check_grad("dk", c.dtype, &dk, &rk)?;
     check_grad("dv", c.dtype, &dv, &rv)
@@ -533,9 +547,10 @@ fn attention_backward_is_deterministic() {
         );
         c.seed = 7;
         let x = inputs(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
-        let first = run_backward(&dev, &c, &x).unwrap_or_else(|e| panic!("{e}"));
+        let feed = backward_feed(&c, &x);
+        let first = run_backward(&dev, &c, &x, &feed).unwrap_or_else(|e| panic!("{e}"));
         for _ in 0..3 {
-            let again = run_backward(&dev, &c, &x).unwrap_or_else(|e| panic!("{e}"));
+            let again = run_backward(&dev, &c, &x, &feed).unwrap_or_else(|e| panic!("{e}"));
             for (a, b) in first.iter().zip(&again) {
                 assert!(
                     a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
@@ -701,8 +716,10 @@ fn varlen_case(
                 ref_lse[h * tq + q0 + i] = lse[h * nq + i];
             }
         }
+        // The backward reads O as the forward stores it (rounded to the dtype).
+        let fed_o = round_all(dtype, &o);
         let (dq, dk, dv) =
-            reference::attention_backward_reference(&sq, &sk, &sv, &sg, &dims, &opts);
+            reference::attention_backward_reference(&sq, &sk, &sv, &fed_o, &sg, &dims, &opts);
         scatter(&mut ref_dq, &dq, q0, nq, q_heads);
         scatter(&mut ref_dk, &dk, k0, nk, kv_heads);
         scatter(&mut ref_dv, &dv, k0, nk, kv_heads);
