@@ -115,6 +115,29 @@ impl KernelResources {
             self.occupancy()
         )
     }
+
+    /// A table of labelled kernels' registers, LDS, scratch and occupancy, one line per row
+    /// after a header line.
+    pub fn table(rows: &[(String, KernelResources)]) -> String {
+        let width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(7).max(7);
+        let mut out = format!(
+            "{:<width$} {:>5} {:>5} {:>5} {:>7} {:>8} {:>6} {:>10}\n",
+            "variant", "VGPR", "AGPR", "SGPR", "LDS", "scratch", "WG/CU", "waves/SIMD"
+        );
+        for (label, k) in rows {
+            out += &format!(
+                "{label:<width$} {:>5} {:>5} {:>5} {:>7} {:>8} {:>6} {:>10}\n",
+                k.vgprs,
+                k.agprs,
+                k.sgprs,
+                k.lds_bytes,
+                k.scratch_bytes,
+                k.workgroups_per_cu(),
+                k.occupancy()
+            );
+        }
+        out
+    }
 }
 
 /// Every kernel's resources in an AMDGPU code object.

@@ -13,6 +13,7 @@ pub mod accounting;
 pub mod attention;
 pub mod cases;
 pub mod cublaslt;
+pub mod dry_run;
 pub mod host_report;
 pub mod peers;
 pub mod plots;
@@ -95,6 +96,16 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
+    /// What both `calico bench` and `calico-bench` do with these arguments: with `--dry-run`,
+    /// list the kernels each case would take on that target (no device, nothing written);
+    /// otherwise run the suite on the device `Device::auto()` finds and write the report.
+    pub fn execute(&self) -> Result<()> {
+        match &self.dry_run {
+            Some(target) => dry_run::run(target, self.quick),
+            None => Device::auto().and_then(|dev| run(&dev, &self.options()).map(|_| ())),
+        }
+    }
+
     pub fn options(&self) -> BenchOptions {
         BenchOptions {
             out: self.out.clone(),

@@ -138,7 +138,7 @@ pub fn run(args: &CompileArgs) -> Result<()> {
                 "\n==== {} on {}: resources per kernel",
                 args.op, args.target
             );
-            print_resources(&resources);
+            print!("{}", calico::catalog::KernelResources::table(&resources));
         }
         let failed = summary.iter().filter(|(_, c)| c.is_err()).count();
         println!(
@@ -147,27 +147,6 @@ pub fn run(args: &CompileArgs) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// A table of kernels' registers, LDS, scratch and occupancy (AMD targets).
-pub fn print_resources(rows: &[(String, calico::catalog::KernelResources)]) {
-    let width = rows.iter().map(|(l, _)| l.len()).max().unwrap_or(7).max(7);
-    println!(
-        "{:<width$} {:>5} {:>5} {:>5} {:>7} {:>8} {:>6} {:>10}",
-        "variant", "VGPR", "AGPR", "SGPR", "LDS", "scratch", "WG/CU", "waves/SIMD"
-    );
-    for (label, k) in rows {
-        println!(
-            "{label:<width$} {:>5} {:>5} {:>5} {:>7} {:>8} {:>6} {:>10}",
-            k.vgprs,
-            k.agprs,
-            k.sgprs,
-            k.lds_bytes,
-            k.scratch_bytes,
-            k.workgroups_per_cu(),
-            k.occupancy()
-        );
-    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 
 mod check;
 mod compile;
-mod dry_run;
 mod info;
 
 use clap::{Parser, Subcommand};
@@ -38,12 +37,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Info => info::run(),
         Command::Compile(args) => compile::run(&args).map(|()| true),
-        Command::Bench(args) if args.dry_run.is_some() => {
-            dry_run::run(args.dry_run.as_deref().unwrap_or_default(), args.quick).map(|()| true)
-        }
-        Command::Bench(args) => calico::Device::auto()
-            .and_then(|dev| calico_benches::run(&dev, &args.options()))
-            .map(|_| true),
+        Command::Bench(args) => args.execute().map(|()| true),
         Command::Check => check::run(),
     };
     match result {

@@ -15,9 +15,7 @@ struct Cli {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    let result =
-        calico::Device::auto().and_then(|dev| calico_benches::run(&dev, &cli.bench.options()));
-    match result {
+    match cli.bench.execute() {
         Ok(_) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("calico-bench: {e}");

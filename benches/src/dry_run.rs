@@ -1,12 +1,12 @@
-//! `calico bench --dry-run TARGET`: what the benchmark's cases (GEMM, the row ops, attention
+//! `calico bench --dry-run TARGET` (or `calico-bench --dry-run TARGET`): what the benchmark's cases (GEMM, the row ops,
 //! forward and backward, attention decode) would run on a target that is not here (each
 //! router's choice, compiled offline once per distinct source) and, on AMD targets, each
 //! kernel's registers, LDS, scratch and occupancy. Nothing runs on a device.
 
+use crate::accounting::MemOp;
+use crate::cases::{decode, gemm_specs, memory_specs, Profile};
 use calico::ops::{self, AttentionCase, DecodeCase, PlannedKernel, RowOp};
 use calico::{catalog, DType, Error, KernelSource, Result};
-use calico_benches::accounting::MemOp;
-use calico_benches::cases::{decode, gemm_specs, memory_specs, Profile};
 
 /// Compiles each distinct source once (by digest) and keeps its resources.
 struct Compiled<'a> {
@@ -85,7 +85,7 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
         let plan = ops::plan_row_op(target, row_op(spec.op), &spec.shape, DType::BF16)?;
         list(spec.name(), plan.kernels)?;
     }
-    for spec in calico_benches::attention::specs(true, profile) {
+    for spec in crate::attention::specs(true, profile) {
         let case = AttentionCase {
             dtype: DType::BF16,
             batch: spec.batch(),
@@ -120,7 +120,7 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
         return Ok(());
     }
     println!();
-    crate::compile::print_resources(&rows);
+    print!("{}", catalog::KernelResources::table(&rows));
     let spilling: Vec<&str> = rows
         .iter()
         .filter(|(_, k)| k.uses_scratch())
