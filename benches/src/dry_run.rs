@@ -1,7 +1,8 @@
 //! `calico bench --dry-run TARGET` (or `calico-bench --dry-run TARGET`): what the benchmark's
 //! cases (GEMM, the row ops, attention forward and backward, attention decode) would run on a
 //! target that is not here (each router's choice, compiled offline once per distinct source)
-//! and, on AMD targets, each kernel's registers, LDS, scratch and occupancy. Nothing runs on a device.
+//! and, on AMD targets, each kernel's registers, LDS, scratch and occupancy. Nothing runs on a
+//! device.
 
 use crate::accounting::MemOp;
 use crate::cases::{decode, gemm_specs, memory_specs, Profile};
