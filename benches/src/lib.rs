@@ -26,7 +26,7 @@ pub mod timing;
 pub use cases::Profile;
 pub use report::Report;
 
-use calico::{Device, Result, Vendor};
+use calico::{Device, Error, Result, Vendor};
 use progress::{Progress, Watchdog};
 use report::{DeviceInfo, Status, Timed};
 use std::path::PathBuf;
@@ -299,6 +299,35 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         targets: Vec::new(),
         notes: Vec::new(),
     };
+    let host_cases = cases::host_loop::loop_specs(profile == Profile::Tiny)
+        .iter()
+        .filter(|s| wanted(&s.name()))
+        .count()
+        + usize::from(wanted("graph replay decode step"));
+    let selected = usize::from(run_latency)
+        + host_cases
+        + mem_specs.len()
+        + gemm_specs.len()
+        + decode_specs.len()
+        + attn_specs.len();
+    if let (0, Some(only)) = (selected, &opts.only) {
+        // A typo must not replace a report with an empty one.
+        let examples: Vec<String> = [
+            cases::memory_specs(gpu, profile).first().map(|s| s.name()),
+            cases::gemm_specs(gpu, profile).first().map(|s| s.name()),
+            Some(latency_name.to_string()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        return Err(Error::unsupported(format!(
+            "--only `{only}` selects none of the {} profile's cases on {} (names such as `{}`); \
+             nothing was run or written",
+            profile.name(),
+            dev.name(),
+            examples.join("`, `")
+        )));
+    }
     println!(
         "calico-bench: {} ({}, {}), profile {}, {} memory-bound and {} GEMM cases",
         report.device.name,
@@ -308,19 +337,7 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         mem_specs.len(),
         gemm_specs.len()
     );
-    let host_cases = cases::host_loop::loop_specs(profile == Profile::Tiny)
-        .iter()
-        .filter(|s| wanted(&s.name()))
-        .count()
-        + usize::from(wanted("graph replay decode step"));
-    let progress = Progress::new(
-        1 + usize::from(run_latency)
-            + host_cases
-            + mem_specs.len()
-            + gemm_specs.len()
-            + decode_specs.len()
-            + attn_specs.len(),
-    );
+    let progress = Progress::new(1 + selected);
     let watchdog = opts.watchdog.map(Watchdog::start);
     let tick = || {
         if let Some(w) = &watchdog {
@@ -594,6 +611,25 @@ mod tests {
             assert!(out.join(f).exists(), "{f}");
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A typo in --only is an error before anything runs, not an empty report written over
+    /// the last one.
+    #[test]
+    fn an_only_that_selects_nothing_is_an_error_and_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("calico-bench-typo-{}", std::process::id()));
+        let opts = BenchOptions {
+            out: dir.clone(),
+            profile: Profile::Tiny,
+            only: Some("sofmtax,gem square".into()),
+            write: true,
+            ..BenchOptions::default()
+        };
+        let err = run(&Device::cpu(), &opts).expect_err("no case selected");
+        let msg = err.to_string();
+        assert!(msg.contains("`sofmtax,gem square` selects none"), "{msg}");
+        assert!(msg.contains("nothing was run or written"), "{msg}");
+        assert!(!dir.exists(), "{} was written", dir.display());
     }
 
     #[test]
