@@ -27,13 +27,47 @@ impl CpuDevice {
     /// The host CPU, with as many compute units as rayon has threads.
     pub fn new() -> CpuDevice {
         let threads = u32::try_from(rayon::current_num_threads()).unwrap_or(u32::MAX);
+        let mut arch = Arch::cpu(threads);
+        arch.l2_bytes = last_level_cache_bytes().unwrap_or(0);
         CpuDevice {
             inner: Arc::new(Inner {
                 name: cpu_model_name(),
-                arch: Arch::cpu(threads),
+                arch,
             }),
         }
     }
+}
+
+/// The size of CPU 0's highest-level cache, from Linux's sysfs (None elsewhere): what a
+/// benchmark must exceed for its reads to come from memory.
+fn last_level_cache_bytes() -> Option<usize> {
+    let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
+    let read = |path: std::path::PathBuf| std::fs::read_to_string(path).ok();
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let level: u32 = read(e.path().join("level"))?.trim().parse().ok()?;
+            Some((level, parse_cache_size(&read(e.path().join("size"))?)?))
+        })
+        .max()
+        .map(|(_, bytes)| bytes)
+}
+
+/// sysfs cache sizes read like "32768K" (or "1M", or plain bytes).
+fn parse_cache_size(text: &str) -> Option<usize> {
+    let t = text.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let n: usize = digits.parse().ok()?;
+    let scale = match unit {
+        "" => 1,
+        "K" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return None,
+    };
+    n.checked_mul(scale)
 }
 
 /// The "model name" line of /proc/cpuinfo, or "CPU" where there is none.
@@ -113,5 +147,30 @@ impl Backend for CpuDevice {
         let start = Instant::now();
         work()?;
         Ok(start.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_parse_with_and_without_units() {
+        assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_cache_size("1M"), Some(1 << 20));
+        assert_eq!(parse_cache_size("4096"), Some(4096));
+        assert_eq!(parse_cache_size("12Q"), None);
+        assert_eq!(parse_cache_size(""), None);
+    }
+
+    #[test]
+    fn the_last_level_cache_is_read_where_sysfs_lists_one() {
+        let listed = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache/index0").exists();
+        let bytes = CpuDevice::new().arch().l2_bytes;
+        if listed {
+            assert!(bytes >= 1 << 10, "sysfs lists caches but none was read");
+        } else {
+            assert_eq!(bytes, 0, "no sysfs cache listing: unknown is 0");
+        }
     }
 }

@@ -52,11 +52,15 @@ fn print_arch(a: &Arch) {
         a.shared_mem_per_block,
         a.shared_mem_per_block / 1024
     );
-    println!(
-        "  L2 / last-level cache  {} bytes ({} MiB)",
-        a.l2_bytes,
-        a.l2_bytes >> 20
-    );
+    if a.l2_bytes == 0 {
+        println!("  L2 / last-level cache  unknown");
+    } else {
+        println!(
+            "  L2 / last-level cache  {} bytes ({} MiB)",
+            a.l2_bytes,
+            a.l2_bytes >> 20
+        );
+    }
     println!(
         "  fp8                    {}",
         a.fp8.map_or("none".into(), |f| format!("{f:?}"))
