@@ -228,10 +228,23 @@ fn host_line(case: &host_report::HostCase) -> String {
     format!("{:<34} {value}", case.name)
 }
 
+/// An argument the run cannot start with, as an error the binaries print.
+fn invalid_argument(message: String) -> Error {
+    Error::Io(std::io::Error::new(
+        std::io::ErrorKind::InvalidInput,
+        message,
+    ))
+}
+
 /// Runs the suite on `dev` and writes the report (unless `opts.write` is off). Per-case errors
 /// are recorded in the report, never returned; only writing the files can fail.
 pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
     let started = Instant::now();
+    // Read the peers first: a wrong path or a broken file must not cost a whole run.
+    let peers_file = match &opts.peers {
+        Some(path) => Some((path, peers::read_file(path).map_err(invalid_argument)?)),
+        None => None,
+    };
     let gpu = dev.as_gpu().is_some();
     let profile = opts.profile;
     let plan = cases::plan(gpu, profile);
@@ -545,11 +558,8 @@ pub fn run(dev: &Device, opts: &BenchOptions) -> Result<Report> {
         started.elapsed().as_secs_f64()
     ));
     report.derive();
-    if let Some(path) = &opts.peers {
-        if let Err(e) = peers::merge_file(&mut report, path) {
-            eprintln!("calico-bench: {e}");
-            report.notes.push(e);
-        }
+    if let Some((path, file)) = &peers_file {
+        peers::merge(&mut report, file, &path.display().to_string());
     }
     if opts.write {
         let written = report.write(&out_dir)?;
@@ -629,6 +639,27 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("`sofmtax,gem square` selects none"), "{msg}");
         assert!(msg.contains("nothing was run or written"), "{msg}");
+        assert!(!dir.exists(), "{} was written", dir.display());
+    }
+
+    /// A peers file that cannot be read stops the run before any case, not after all of them.
+    #[test]
+    fn an_unreadable_peers_file_is_an_error_before_anything_runs() {
+        let dir = std::env::temp_dir().join(format!("calico-bench-peers-{}", std::process::id()));
+        let opts = BenchOptions {
+            out: dir.clone(),
+            profile: Profile::Tiny,
+            peers: Some("/nonexistent/peers.json".into()),
+            write: true,
+            ..BenchOptions::default()
+        };
+        let msg = run(&Device::cpu(), &opts)
+            .expect_err("no peers")
+            .to_string();
+        assert!(
+            msg.contains("cannot read peers file /nonexistent/peers.json"),
+            "{msg}"
+        );
         assert!(!dir.exists(), "{} was written", dir.display());
     }
 

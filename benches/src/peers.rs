@@ -28,14 +28,12 @@ pub struct PeerResult {
     pub backend: Option<String>,
 }
 
-/// Reads `path` and merges its figures into `report` (then re-derives the rates).
-pub fn merge_file(report: &mut Report, path: &Path) -> Result<(), String> {
+/// Reads and parses the peers file at `path`.
+pub fn read_file(path: &Path) -> Result<PeersFile, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read peers file {}: {e}", path.display()))?;
-    let file: PeersFile = serde_json::from_str(&text)
-        .map_err(|e| format!("peers file {} is not valid: {e}", path.display()))?;
-    merge(report, &file, &path.display().to_string());
-    Ok(())
+    serde_json::from_str(&text)
+        .map_err(|e| format!("peers file {} is not valid: {e}", path.display()))
 }
 
 /// Puts each peer time next to the Calico case of the same op and shape.
@@ -121,7 +119,12 @@ mod tests {
 
     #[test]
     fn bad_file_is_an_error_not_a_panic() {
-        let mut r = crate::report::tests::fake_report();
-        assert!(merge_file(&mut r, Path::new("/nonexistent/peers.json")).is_err());
+        let missing = read_file(Path::new("/nonexistent/peers.json")).unwrap_err();
+        assert!(missing.contains("cannot read peers file"), "{missing}");
+        let path = std::env::temp_dir().join(format!("calico-peers-{}.json", std::process::id()));
+        std::fs::write(&path, "{ not json").unwrap();
+        let invalid = read_file(&path).unwrap_err();
+        let _ = std::fs::remove_file(&path);
+        assert!(invalid.contains("is not valid"), "{invalid}");
     }
 }
