@@ -63,6 +63,14 @@ template <>
 CALICO_DEVICE float2 pack<float>(float a, float b) {
     return make_float2(a, b);
 }
+// Two values rounded to the 16-bit T as one 32-bit register, the first in the low half: the
+// word a register-operand wgmma's A fragment holds.
+template <class T>
+CALICO_DEVICE uint32_t pack_word(float a, float b) {
+    static_assert(sizeof(typename packed<T>::type) == 4, "pairs of 16-bit elements");
+    typename packed<T>::type v = pack<T>(a, b);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
 CALICO_DEVICE float2 unpack(__nv_bfloat162 v) { return __bfloat1622float2(v); }
 CALICO_DEVICE float2 unpack(__half2 v) { return __half22float2(v); }
 CALICO_DEVICE float2 unpack(float2 v) { return v; }

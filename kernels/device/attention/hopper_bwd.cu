@@ -322,18 +322,6 @@ struct flag {
     static constexpr bool value = B;
 };
 
-template <class T>
-CALICO_DEVICE uint32_t pack2(float lo, float hi);
-template <>
-CALICO_DEVICE uint32_t pack2<bf16>(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
 
 // Adds two adjacent floats to global memory (8-byte aligned), result unused.
 CALICO_DEVICE void red_add2(float* addr, float a, float b) {
@@ -389,7 +377,7 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
             const int col = 8 * j + 2 * t;
             const float v0 = acc[4 * j + 2 * hh] * mul, v1 = acc[4 * j + 2 * hh + 1] * mul;
             if (pairs) {
-                *reinterpret_cast<uint32_t*>(row + col) = pack2<in_t>(v0, v1);
+                *reinterpret_cast<uint32_t*>(row + col) = calico::pack_word<in_t>(v0, v1);
             } else {
                 row[col] = calico::from_float<in_t>(v0);
                 row[col + 1] = calico::from_float<in_t>(v1);
@@ -697,8 +685,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     for (int kk = 0; kk < P_STEPS; ++kk) {
 #pragma unroll
                         for (int r = 0; r < 4; ++r) {
-                            pa[kk][r] = pack2<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-                            da[kk][r] = pack2<in_t>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
+                            pa[kk][r] = calico::pack_word<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+                            da[kk][r] = calico::pack_word<in_t>(dp[8 * kk + 2 * r], dp[8 * kk + 2 * r + 1]);
                         }
                     }
                     // dS^T to shared memory, [query chunk][key][64 queries], 128B swizzle:

@@ -323,18 +323,6 @@ CALICO_DEVICE void quad_to_chunks(const uint32_t (&words)[N], int t, uint32_t (&
     }
 }
 
-template <class T>
-CALICO_DEVICE uint32_t pack2(float lo, float hi);
-template <>
-CALICO_DEVICE uint32_t pack2<bf16>(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
-template <>
-CALICO_DEVICE uint32_t pack2<f16>(float lo, float hi) {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
-}
 
 }  // namespace attn_hopper
 
@@ -675,7 +663,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 #pragma unroll
             for (int kk = 0; kk < P_STEPS; ++kk) {
 #pragma unroll
-                for (int r = 0; r < 4; ++r) pa[kk][r] = pack2<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+                for (int r = 0; r < 4; ++r) pa[kk][r] = calico::pack_word<in_t>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
             }
         };
 
@@ -773,7 +761,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             if (o_store == O_STORE_VEC16) {
                 uint32_t words[D / 8];  // this row's columns 8j + 2t, +1
 #pragma unroll
-                for (int j = 0; j < D / 8; ++j) words[j] = pack2<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+                for (int j = 0; j < D / 8; ++j) words[j] = calico::pack_word<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
                 uint32_t chunks[D / 32][4];
                 quad_to_chunks(words, t, chunks);
 #pragma unroll
@@ -789,7 +777,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     const float v0 = acc[4 * j + 2 * h] * inv;
                     const float v1 = acc[4 * j + 2 * h + 1] * inv;
                     if (o_store == O_STORE_PAIRS) {
-                        *reinterpret_cast<uint32_t*>(orow + col) = pack2<in_t>(v0, v1);
+                        *reinterpret_cast<uint32_t*>(orow + col) = calico::pack_word<in_t>(v0, v1);
                     } else {
                         orow[col] = calico::from_float<in_t>(v0);
                         orow[col + 1] = calico::from_float<in_t>(v1);
