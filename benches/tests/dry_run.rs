@@ -3,12 +3,25 @@
 
 use std::process::Command;
 
+/// The binary cargo built, or, where the tests run from a scripts/gpu-pack.sh bundle on
+/// another machine, the `calico-bench` in the bundle's bin/ beside tests/.
+fn calico_bench() -> Command {
+    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_calico-bench"));
+    let packed = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("bin").join("calico-bench")));
+    match packed {
+        Some(p) if !built.exists() && p.exists() => Command::new(p),
+        _ => Command::new(built),
+    }
+}
+
 #[test]
 fn calico_bench_honours_dry_run_and_writes_nothing() {
     let out = std::env::temp_dir().join(format!("calico-dry-run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     // An unknown target: the dry run's own error, reached without compiling anything.
-    let run = Command::new(env!("CARGO_BIN_EXE_calico-bench"))
+    let run = calico_bench()
         .args(["--dry-run", "no_such_gpu", "--quick", "--out"])
         .arg(&out)
         .output()
