@@ -2,7 +2,8 @@
 //
 // REGISTER TILES  rt<T, R, C, L>: an R x C tile (multiples of 16) held by one warp as a grid of
 // 16x16 base tiles. With g = lane / 4 and t = lane % 4, each base tile is four registers of
-// two elements (`packed<T>`, a pair of bf16/f16 or a float2):
+// two elements (`packed<T>`, a pair of bf16/f16 or a float2; `pack<T>(a, b)` makes one, and
+// `pack_word<T>(a, b)` the same 16-bit pair as the 32-bit word a register-operand wgmma reads):
 //   row layout (row_l): reg 0 = (g, 2t..2t+1), reg 1 = (g+8, 2t..), reg 2 = (g, 2t+8..),
 //                       reg 3 = (g+8, 2t+8..)            -- pairs run along a row
 //   col layout (col_l): the transpose: reg 0 = (2t..2t+1, g), reg 1 = (2t.., g+8),
