@@ -14,6 +14,7 @@ pub mod attention;
 pub mod cases;
 pub mod cublaslt;
 pub mod dry_run;
+pub mod gpu_bundle;
 pub mod host_report;
 pub mod peers;
 pub mod plots;
@@ -623,44 +624,54 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Runs `opts` on the CPU (tiny profile, writing into a fresh directory named after
+    /// `tag`), expects it to be refused before anything is written, and returns the error.
+    fn refused(tag: &str, opts: BenchOptions) -> String {
+        let dir = std::env::temp_dir().join(format!("calico-bench-{tag}-{}", std::process::id()));
+        let opts = BenchOptions {
+            out: dir.clone(),
+            profile: Profile::Tiny,
+            write: true,
+            ..opts
+        };
+        let msg = run(&Device::cpu(), &opts)
+            .expect_err("the run is refused")
+            .to_string();
+        assert!(!dir.exists(), "{} was written", dir.display());
+        msg
+    }
+
     /// A typo in --only is an error before anything runs, not an empty report written over
     /// the last one.
     #[test]
     fn an_only_that_selects_nothing_is_an_error_and_writes_nothing() {
-        let dir = std::env::temp_dir().join(format!("calico-bench-typo-{}", std::process::id()));
-        let opts = BenchOptions {
-            out: dir.clone(),
-            profile: Profile::Tiny,
-            only: Some("sofmtax,gem square".into()),
-            write: true,
-            ..BenchOptions::default()
-        };
-        let err = run(&Device::cpu(), &opts).expect_err("no case selected");
-        let msg = err.to_string();
+        let only = Some("sofmtax,gem square".into());
+        let msg = refused(
+            "typo",
+            BenchOptions {
+                only,
+                ..BenchOptions::default()
+            },
+        );
         assert!(msg.contains("`sofmtax,gem square` selects none"), "{msg}");
         assert!(msg.contains("nothing was run or written"), "{msg}");
-        assert!(!dir.exists(), "{} was written", dir.display());
     }
 
     /// A peers file that cannot be read stops the run before any case, not after all of them.
     #[test]
     fn an_unreadable_peers_file_is_an_error_before_anything_runs() {
-        let dir = std::env::temp_dir().join(format!("calico-bench-peers-{}", std::process::id()));
-        let opts = BenchOptions {
-            out: dir.clone(),
-            profile: Profile::Tiny,
-            peers: Some("/nonexistent/peers.json".into()),
-            write: true,
-            ..BenchOptions::default()
-        };
-        let msg = run(&Device::cpu(), &opts)
-            .expect_err("no peers")
-            .to_string();
+        let peers = Some("/nonexistent/peers.json".into());
+        let msg = refused(
+            "peers",
+            BenchOptions {
+                peers,
+                ..BenchOptions::default()
+            },
+        );
         assert!(
             msg.contains("cannot read peers file /nonexistent/peers.json"),
             "{msg}"
         );
-        assert!(!dir.exists(), "{} was written", dir.display());
     }
 
     #[test]

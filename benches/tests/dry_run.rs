@@ -3,17 +3,8 @@
 
 use std::process::Command;
 
-/// The binary cargo built, or, where the tests run from a scripts/gpu-pack.sh bundle on
-/// another machine, the `calico-bench` in the bundle's bin/ beside tests/.
 fn calico_bench() -> Command {
-    let built = std::path::PathBuf::from(env!("CARGO_BIN_EXE_calico-bench"));
-    let packed = std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.parent()?.join("bin").join("calico-bench")));
-    match packed {
-        Some(p) if !built.exists() && p.exists() => Command::new(p),
-        _ => Command::new(built),
-    }
+    calico_benches::gpu_bundle::binary(env!("CARGO_BIN_EXE_calico-bench"), "calico-bench")
 }
 
 #[test]

@@ -322,7 +322,6 @@ struct flag {
     static constexpr bool value = B;
 };
 
-
 // Adds two adjacent floats to global memory (8-byte aligned), result unused.
 CALICO_DEVICE void red_add2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");

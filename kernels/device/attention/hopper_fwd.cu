@@ -323,7 +323,6 @@ CALICO_DEVICE void quad_to_chunks(const uint32_t (&words)[N], int t, uint32_t (&
     }
 }
 
-
 }  // namespace attn_hopper
 
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
