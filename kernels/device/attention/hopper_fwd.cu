@@ -34,7 +34,9 @@
 //  * Nq, Nkv not multiples of the tiles: TMA zero-fills rows past the end (the copies still
 //    complete full boxes), keys >= Nkv are masked, rows >= Nq are not stored.
 //  * A row that sees no key ends with l = 0: O = 0 and LSE = -inf. A unit whose rows see no
-//    key at all loads nothing and only writes those.
+//    key at all loads nothing and only writes those. A consumer whose 64 rows see none of a
+//    unit's top key blocks (a 192-row causal unit reaches a block past its first rows; rows
+//    past Nq) passes their turns and slots on without computing them (TUNE_SKIP_UNSEEN).
 //  * Mask (bottom-right aligned): row i sees key j iff lo(i) <= j < hi(i), with
 //    c = i + Nkv - Nq, lo = c - left (or 0), hi = c + right + 1 (or Nkv), clamped to [0, Nkv].
 //
@@ -143,6 +145,7 @@ constexpr int TUNE_FOLD_ODD = 4;  // fold odd row-block counts too: the unpaired
 constexpr int TUNE_Q_THREAD = 8;  // Q loaded by a thread of its own (producer warp 1), as soon as its slot is free
 constexpr int TUNE_DECODE_AHEAD = 16;  // consumers decode their next unit during this one's first turns
 constexpr int TUNE_FAST_EPILOGUE = 32;  // 1 / l and ln l by MUFU approximations in the epilogue
+constexpr int TUNE_SKIP_UNSEEN = 64;    // a consumer passes over the unit's key blocks none of its rows sees
 
 struct unit {
     int b, h, m0;
@@ -490,6 +493,20 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         int wg_lo_max, wg_hi_min, unused;
         row_keys(p, wg_row0 + 63, wg_lo_max, unused);
         row_keys(p, wg_row0, unused, wg_hi_min);
+        // The unit's key blocks from c_hi up are ones no row of this warpgroup sees: under a
+        // causal mask a 192-row unit reaches up to a block further than its first 64 or 128
+        // rows see, and a unit's last rows may lie past Nq (then c_hi = n_lo: none seen). They
+        // would be computed for nothing (every score masked), so with TUNE_SKIP_UNSEEN the
+        // warpgroup takes their turns and hands their slots back without an MMA. Key bounds
+        // grow with the row, so the last stored row's upper bound gives c_hi. (Blocks below
+        // the first row's lower bound, under a left window, are still computed: a second
+        // bound kept across the key loop costs the 192-row form a spilled register there.)
+        int c_hi = u.n_hi;
+        if (p.tune & TUNE_SKIP_UNSEEN) {
+            int last_hi = 0;
+            if (wg_row0 < p.q_len) row_keys(p, min(wg_row0 + 63, p.q_len - 1), unused, last_hi);
+            c_hi = max(u.n_lo, min(u.n_hi, (last_hi + BN - 1) / BN));
+        }
 
         float acc[O_REGS];
 #pragma unroll
@@ -539,6 +556,16 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         auto release_v = [&]() {
             if (lane == 0) bars.v.release(vc);
             vc.advance();
+        };
+        // A block from c_hi up: its turn passes on at once, and its slots go back once
+        // filled (a release before the fill would count toward the slot's previous use).
+        auto pass_block = [&](int n) {
+            take_turn(consumer);
+            pass_turn(consumer);
+            bars.k.wait_full(kc);
+            release_k(n);
+            bars.v.wait_full(vc);
+            release_v();
         };
         // The softmax's arithmetic after masking, written for instruction-level parallelism
         // (CALICO_ATTN_ILP): each row's max as a tree of depth log2(BN / 4) + 1 rather than a
@@ -676,6 +703,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 // Serial: each block's S, softmax and P V in turn (the tensor pipe idles
                 // during this warpgroup's softmax unless the other warpgroup fills it).
                 for (int n = u.n_hi - 1; n >= u.n_lo; --n) {
+                    if (n >= c_hi) {
+                        pass_block(n);
+                        continue;
+                    }
                     issue_s(s);
                     calico::wgmma::wait_group<0>();
                     calico::wgmma::fence_operands(s);
@@ -692,52 +723,55 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 // Overlapped: S of block n is issued before P V of block n + 1, and the
                 // softmax of block n runs while that P V is on the tensor cores.
                 int n = u.n_hi - 1;
-                take_turn(consumer);
-                if (tracer) stamp(w, consumer, 2);
-                issue_s(s);
-                pass_turn(consumer);
-                calico::wgmma::wait_group<0>();
-                calico::wgmma::fence_operands(s);
-                if (tracer) stamp(w, consumer, 3);
-                release_k(n);
-                softmax(s, n, scale_o);
-                pack_p(s, pa);
-                // No wgmma is in flight here (ptxas serialises them across branches otherwise),
-                // and the next step waits for the partner's turn anyway.
-                if (p.tune & TUNE_DECODE_AHEAD) {
-                    const int next = w + (int)gridDim.x;
-                    if (next < work) {
-                        ahead = unit_at(p, next);
-                        ahead_w = next;
-                    }
-                }
-                for (--n; n >= u.n_lo; --n) {
+                for (; n >= c_hi; --n) pass_block(n);
+                if (c_hi > u.n_lo) {
                     take_turn(consumer);
+                    if (tracer) stamp(w, consumer, 2);
                     issue_s(s);
+                    pass_turn(consumer);
+                    calico::wgmma::wait_group<0>();
+                    calico::wgmma::fence_operands(s);
+                    if (tracer) stamp(w, consumer, 3);
+                    release_k(n);
+                    softmax(s, n, scale_o);
+                    pack_p(s, pa);
+                    // No wgmma is in flight here (ptxas serialises them across branches otherwise),
+                    // and the next step waits for the partner's turn anyway.
+                    if (p.tune & TUNE_DECODE_AHEAD) {
+                        const int next = w + (int)gridDim.x;
+                        if (next < work) {
+                            ahead = unit_at(p, next);
+                            ahead_w = next;
+                        }
+                    }
+                    for (--n; n >= u.n_lo; --n) {
+                        take_turn(consumer);
+                        issue_s(s);
+                        rescale_o(scale_o);
+                        issue_pv(pa);
+                        pass_turn(consumer);
+                        calico::wgmma::wait_group<1>();
+                        calico::wgmma::fence_operands(s);
+                        softmax(s, n, scale_o);
+                        // Pins the softmax before the wait: the compiler would otherwise sink it
+                        // next to its first use, after the P V it is meant to hide under.
+                        calico::wgmma::fence_operands(s);
+                        fence_values(l_run);
+                        fence_values(scale_o);
+                        release_k(n);
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(acc);
+                        fence_words(pa);  // the P V just finished read pa until here
+                        release_v();
+                        pack_p(s, pa);
+                    }
                     rescale_o(scale_o);
                     issue_pv(pa);
-                    pass_turn(consumer);
-                    calico::wgmma::wait_group<1>();
-                    calico::wgmma::fence_operands(s);
-                    softmax(s, n, scale_o);
-                    // Pins the softmax before the wait: the compiler would otherwise sink it
-                    // next to its first use, after the P V it is meant to hide under.
-                    calico::wgmma::fence_operands(s);
-                    fence_values(l_run);
-                    fence_values(scale_o);
-                    release_k(n);
                     calico::wgmma::wait_group<0>();
                     calico::wgmma::fence_operands(acc);
-                    fence_words(pa);  // the P V just finished read pa until here
+                    fence_words(pa);
                     release_v();
-                    pack_p(s, pa);
                 }
-                rescale_o(scale_o);
-                issue_pv(pa);
-                calico::wgmma::wait_group<0>();
-                calico::wgmma::fence_operands(acc);
-                fence_words(pa);
-                release_v();
             }
             if (tracer) stamp(w, consumer, 4);
             qc.advance();  // the slot went back with the last K release

@@ -422,7 +422,7 @@ pub(crate) fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool
 
 /// The kernel's tuning switches, all on unless `CALICO_ATTN_HOPPER_TUNE` names some to turn
 /// off (comma-separated: `nokvfirst`, `nofold`, `novec`, `noqthread`,
-/// `nodecodeahead`, `nofastepi`), for A/B runs.
+/// `nodecodeahead`, `nofastepi`, `noskip`), for A/B runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     /// The producer loads a unit's first K/V block before waiting for the Q slot.
@@ -437,6 +437,9 @@ struct Tune {
     decode_ahead: bool,
     /// MUFU approximations for 1 / l and ln l in the epilogue.
     fast_epilogue: bool,
+    /// A consumer passes over the key blocks none of its 64 rows sees (causal 192-row
+    /// blocks, rows past Nq) without computing them.
+    skip_unseen: bool,
 }
 
 impl Tune {
@@ -449,6 +452,7 @@ impl Tune {
             q_thread: !off("noqthread"),
             decode_ahead: !off("nodecodeahead"),
             fast_epilogue: !off("nofastepi"),
+            skip_unseen: !off("noskip"),
         }
     }
     /// hopper_fwd.cu's TUNE_* bits. `fold_odd`: fold odd row-block counts too (the middle
@@ -461,6 +465,7 @@ impl Tune {
             | i32::from(self.q_thread) << 3
             | i32::from(self.decode_ahead) << 4
             | i32::from(self.fast_epilogue) << 5
+            | i32::from(self.skip_unseen) << 6
     }
 }
 
@@ -767,16 +772,19 @@ mod tests {
     #[test]
     fn tune_switches_turn_off_by_name() {
         let all = Tune::parse("");
-        assert_eq!(all.bits(false), 59);
-        assert_eq!(all.bits(true), 63);
+        assert_eq!(all.bits(false), 123);
+        assert_eq!(all.bits(true), 127);
         assert!(all.vector_stores);
         let some = Tune::parse("nofold, novec");
-        assert_eq!(some.bits(true), 57);
+        assert_eq!(some.bits(true), 121);
         assert!(!some.vector_stores);
-        let none = "nokvfirst,nofold,noqthread,nodecodeahead,nofastepi";
+        let none = "nokvfirst,nofold,noqthread,nodecodeahead,nofastepi,noskip";
         assert_eq!(Tune::parse(none).bits(false), 0);
-        assert_eq!(Tune::parse("noqthread").bits(false), 51);
-        assert_eq!(Tune::parse("nodecodeahead,nofastepi").bits(false), 11);
+        assert_eq!(Tune::parse("noqthread").bits(false), 115);
+        assert_eq!(
+            Tune::parse("nodecodeahead,nofastepi,noskip").bits(false),
+            11
+        );
     }
 
     #[test]
