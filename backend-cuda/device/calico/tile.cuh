@@ -72,6 +72,40 @@ CALICO_DEVICE uint32_t pack_word(float a, float b) {
     typename packed<T>::type v = pack<T>(a, b);
     return *reinterpret_cast<uint32_t*>(&v);
 }
+// One row of an MMA accumulator (a base tile's or a wgmma's), packed to 16-bit pairs: thread t
+// of a quad holds word j = columns 8j + 2t, 8j + 2t + 1. Two exchanges inside the quad give
+// thread t the whole 8-column chunks 4c + t (c < N / 4), 16 bytes each, for 16-byte stores:
+// the first pairs neighbours (t ^ 1) into 4-column halves of chunks 2k + (t & 1), the second
+// (t ^ 2) joins the halves.
+template <int N>
+CALICO_DEVICE void quad_to_chunks(const uint32_t (&words)[N], int t, uint32_t (&chunks)[N / 4][4]) {
+    static_assert(N % 4 == 0, "whole groups of four chunks");
+    const bool odd = (t & 1) != 0;
+    uint32_t halves[N / 2][2];  // chunk 2k + (t & 1), columns 4 * (t >> 1) .. + 3
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+        const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? words[2 * k] : words[2 * k + 1], 1);
+        halves[k][0] = odd ? got : words[2 * k];
+        halves[k][1] = odd ? words[2 * k + 1] : got;
+    }
+    const bool upper = (t & 2) != 0;
+#pragma unroll
+    for (int c = 0; c < N / 4; ++c) {
+        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, upper ? halves[2 * c][0] : halves[2 * c + 1][0], 2);
+        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, upper ? halves[2 * c][1] : halves[2 * c + 1][1], 2);
+        chunks[c][0] = upper ? got0 : halves[2 * c][0];
+        chunks[c][1] = upper ? got1 : halves[2 * c][1];
+        chunks[c][2] = upper ? halves[2 * c + 1][0] : got0;
+        chunks[c][3] = upper ? halves[2 * c + 1][1] : got1;
+    }
+}
+
+// One 16-byte global store of a chunk (dst 16-byte aligned). Written out because NVVM split
+// the equivalent uint4 store into four 4-byte ones in the backward's finish kernel.
+CALICO_DEVICE void store_chunk(void* dst, const uint32_t (&w)[4]) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
+}
+
 CALICO_DEVICE float2 unpack(__nv_bfloat162 v) { return __bfloat1622float2(v); }
 CALICO_DEVICE float2 unpack(__half2 v) { return __half22float2(v); }
 CALICO_DEVICE float2 unpack(float2 v) { return v; }

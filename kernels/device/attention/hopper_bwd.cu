@@ -56,7 +56,7 @@ using calico::uint64_t;
 using in_t = CALICO_ATTN_T;
 
 constexpr int D = CALICO_ATTN_D;
-#if CALICO_ATTN_KERNEL != 1
+#if CALICO_ATTN_KERNEL == 0 || (CALICO_ATTN_KERNEL == 2 && !CALICO_ATTN_BULK_DQ)
 constexpr int ROW_THREADS = 256;  // prepare / finish: one warp per row
 #endif
 
@@ -71,14 +71,58 @@ static_assert(D == 64 || D == 128, "head dim 64 or 128");
 #if CALICO_ATTN_KERNEL == 0
 // Rows r of [B * Hq, nq_pad] (the workspace's layout): r = (b * Hq + h) * nq_pad + i.
 // o, d_o: element strides (batch, head, row); lse: f32 [B, Hq, Nq] contiguous.
+// vec (O's and dO's bases and strides multiples of 8 elements): D / 8 lanes per row, each
+// taking 8 elements of O and dO with one 16-byte load apiece and zeroing 8 floats of the
+// accumulator with two 16-byte stores (rows = threads * 8 / D); else a warp per row with
+// element loads (rows = warps). A row's sum goes in a fixed order either way.
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     calico_attention_hopper_bwd_prepare(const attn_hopper_bwd::in_t* o, long long o_sb, long long o_sh, long long o_sn,
                                         const attn_hopper_bwd::in_t* d_o, long long do_sb, long long do_sh, long long do_sn,
                                         const float* lse, float* lse_log2, float* delta, float* dq_acc, int q_heads, int q_len,
-                                        int nq_pad, long long rows) {
+                                        int nq_pad, long long rows, int vec) {
     using namespace attn_hopper_bwd;
     constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x % 32;
+    if (vec) {
+        constexpr int LANES = D / 8;
+        using pair_t = typename calico::packed<in_t>::type;
+        const int sub = lane % LANES;
+        const long long r = ((long long)blockIdx.x * ROW_THREADS + threadIdx.x) / LANES;
+        // Every lane stays for the shuffles; rows past the end only skip their memory work.
+        const bool active = r < rows;
+        float sum = 0.0f, l2 = ATTN_POS_INF;
+        if (active) {
+            const long long bh = r / nq_pad;
+            const int i = (int)(r - bh * nq_pad);
+            const long long b = bh / q_heads, h = bh - b * q_heads;
+            float4* acc = reinterpret_cast<float4*>(dq_acc + r * D + 8 * sub);
+            acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (i < q_len) {
+                const uint4 ov = *reinterpret_cast<const uint4*>(o + b * o_sb + h * o_sh + i * o_sn + 8 * sub);
+                const uint4 gv = *reinterpret_cast<const uint4*>(d_o + b * do_sb + h * do_sh + i * do_sn + 8 * sub);
+                const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w};
+                const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const float2 of = calico::unpack(*reinterpret_cast<const pair_t*>(&ow[k]));
+                    const float2 gf = calico::unpack(*reinterpret_cast<const pair_t*>(&gw[k]));
+                    sum += of.x * gf.x + of.y * gf.y;
+                }
+                if (sub == 0) {
+                    const float l = lse[bh * q_len + i];
+                    l2 = l == ATTN_NEG_INF ? ATTN_POS_INF : l * LOG2E;
+                }
+            }
+        }
+#pragma unroll
+        for (int m = LANES / 2; m >= 1; m /= 2) sum += calico::shfl_xor(sum, m);
+        if (active && sub == 0) {
+            delta[r] = sum;
+            lse_log2[r] = l2;
+        }
+        return;
+    }
     const long long r = (long long)blockIdx.x * (ROW_THREADS / 32) + threadIdx.x / 32;
     if (r >= rows) return;
     const long long bh = r / nq_pad;
@@ -106,42 +150,97 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 #endif
 
 #if CALICO_ATTN_KERNEL == 2
-// One warp per row r = (b * Hq + h) * Nq + i of dQ.
+#if CALICO_ATTN_BULK_DQ
+// One block of 128 threads per 64 x 64 tile of the accumulator (two per query block of BQ
+// rows: split along the head dim at d = 128, along the rows at d = 64), so that it reads and
+// writes whole lines. Thread T holds what consumer thread T of the main kernel staged
+// (stage_dq_tile): 32 floats at T * 32, its 16-byte pieces rotated by T % 8, taken as eight
+// 16-byte loads; piece p holds columns 8p + 2t, +1 of the thread's rows g and g + 8 of its
+// warp's 16 (the wgmma accumulator layout). The rows go out scaled, in the dtype, as whole
+// 8-column chunks (calico::quad_to_chunks, 16-byte stores) where dQ's base and strides allow
+// (store 2), else as pairs (1) or elements (0). Rows >= Nq (the padded block's) are skipped.
+// count: the tiles, B * Hq * nq_pad * D / 4096.
+CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
+    calico_attention_hopper_bwd_finish(const float* dq_acc, attn_hopper_bwd::in_t* dq, long long dq_sb, long long dq_sh,
+                                       long long dq_sn, float scale, int q_heads, int q_len, int nq_pad, long long count,
+                                       int store) {
+    using namespace attn_hopper_bwd;
+    constexpr int BQ = D == 64 ? 128 : 64;
+    static_assert(BQ * D == 2 * 64 * 64, "two 64 x 64 tiles per query block");
+    const long long tile = blockIdx.x;
+    if (tile >= count) return;
+    const int thread = threadIdx.x;
+    const int lane = thread % 32;
+    const int g = lane / 4;
+    const int t = lane % 4;
+    const long long qblock = tile / 2;
+    const int c = (int)(tile % 2);
+    const int blocks = nq_pad / BQ;
+    const long long bh = qblock / blocks;
+    const int qb = (int)(qblock - bh * blocks);
+    const float* src = dq_acc + (bh * nq_pad + (long long)qb * BQ) * D + c * 64 * 64 + thread * 32;
+    float4 piece[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) piece[p] = *reinterpret_cast<const float4*>(src + 4 * (p ^ (thread % 8)));
+    const long long b = bh / q_heads, h = bh - b * q_heads;
+    const int row0 = qb * BQ + (D == 64 ? 64 * c : 0) + 16 * (thread / 32) + g;
+    const int col0 = D == 128 ? 64 * c : 0;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const int i = row0 + 8 * half;
+        float v[8][2];
+#pragma unroll
+        for (int p = 0; p < 8; ++p) {
+            v[p][0] = scale * (half ? piece[p].z : piece[p].x);
+            v[p][1] = scale * (half ? piece[p].w : piece[p].y);
+        }
+        in_t* out = dq + b * dq_sb + h * dq_sh + i * dq_sn + col0;
+        if (store == 2) {
+            uint32_t words[8];
+#pragma unroll
+            for (int p = 0; p < 8; ++p) words[p] = calico::pack_word<in_t>(v[p][0], v[p][1]);
+            uint32_t chunks[2][4];
+            calico::quad_to_chunks(words, t, chunks);  // every lane: shuffles
+            if (i < q_len) {
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    calico::store_chunk(out + 8 * (4 * k + t), chunks[k]);
+                }
+            }
+        } else if (i < q_len) {
+#pragma unroll
+            for (int p = 0; p < 8; ++p) {
+                const int col = 8 * p + 2 * t;
+                if (store == 1) {
+                    *reinterpret_cast<uint32_t*>(out + col) = calico::pack_word<in_t>(v[p][0], v[p][1]);
+                } else {
+                    out[col] = calico::from_float<in_t>(v[p][0]);
+                    out[col + 1] = calico::from_float<in_t>(v[p][1]);
+                }
+            }
+        }
+    }
+}
+#else
+// One warp per row r = (b * Hq + h) * Nq + i of dQ (count: the rows); store is not used.
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     calico_attention_hopper_bwd_finish(const float* dq_acc, attn_hopper_bwd::in_t* dq, long long dq_sb, long long dq_sh,
-                                       long long dq_sn, float scale, int q_heads, int q_len, int nq_pad, long long rows) {
+                                       long long dq_sn, float scale, int q_heads, int q_len, int nq_pad, long long count,
+                                       int store) {
     using namespace attn_hopper_bwd;
+    (void)store;
     const int lane = threadIdx.x % 32;
     const long long r = (long long)blockIdx.x * (ROW_THREADS / 32) + threadIdx.x / 32;
-    if (r >= rows) return;
+    if (r >= count) return;
     const long long bh = r / q_len;
     const int i = (int)(r - bh * q_len);
     const long long b = bh / q_heads, h = bh - b * q_heads;
     attn_hopper_bwd::in_t* out = dq + b * dq_sb + h * dq_sh + i * dq_sn;
-#if CALICO_ATTN_BULK_DQ
-    // The main kernel's staging order: per query block two 64 x 64 tiles (split along the head
-    // dim at 128, along the rows at 64), each in its warpgroup's register order, 16-byte pieces
-    // rotated (stage_dq_tile).
-    constexpr int BQ = D == 64 ? 128 : 64;
-    const float* block = dq_acc + (bh * nq_pad + (long long)(i / BQ) * BQ) * D;
-    const int rb = i % BQ;
-#pragma unroll
-    for (int k = 0; k < D / 32; ++k) {
-        const int d = lane + 32 * k;
-        const int c = D == 128 ? d / 64 : rb / 64;
-        const int tr = D == 128 ? rb : rb % 64;
-        const int tc = D == 128 ? d % 64 : d;
-        const int thread = (tr / 16) * 32 + (tr % 8) * 4 + (tc % 8) / 2;
-        const int reg = 4 * (tc / 8) + 2 * ((tr % 16) / 8) + tc % 2;
-        const int at = c * 4096 + thread * 32 + ((reg / 4) ^ (thread % 8)) * 4 + reg % 4;
-        out[d] = calico::from_float<attn_hopper_bwd::in_t>(scale * block[at]);
-    }
-#else
     const float* acc = dq_acc + (bh * nq_pad + i) * D;
 #pragma unroll
     for (int k = 0; k < D / 32; ++k) out[lane + 32 * k] = calico::from_float<attn_hopper_bwd::in_t>(scale * acc[lane + 32 * k]);
-#endif
 }
+#endif
 #endif
 
 #if CALICO_ATTN_KERNEL == 1

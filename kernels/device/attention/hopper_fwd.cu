@@ -299,33 +299,6 @@ constexpr int O_STORE_SCALAR = 0;
 constexpr int O_STORE_PAIRS = 1;  // 4-byte stores: base and strides even
 constexpr int O_STORE_VEC16 = 2;  // 16-byte stores: base 16-byte aligned, strides multiples of 8
 
-// One row of the accumulator layout, packed: thread t of a quad holds word j = columns
-// 8j + 2t, 8j + 2t + 1. Two exchanges inside the quad give thread t the whole 8-column chunks
-// 4c + t (c < N / 4), 16 bytes each: the first pairs neighbours (t ^ 1) into 4-column halves
-// of chunks 2k + (t & 1), the second (t ^ 2) joins the halves.
-template <int N>
-CALICO_DEVICE void quad_to_chunks(const uint32_t (&words)[N], int t, uint32_t (&chunks)[N / 4][4]) {
-    static_assert(N % 4 == 0, "whole groups of four chunks");
-    const bool odd = (t & 1) != 0;
-    uint32_t halves[N / 2][2];  // chunk 2k + (t & 1), columns 4 * (t >> 1) .. + 3
-#pragma unroll
-    for (int k = 0; k < N / 2; ++k) {
-        const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? words[2 * k] : words[2 * k + 1], 1);
-        halves[k][0] = odd ? got : words[2 * k];
-        halves[k][1] = odd ? words[2 * k + 1] : got;
-    }
-    const bool upper = (t & 2) != 0;
-#pragma unroll
-    for (int c = 0; c < N / 4; ++c) {
-        const uint32_t got0 = __shfl_xor_sync(0xffffffffu, upper ? halves[2 * c][0] : halves[2 * c + 1][0], 2);
-        const uint32_t got1 = __shfl_xor_sync(0xffffffffu, upper ? halves[2 * c][1] : halves[2 * c + 1][1], 2);
-        chunks[c][0] = upper ? got0 : halves[2 * c][0];
-        chunks[c][1] = upper ? got1 : halves[2 * c][1];
-        chunks[c][2] = upper ? halves[2 * c + 1][0] : got0;
-        chunks[c][3] = upper ? halves[2 * c + 1][1] : got1;
-    }
-}
-
 }  // namespace attn_hopper
 
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
@@ -796,7 +769,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 #pragma unroll
                 for (int j = 0; j < D / 8; ++j) words[j] = calico::pack_word<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
                 uint32_t chunks[D / 32][4];
-                quad_to_chunks(words, t, chunks);
+                calico::quad_to_chunks(words, t, chunks);
 #pragma unroll
                 for (int c = 0; c < D / 32; ++c) {
                     if (stored) {

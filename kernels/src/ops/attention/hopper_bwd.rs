@@ -22,6 +22,8 @@ const BKV: usize = 128;
 /// Threads of the prepare and finish kernels (a warp per row).
 const ROW_THREADS: u32 = 256;
 const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
+/// Threads of the bulk-dQ finish kernel: one block per 64 x 64 tile of the accumulator.
+const FINISH_TILE_THREADS: u32 = 128;
 /// The deepest Q / dO ring.
 const MAX_STAGES: usize = 4;
 /// Sequence lengths beyond this are left to the tile kernels (32-bit coordinates).
@@ -445,6 +447,10 @@ fn launch(
         LaunchConfig::linear(rows.div_ceil(ROWS_PER_BLOCK).max(1) as u32, ROW_THREADS, 0)
     };
 
+    // 16-byte loads of O and dO rows in the prepare kernel where their alignment allows.
+    let vec = [o, d_o]
+        .iter()
+        .all(|t| super::hopper::o_store(t.shape(), t.strides(), ptr(t), true) == 2);
     let [o_sb, o_sh, o_sn] = strides3(o);
     let [g_sb, g_sh, g_sn] = strides3(d_o);
     let prepare = HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim, false);
@@ -465,8 +471,20 @@ fn launch(
         KernelArg::I32(p.q_len as i32),
         KernelArg::I32(ws.nq_pad as i32),
         KernelArg::I64(ws.rows as i64),
+        KernelArg::I32(i32::from(vec)),
     ];
-    gpu.launch_variant(&prepare, &rows_config(ws.rows), &args)?;
+    let prepare_config = if vec {
+        // D / 8 lanes per row.
+        let threads = ws.rows * (p.head_dim / 8);
+        LaunchConfig::linear(
+            threads.div_ceil(ROW_THREADS as usize) as u32,
+            ROW_THREADS,
+            0,
+        )
+    } else {
+        rows_config(ws.rows)
+    };
+    gpu.launch_variant(&prepare, &prepare_config, &args)?;
 
     let (score_scale, cap_log2) = match params.softcap {
         Some(cap) => (params.scale / cap, cap * LOG2E),
@@ -528,7 +546,19 @@ fn launch(
 
     let finish = HopperBwdVariant::helper(BwdKernel::Finish, p.dtype, p.head_dim, main.bulk_dq);
     let [q_sb, q_sh, q_sn] = strides3(dq);
-    let dq_rows = p.batch * p.q_heads * p.q_len;
+    // Bulk dQ: one block of 128 threads per 64 x 64 tile of the accumulator (the staged
+    // order); otherwise a warp per row of dQ.
+    let (count, config) = if main.bulk_dq {
+        let tiles = ws.rows * p.head_dim / (64 * 64);
+        (
+            tiles,
+            LaunchConfig::linear(tiles as u32, FINISH_TILE_THREADS, 0),
+        )
+    } else {
+        let rows = p.batch * p.q_heads * p.q_len;
+        (rows, rows_config(rows))
+    };
+    let store = super::hopper::o_store(dq.shape(), dq.strides(), ptr(dq), true);
     let args = [
         KernelArg::Ptr(dq_acc),
         KernelArg::Ptr(ptr(dq)),
@@ -539,9 +569,10 @@ fn launch(
         KernelArg::I32(p.q_heads as i32),
         KernelArg::I32(p.q_len as i32),
         KernelArg::I32(ws.nq_pad as i32),
-        KernelArg::I64(dq_rows as i64),
+        KernelArg::I64(count as i64),
+        KernelArg::I32(store),
     ];
-    gpu.launch_variant(&finish, &rows_config(dq_rows), &args)
+    gpu.launch_variant(&finish, &config, &args)
 }
 
 #[cfg(test)]
