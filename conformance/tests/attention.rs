@@ -981,6 +981,18 @@ fn attention_hopper_shapes_backward() {
         fixed(DType::BF16, (1, 1, 3), (200, 700, 64), window(100, 0), 1.0),
         aligned_out(fixed(DType::F16, (2, 2, 1), (64, 128, 128), plain, 1.0)),
         aligned_out(fixed(DType::BF16, (1, 1, 5), (70, 300, 128), causal, 1.0)),
+        // O and the gradients with rows padded and offset by 2 elements (the prepare kernel's
+        // element path, the finish kernel's 4-byte pairs) and by 8 (16-byte rows and chunks).
+        with_o(
+            fixed(DType::BF16, (1, 2, 2), (200, 333, 128), causal, 1.0),
+            2,
+            2,
+        ),
+        with_o(
+            fixed(DType::F16, (2, 1, 3), (130, 130, 64), plain, 1.0),
+            8,
+            8,
+        ),
     ];
     for dev in calico_conformance::backends().0 {
         for c in &cases {
