@@ -106,6 +106,41 @@ CALICO_DEVICE void store_chunk(void* dst, const uint32_t (&w)[4]) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3]) : "memory");
 }
 
+// How store_row may write a row: what the destination's base and strides allow.
+constexpr int ROW_STORE_ELEMENTS = 0;  // element by element
+constexpr int ROW_STORE_PAIRS = 1;     // 4-byte pairs: base and strides even
+constexpr int ROW_STORE_CHUNKS = 2;    // 16-byte chunks: base 16-byte aligned, strides multiples of 8
+
+// Stores one row of an MMA accumulator, rounded to the 16-bit T, at `row`: thread t of a quad
+// holds v[j] = columns 8j + 2t, 8j + 2t + 1 (j < N). ROW_STORE_CHUNKS first gathers whole
+// 8-column chunks in each thread (quad_to_chunks: shuffles), so every lane of the warp must
+// call it; `keep` false only skips this thread's stores (rows past a tensor's end).
+template <class T, int N>
+CALICO_DEVICE void store_row(T* row, const float2 (&v)[N], int t, int mode, bool keep) {
+    if (mode == ROW_STORE_CHUNKS) {
+        uint32_t words[N];
+#pragma unroll
+        for (int j = 0; j < N; ++j) words[j] = pack_word<T>(v[j].x, v[j].y);
+        uint32_t chunks[N / 4][4];
+        quad_to_chunks(words, t, chunks);
+        if (keep) {
+#pragma unroll
+            for (int c = 0; c < N / 4; ++c) store_chunk(row + 8 * (4 * c + t), chunks[c]);
+        }
+    } else if (keep) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            T* at = row + 8 * j + 2 * t;
+            if (mode == ROW_STORE_PAIRS) {
+                *reinterpret_cast<uint32_t*>(at) = pack_word<T>(v[j].x, v[j].y);
+            } else {
+                at[0] = from_float<T>(v[j].x);
+                at[1] = from_float<T>(v[j].y);
+            }
+        }
+    }
+}
+
 CALICO_DEVICE float2 unpack(__nv_bfloat162 v) { return __bfloat1622float2(v); }
 CALICO_DEVICE float2 unpack(__half2 v) { return __half22float2(v); }
 CALICO_DEVICE float2 unpack(float2 v) { return v; }

@@ -157,8 +157,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 // (stage_dq_tile): 32 floats at T * 32, its 16-byte pieces rotated by T % 8, taken as eight
 // 16-byte loads; piece p holds columns 8p + 2t, +1 of the thread's rows g and g + 8 of its
 // warp's 16 (the wgmma accumulator layout). The rows go out scaled, in the dtype, as whole
-// 8-column chunks (calico::quad_to_chunks, 16-byte stores) where dQ's base and strides allow
-// (store 2), else as pairs (1) or elements (0). Rows >= Nq (the padded block's) are skipped.
+// 8-column chunks (calico::store_row: 16-byte stores) where dQ's base and strides allow, else
+// as pairs or elements (store: calico::ROW_STORE_*). Rows >= Nq (the padded block's) are skipped.
 // count: the tiles, B * Hq * nq_pad * D / 4096.
 CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
     calico_attention_hopper_bwd_finish(const float* dq_acc, attn_hopper_bwd::in_t* dq, long long dq_sb, long long dq_sh,
@@ -188,37 +188,12 @@ CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int i = row0 + 8 * half;
-        float v[8][2];
+        float2 v[8];
 #pragma unroll
         for (int p = 0; p < 8; ++p) {
-            v[p][0] = scale * (half ? piece[p].z : piece[p].x);
-            v[p][1] = scale * (half ? piece[p].w : piece[p].y);
+            v[p] = half ? make_float2(scale * piece[p].z, scale * piece[p].w) : make_float2(scale * piece[p].x, scale * piece[p].y);
         }
-        in_t* out = dq + b * dq_sb + h * dq_sh + i * dq_sn + col0;
-        if (store == 2) {
-            uint32_t words[8];
-#pragma unroll
-            for (int p = 0; p < 8; ++p) words[p] = calico::pack_word<in_t>(v[p][0], v[p][1]);
-            uint32_t chunks[2][4];
-            calico::quad_to_chunks(words, t, chunks);  // every lane: shuffles
-            if (i < q_len) {
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    calico::store_chunk(out + 8 * (4 * k + t), chunks[k]);
-                }
-            }
-        } else if (i < q_len) {
-#pragma unroll
-            for (int p = 0; p < 8; ++p) {
-                const int col = 8 * p + 2 * t;
-                if (store == 1) {
-                    *reinterpret_cast<uint32_t*>(out + col) = calico::pack_word<in_t>(v[p][0], v[p][1]);
-                } else {
-                    out[col] = calico::from_float<in_t>(v[p][0]);
-                    out[col + 1] = calico::from_float<in_t>(v[p][1]);
-                }
-            }
-        }
+        calico::store_row(dq + b * dq_sb + h * dq_sh + i * dq_sn + col0, v, t, store, i < q_len);
     }
 }
 #else
@@ -468,19 +443,10 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const long long key = key0 + g + 8 * hh;
-        if (key >= k_len) continue;
-        in_t* row = base + key * sn;
+        float2 v[D / 8];
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-            const int col = 8 * j + 2 * t;
-            const float v0 = acc[4 * j + 2 * hh] * mul, v1 = acc[4 * j + 2 * hh + 1] * mul;
-            if (pairs) {
-                *reinterpret_cast<uint32_t*>(row + col) = calico::pack_word<in_t>(v0, v1);
-            } else {
-                row[col] = calico::from_float<in_t>(v0);
-                row[col + 1] = calico::from_float<in_t>(v1);
-            }
-        }
+        for (int j = 0; j < D / 8; ++j) v[j] = make_float2(acc[4 * j + 2 * hh] * mul, acc[4 * j + 2 * hh + 1] * mul);
+        calico::store_row(base + key * sn, v, t, pairs ? calico::ROW_STORE_PAIRS : calico::ROW_STORE_ELEMENTS, key < k_len);
     }
 }
 

@@ -294,18 +294,13 @@ CALICO_DEVICE void fence_words(uint32_t (&a)[N][4]) {
 // Makes values computed before this point count as used here (no instructions).
 CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "+f"(v[1])::"memory"); }
 
-// How the epilogue may store O (the host picks from O's base and strides).
-constexpr int O_STORE_SCALAR = 0;
-constexpr int O_STORE_PAIRS = 1;  // 4-byte stores: base and strides even
-constexpr int O_STORE_VEC16 = 2;  // 16-byte stores: base 16-byte aligned, strides multiples of 8
-
 }  // namespace attn_hopper
 
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
 //  map_q: 4-D map over Q {D, Nq, Hq, B} (real strides), box {64, BM, 1, 1}, 128B swizzle.
 //  map_k, map_v: {D, Nkv, Hkv, B}, box {64, BN, 1, 1}, 128B swizzle.
 //  o: O's first element, element strides o_sb, o_sh, o_sn (head dim contiguous); o_store:
-//  O_STORE_* (what the base's and strides' alignment allows). lse: f32 [B, Hq, Nq] contiguous.
+//  calico::ROW_STORE_* (what the base's and strides' alignment allows). lse: f32 [B, Hq, Nq] contiguous.
 //  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
 //  left/right: the window sides (flags say whether each is bounded; causal is right = 0).
 //  tune: TUNE_* bits. trace: with CALICO_ATTN_TRACE, the stamps (see TRACE_SLOTS); else unused.
@@ -763,33 +758,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             const bool fast = (p.tune & TUNE_FAST_EPILOGUE) != 0;
             // l lies in [1, Nkv * 2^LAZY_SLACK]: far from where the approximations lose range.
             const float inv = seen ? (fast ? __fdividef(1.0f, l) : 1.0f / l) : 0.0f;
-            in_t* orow = o + u.b * o_sb + u.h * o_sh + row * o_sn;
-            if (o_store == O_STORE_VEC16) {
-                uint32_t words[D / 8];  // this row's columns 8j + 2t, +1
+            float2 v[D / 8];  // this row's columns 8j + 2t, +1
 #pragma unroll
-                for (int j = 0; j < D / 8; ++j) words[j] = calico::pack_word<in_t>(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-                uint32_t chunks[D / 32][4];
-                calico::quad_to_chunks(words, t, chunks);
-#pragma unroll
-                for (int c = 0; c < D / 32; ++c) {
-                    if (stored) {
-                        *reinterpret_cast<uint4*>(orow + 8 * (4 * c + t)) = make_uint4(chunks[c][0], chunks[c][1], chunks[c][2], chunks[c][3]);
-                    }
-                }
-            } else if (stored) {
-#pragma unroll
-                for (int j = 0; j < D / 8; ++j) {
-                    const int col = 8 * j + 2 * t;
-                    const float v0 = acc[4 * j + 2 * h] * inv;
-                    const float v1 = acc[4 * j + 2 * h + 1] * inv;
-                    if (o_store == O_STORE_PAIRS) {
-                        *reinterpret_cast<uint32_t*>(orow + col) = calico::pack_word<in_t>(v0, v1);
-                    } else {
-                        orow[col] = calico::from_float<in_t>(v0);
-                        orow[col + 1] = calico::from_float<in_t>(v1);
-                    }
-                }
-            }
+            for (int j = 0; j < D / 8; ++j) v[j] = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
+            calico::store_row(o + u.b * o_sb + u.h * o_sh + row * o_sn, v, t, o_store, stored);
             if (t == 0 && stored) {
                 lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + (fast ? __logf(l) : logf(l)) : ATTN_NEG_INF;
             }

@@ -405,7 +405,7 @@ pub(crate) fn hopper_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER").as_deref() != Ok("0"))
 }
 
-/// The epilogue's widest O store (hopper_fwd.cu, O_STORE_*): 16 bytes when the base is
+/// The widest store of an O (or dQ) row (calico::ROW_STORE_* in tile.cuh): 16 bytes when the base is
 /// 16-byte aligned and every used stride a multiple of 8 elements, 4 bytes when both are
 /// even, else one element at a time. `vector`: whether 16-byte stores may be used.
 pub(crate) fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool) -> i32 {
