@@ -927,6 +927,10 @@ fn attention_hopper_shapes_forward() {
         // 8200 = 46 x 176 + 104), under a causal mask and a window that skips whole blocks.
         fixed(DType::BF16, (1, 1, 1), (16, 8200, 128), causal, 1.0),
         fixed(DType::F16, (1, 1, 1), (9, 8193, 128), window(3000, 5), 1.0),
+        // d = 256 with 2048 keys or more: 80-key blocks by default (the last one partial,
+        // 2100 = 26 x 80 + 20), causal with Nq < Nkv, and a window over GQA heads.
+        fixed(DType::BF16, (1, 1, 2), (150, 2100, 256), causal, 1.0),
+        fixed(DType::F16, (1, 2, 4), (70, 2050, 256), window(500, 40), 4.0),
     ];
     for dev in calico_conformance::backends().0 {
         for c in &cases {

@@ -134,6 +134,8 @@ struct mma;
     CALICO_WGMMA_DEFINE(T, TY, 16)       \
     CALICO_WGMMA_DEFINE(T, TY, 32)       \
     CALICO_WGMMA_DEFINE(T, TY, 64)       \
+    CALICO_WGMMA_DEFINE(T, TY, 80)       \
+    CALICO_WGMMA_DEFINE(T, TY, 96)       \
     CALICO_WGMMA_DEFINE(T, TY, 128)      \
     CALICO_WGMMA_DEFINE(T, TY, 160)      \
     CALICO_WGMMA_DEFINE(T, TY, 176)      \

@@ -41,8 +41,8 @@
 //    c = i + Nkv - Nq, lo = c - left (or 0), hi = c + right + 1 (or Nkv), clamped to [0, Nkv].
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
-// 64|128|256, CALICO_ATTN_BN 64|128|160|176|192 (wider blocks at d = 128: fewer per-block
-// handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
+// 64|128|256, CALICO_ATTN_BN 64|80|128|160|176|192 (wider blocks at d = 128 and 256: fewer
+// per-block handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
 // CALICO_ATTN_QBUF 1|2, CALICO_ATTN_TRACE 0|1 (a diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
@@ -95,7 +95,7 @@ constexpr float LN2 = 0.6931471805599453f;
 
 static_assert(sizeof(in_t) == 2, "16-bit inputs");
 static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
-static_assert(BN == 64 || BN == 128 || BN == 160 || BN == 176 || BN == 192, "key blocks of 64, 128, 160, 176 or 192");
+static_assert(BN == 64 || BN == 80 || BN == 128 || BN == 160 || BN == 176 || BN == 192, "key blocks of 64, 80, 128, 160, 176 or 192");
 static_assert(STAGES >= 2, "at least two stages");
 static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
 static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64), "two consumers, or three at d = 64 (registers)");

@@ -151,6 +151,32 @@ fn block_n_chosen(k_len: usize) -> usize {
     forced.unwrap_or(if k_len >= WIDE_BLOCKS_FROM { 176 } else { 128 })
 }
 
+/// Keys per K/V block at d = 256 for `k_len` keys: 80 from [`WIDE_BLOCKS_D256_FROM`] keys,
+/// else 64 (two 80-key stages and the Q tile fill 224 KiB of shared memory, FlashAttention-3's
+/// choice too). H100, session 17: 80 gains 3.5-5% from N = 2048 (causal from 4096) and loses
+/// 3-8% on causal problems of 512-1024 keys. `CALICO_ATTN_HOPPER_BN256` = 64 | 80 forces one.
+fn block_n_d256_chosen(k_len: usize) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        match std::env::var("CALICO_ATTN_HOPPER_BN256")
+            .as_deref()
+            .map(str::trim)
+        {
+            Ok("64") => Some(64),
+            Ok("80") => Some(80),
+            _ => None,
+        }
+    });
+    forced.unwrap_or(if k_len >= WIDE_BLOCKS_D256_FROM {
+        80
+    } else {
+        64
+    })
+}
+
+/// Key count from which d = 256 takes 80-key blocks by default.
+const WIDE_BLOCKS_D256_FROM: usize = 2048;
+
 /// Key count from which d = 128 takes 176-key blocks by default.
 const WIDE_BLOCKS_FROM: usize = 8192;
 
@@ -178,8 +204,10 @@ pub(crate) struct Choices {
     softmax: SoftmaxForm,
     /// Q slots, 1 or 2.
     q_buffers: usize,
-    /// Keys per K/V block at d = 128: 128, 176 or 192 (other head dims keep theirs).
+    /// Keys per K/V block at d = 128: 128, 176 or 192.
     block_n_d128: usize,
+    /// Keys per K/V block at d = 256: 64 or 80 (d = 64 keeps 128).
+    block_n_d256: usize,
 }
 
 impl Default for Choices {
@@ -191,6 +219,7 @@ impl Default for Choices {
             softmax: SoftmaxForm::LEAN,
             q_buffers: 2,
             block_n_d128: 128,
+            block_n_d256: 64,
         }
     }
 }
@@ -203,6 +232,7 @@ impl Choices {
             softmax: SoftmaxForm::chosen(),
             q_buffers: q_buffers_chosen(),
             block_n_d128: block_n_chosen(k_len),
+            block_n_d256: block_n_d256_chosen(k_len),
         }
     }
 }
@@ -225,10 +255,11 @@ impl HopperFwdVariant {
             softmax,
             q_buffers,
             block_n_d128,
+            block_n_d256,
         } = choices;
         let block_n = match head_dim {
             128 => block_n_d128,
-            d if d > 128 => 64,
+            d if d > 128 => block_n_d256,
             _ => 128,
         };
         // Three consumers have 160 registers each: enough at d = 64 without a soft-cap (no
@@ -346,6 +377,7 @@ pub(crate) fn catalog(
         softmax,
         q_buffers,
         block_n_d128,
+        block_n_d256: 64,
     };
     let (pp, ov, se) = (Schedule::PingPong, Schedule::Overlapped, Schedule::Serial);
     let (bf, hf) = (DType::BF16, DType::F16);
@@ -367,6 +399,16 @@ pub(crate) fn catalog(
         (hf, 128, true, choices(pp, 2, lean, 2, 176)),
         (bf, 128, false, choices(pp, 2, lean, 2, 192)),
         (bf, 256, false, choices(pp, 2, plain, 1, 128)),
+        (bf, 256, false, choices(pp, 2, lean, 2, 128)),
+        (
+            bf,
+            256,
+            false,
+            Choices {
+                block_n_d256: 80,
+                ..choices(pp, 2, lean, 2, 128)
+            },
+        ),
     ] {
         if let Some(v) = HopperFwdVariant::new(arch, dtype, d, softcap, choices) {
             out.push(crate::catalog::CatalogEntry {
@@ -728,6 +770,26 @@ mod tests {
         if std::env::var_os("CALICO_ATTN_HOPPER_BN").is_none() {
             assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1), 128);
             assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM), 176);
+        }
+    }
+
+    #[test]
+    fn eighty_key_blocks_at_d256_fill_shared_memory_with_two_stages() {
+        let arch = h100();
+        let asked = Choices {
+            block_n_d256: 80,
+            ..Choices::default()
+        };
+        let v = HopperFwdVariant::new(&arch, DType::BF16, 256, false, asked).unwrap();
+        assert_eq!((v.block_n, v.q_buffers, v.stages), (80, 1, 2));
+        assert_eq!(v.smem_bytes(), 1024 + 65536 + 2 * 2 * 80 * 512 + 10 * 8);
+        assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+        // d = 128 keeps its own block.
+        let d128 = HopperFwdVariant::new(&arch, DType::BF16, 128, false, asked).unwrap();
+        assert_eq!(d128.block_n, 128);
+        if std::env::var_os("CALICO_ATTN_HOPPER_BN256").is_none() {
+            assert_eq!(block_n_d256_chosen(WIDE_BLOCKS_D256_FROM - 1), 64);
+            assert_eq!(block_n_d256_chosen(WIDE_BLOCKS_D256_FROM), 80);
         }
     }
 
