@@ -23,6 +23,9 @@ pub struct AttnSpec {
     pub head_dim: usize,
     pub seq: usize,
     pub causal: bool,
+    /// The same tokens as `batch()` sequences of `seq` packed into one `[tokens, heads, D]`
+    /// tensor with offsets (`ops::attention_varlen`, as flash_attn_varlen_func).
+    pub varlen: bool,
 }
 
 impl AttnSpec {
@@ -34,7 +37,8 @@ impl AttnSpec {
     }
     pub fn name(&self) -> String {
         format!(
-            "attention {} d{} N{}{}",
+            "attention {}{} d{} N{}{}",
+            if self.varlen { "varlen " } else { "" },
             if self.backward { "bwd" } else { "fwd" },
             self.head_dim,
             self.seq,
@@ -93,6 +97,24 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
                         head_dim,
                         seq,
                         causal,
+                        varlen: false,
+                    });
+                }
+            }
+        }
+    }
+    // Packed sequences at one length, beside the fixed-length cases of the same shape (the
+    // cuDNN column is torch SDPA on that unpacked shape).
+    if profile == Profile::Full {
+        for backward in [false, true] {
+            for head_dim in [64, 128] {
+                for causal in [false, true] {
+                    out.push(AttnSpec {
+                        backward,
+                        head_dim,
+                        seq: 2048,
+                        causal,
+                        varlen: true,
                     });
                 }
             }
@@ -135,17 +157,32 @@ struct Inputs {
     dq: Tensor,
     dk: Tensor,
     dv: Tensor,
+    /// Varlen: the offsets of the packed sequences (I32 `[batch + 1]`).
+    cu: Option<Tensor>,
 }
 
 fn inputs(dev: &Device, s: &AttnSpec, rng: &mut XorShift) -> Result<Inputs> {
-    let shape = [s.batch(), s.heads(), s.seq, s.head_dim];
+    let (shape, lse_shape, cu) = if s.varlen {
+        let offsets: Vec<i32> = (0..=s.batch()).map(|b| (b * s.seq) as i32).collect();
+        let tokens = s.batch() * s.seq;
+        (
+            vec![tokens, s.heads(), s.head_dim],
+            vec![s.heads(), tokens],
+            Some(dev.tensor(&offsets, &[offsets.len()])?),
+        )
+    } else {
+        let shape = vec![s.batch(), s.heads(), s.seq, s.head_dim];
+        let lse_shape = shape[..3].to_vec();
+        (shape, lse_shape, None)
+    };
     let t = |rng: &mut XorShift| random_tensor(dev, rng, &shape, DType::BF16, -1.0, 1.0);
     Ok(Inputs {
+        cu,
         q: t(rng)?,
         k: t(rng)?,
         v: t(rng)?,
         o: dev.zeros(&shape, DType::BF16)?,
-        lse: dev.zeros(&shape[..3], DType::F32)?,
+        lse: dev.zeros(&lse_shape, DType::F32)?,
         d_o: t(rng)?,
         dq: dev.zeros(&shape, DType::BF16)?,
         dk: dev.zeros(&shape, DType::BF16)?,
@@ -158,12 +195,18 @@ fn call(dev: &Device, s: &AttnSpec, x: &mut Inputs) -> Result<()> {
         causal: s.causal,
         ..Default::default()
     };
-    if s.backward {
-        ops::attention_backward(
+    match (&x.cu, s.backward) {
+        (None, true) => ops::attention_backward(
             dev, &x.q, &x.k, &x.v, &x.o, &x.lse, &x.d_o, &opts, &mut x.dq, &mut x.dk, &mut x.dv,
-        )
-    } else {
-        ops::attention(dev, &x.q, &x.k, &x.v, &opts, &mut x.o, &mut x.lse)
+        ),
+        (None, false) => ops::attention(dev, &x.q, &x.k, &x.v, &opts, &mut x.o, &mut x.lse),
+        (Some(cu), true) => ops::attention_varlen_backward(
+            dev, &x.q, &x.k, &x.v, &x.o, &x.lse, &x.d_o, cu, cu, &opts, &mut x.dq, &mut x.dk,
+            &mut x.dv,
+        ),
+        (Some(cu), false) => {
+            ops::attention_varlen(dev, &x.q, &x.k, &x.v, cu, cu, &opts, &mut x.o, &mut x.lse)
+        }
     }
 }
 
@@ -227,11 +270,8 @@ pub fn skipped_case(spec: &AttnSpec, why: Timed) -> AttnCase {
         flash_tflops: None,
         ratio_flash: None,
         // The targets name head_dim 64 and 128; 256 is reported beside cuDNN without one.
-        target_ratio: (spec.seq >= 2048 && spec.head_dim <= 128).then_some(if spec.backward {
-            1.10
-        } else {
-            1.05
-        }),
+        target_ratio: (spec.seq >= 2048 && spec.head_dim <= 128 && !spec.varlen)
+            .then_some(if spec.backward { 1.10 } else { 1.05 }),
     }
 }
 
@@ -317,16 +357,18 @@ pub fn merge_peer(cases: &mut [AttnCase], op: &str, shape: &[usize], ms: f64) ->
         return false;
     };
     let backward = dir == "bwd";
-    let Some(c) = cases
+    // Every case of the shape: the fixed-length one and its packed (varlen) twin.
+    let mut matched = false;
+    for c in cases
         .iter_mut()
-        .find(|c| c.backward == backward && c.shape == shape)
-    else {
-        return false;
-    };
-    match backend {
-        "cudnn" => c.cudnn_ms = Some(ms),
-        "flash" => c.flash_ms = Some(ms),
-        _ => return false,
+        .filter(|c| c.backward == backward && c.shape == shape)
+    {
+        match backend {
+            "cudnn" => c.cudnn_ms = Some(ms),
+            "flash" => c.flash_ms = Some(ms),
+            _ => return false,
+        }
+        matched = true;
     }
-    true
+    matched
 }

@@ -96,6 +96,7 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
             head_dim: spec.head_dim,
             causal: spec.causal,
             backward: spec.backward,
+            varlen: spec.varlen,
         };
         list(spec.name(), ops::plan_attention(target, &case)?.kernels)?;
     }

@@ -643,16 +643,33 @@ fn attention_rejects_bad_input() {
     }
 }
 
+/// How [`varlen_case`] lays out and checks a packed batch.
+#[derive(Debug, Clone, Copy)]
+struct VarlenForm {
+    head_dim: usize,
+    /// Rows padded to 16 bytes from an aligned base (the Hopper forward takes those as TMA
+    /// views on sm_90a); else one element off (the tile kernels).
+    aligned: bool,
+    /// Check the backward too.
+    backward: bool,
+}
+
 /// Packed sequences (empty and single-token ones included) against the reference run on
-/// each sequence alone; forward and backward.
+/// each sequence alone; the forward, and the backward where `form` asks.
 fn varlen_case(
     dev: &Device,
     dtype: DType,
     lens: &[(usize, usize)],
     opts: AttentionOptions,
     seed: u64,
+    form: VarlenForm,
 ) -> Result<(), String> {
-    let (kv_heads, group, head_dim) = (2, 2, 64);
+    let VarlenForm {
+        head_dim,
+        aligned,
+        backward,
+    } = form;
+    let (kv_heads, group) = (2, 2);
     let q_heads = kv_heads * group;
     let (tq, tk): (usize, usize) = (
         lens.iter().map(|l| l.0).sum(),
@@ -717,12 +734,14 @@ fn varlen_case(
             }
         }
         // The backward reads O as the forward stores it (rounded to the dtype).
-        let fed_o = round_all(dtype, &o);
-        let (dq, dk, dv) =
-            reference::attention_backward_reference(&sq, &sk, &sv, &fed_o, &sg, &dims, &opts);
-        scatter(&mut ref_dq, &dq, q0, nq, q_heads);
-        scatter(&mut ref_dk, &dk, k0, nk, kv_heads);
-        scatter(&mut ref_dv, &dv, k0, nk, kv_heads);
+        if backward {
+            let fed_o = round_all(dtype, &o);
+            let (dq, dk, dv) =
+                reference::attention_backward_reference(&sq, &sk, &sv, &fed_o, &sg, &dims, &opts);
+            scatter(&mut ref_dq, &dq, q0, nq, q_heads);
+            scatter(&mut ref_dk, &dk, k0, nk, kv_heads);
+            scatter(&mut ref_dv, &dv, k0, nk, kv_heads);
+        }
     }
     let up = |vals: &[f64], shape: &[usize]| -> Result<View, String> {
         let v = view(
@@ -730,7 +749,7 @@ fn varlen_case(
             dtype,
             shape,
             &calico_conformance::tensors::padded_strides(shape, 8),
-            1,
+            usize::from(!aligned),
             Some(f64::NAN),
         )
         .ctx("alloc")?;
@@ -769,6 +788,9 @@ fn varlen_case(
     }
     check_lse_and_masked_rows(&lse_rows, &ref_rows, &got_o, head_dim)?;
     untouched_outside(&o, "o")?;
+    if !backward {
+        return Ok(());
+    }
 
     let ov = up(&round_all(dtype, &ref_o), &qs)?;
     let lse_in = dev
@@ -820,17 +842,82 @@ fn attention_varlen_matches_reference() {
             select(vec![DType::BF16, DType::F16]),
             lens,
             opts,
-            any::<u64>(),
+            (any::<u64>(), select(vec![64usize, 128]), any::<bool>()),
         ),
-        |dev, (dtype, lens, (causal, window), seed)| {
+        |dev, (dtype, lens, (causal, window), (seed, head_dim, aligned))| {
             let opts = AttentionOptions {
                 causal: *causal,
                 window: *window,
                 ..Default::default()
             };
-            varlen_case(dev, *dtype, lens, opts, *seed)
+            varlen_case(
+                dev,
+                *dtype,
+                lens,
+                opts,
+                *seed,
+                VarlenForm {
+                    head_dim: *head_dim,
+                    aligned: *aligned,
+                    backward: true,
+                },
+            )
         },
     );
+}
+
+/// Packed sequences the Hopper forward takes on sm_90a (aligned rows): units of 128 and 192
+/// rows that span sequences, several key blocks per sequence (176-key blocks at d = 128 and
+/// 80-key ones at d = 256 where the mean sequence is long enough), empty sequences on either
+/// side, causal and windowed. Forward only (the varlen backward runs on the tile kernels,
+/// checked by attention_varlen_matches_reference).
+#[test]
+fn attention_hopper_varlen_forward() {
+    report_skipped("attention_hopper_varlen_forward");
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let window = AttentionOptions {
+        window: Some((300, 20)),
+        ..Default::default()
+    };
+    type Packed<'a> = (DType, &'a [(usize, usize)], AttentionOptions, usize);
+    let cases: [Packed; 5] = [
+        (
+            DType::BF16,
+            &[(300, 700), (1, 5), (0, 10), (513, 513)],
+            causal,
+            64,
+        ),
+        (
+            DType::F16,
+            &[(129, 0), (200, 333), (7, 7)],
+            AttentionOptions::default(),
+            128,
+        ),
+        (DType::BF16, &[(200, 8300), (10, 8200)], causal, 128),
+        (DType::BF16, &[(64, 2100), (200, 2100)], window, 256),
+        (DType::F16, &[(3, 3); 40], causal, 128),
+    ];
+    for dev in calico_conformance::backends().0 {
+        for (i, (dtype, lens, opts, head_dim)) in cases.iter().enumerate() {
+            if let Err(e) = varlen_case(
+                &dev,
+                *dtype,
+                lens,
+                *opts,
+                17 + i as u64,
+                VarlenForm {
+                    head_dim: *head_dim,
+                    aligned: true,
+                    backward: false,
+                },
+            ) {
+                panic!("backend {}: case {i} {lens:?}: {e}", dev.kind());
+            }
+        }
+    }
 }
 
 #[test]
@@ -1022,6 +1109,7 @@ fn routed_to_tiles(dev: &Device, c: &Case) -> Result<(), String> {
         head_dim: c.dims.head_dim,
         causal: c.opts.causal,
         backward: false,
+        varlen: false,
     };
     let plan = ops::plan_attention(&dev.arch().target, &case).ctx("plan_attention")?;
     match plan.kernels.first() {
@@ -1139,7 +1227,18 @@ fn attention_tiles_varlen_matches_reference() {
                     // varlen_case's heads and head dim, as the router sees them.
                     let c = fixed(dtype, (1, 2, 2), (64, 64, 64), opts, 1.0);
                     routed_to_tiles(&dev, &c)?;
-                    varlen_case(&dev, dtype, l, opts, 7 + i as u64)
+                    varlen_case(
+                        &dev,
+                        dtype,
+                        l,
+                        opts,
+                        7 + i as u64,
+                        VarlenForm {
+                            head_dim: 64,
+                            aligned: false,
+                            backward: true,
+                        },
+                    )
                 });
                 if let Err(e) = r {
                     panic!(

@@ -39,6 +39,11 @@
 //    past Nq) passes their turns and slots on without computing them (TUNE_SKIP_UNSEEN).
 //  * Mask (bottom-right aligned): row i sees key j iff lo(i) <= j < hi(i), with
 //    c = i + Nkv - Nq, lo = c - left (or 0), hi = c + right + 1 (or Nkv), clamped to [0, Nkv].
+//  * Packed sequences (varlen): one batch of all the rows; row i of sequence b sees the keys of
+//    that sequence only, the mask aligned per sequence (packed_row_keys). A unit's rows may
+//    span sequences: it walks the key blocks from its first row's lower bound to its last row's
+//    upper bound, and the per-row mask drops the other sequences' keys. Key rows past a
+//    sequence's end are the next sequence's (or TMA's zeros at the end), always masked.
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
 // 64|128|256, CALICO_ATTN_BN 64|80|128|160|176|192 (wider blocks at d = 128 and 256: fewer
@@ -136,6 +141,11 @@ struct params {
     long long left, right;
     int work, ctas;  // units in all; CTAs (each takes units blockIdx.x + k * ctas)
     int tune;        // TUNE_* bits
+    // Packed sequences (varlen): n_seqs > 0 sequences, query rows cu_q[b]..cu_q[b + 1] and key
+    // rows cu_k[b]..cu_k[b + 1] of one packed batch (batch = 1, q_len / k_len the totals).
+    const int* cu_q;
+    const int* cu_k;
+    int n_seqs;
 };
 
 // Tuning bits (the host sets all by default; CALICO_ATTN_HOPPER_TUNE clears them for A/B runs).
@@ -156,11 +166,74 @@ struct unit {
 
 CALICO_DEVICE long long clamp_ll(long long v, long long lo, long long hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-// Keys row i sees: [lo, hi), clamped to [0, k_len] (hi <= lo: none).
+// Offset b of a packed batch, clamped to [0, len]: the kernel does not trust them (the host
+// does not read them back), so no bound derived from them leaves the tensors.
+CALICO_DEVICE int offset_at(const int* cu, int b, int len) { return min(max(__ldg(cu + b), 0), len); }
+
+// The keys [lo, hi) that a query row sees in a sequence of lq rows and lk keys whose keys
+// start at k0 (the mask bottom-right aligned: local row r sits at key r + lk - lq).
+CALICO_DEVICE void seq_row_keys(const params& p, long long r, long long lq, long long lk, int k0, int& lo, int& hi) {
+    const long long c = r + lk - lq;
+    lo = k0 + (int)(p.has_left ? clamp_ll(c - p.left, 0, lk) : 0);
+    hi = k0 + (int)(p.has_right ? clamp_ll(c + p.right + 1, 0, lk) : lk);
+}
+
+// The sequence a packed row was last found in: its query rows [q0, q1) and keys [k0, k1).
+struct seq_cache {
+    int q0, q1, k0, k1;
+    bool valid;
+};
+
+// Packed row i: the sequence b with cu_q[b] <= i < cu_q[b + 1] (a binary search over the
+// offsets, skipped when i lies in the cached sequence: a unit's rows mostly share one) gives
+// its keys inside cu_k[b]..cu_k[b + 1]. Rows before the first offset see none at key 0 and rows
+// past the last none at the end of the keys, so the bounds still grow with the row, as the
+// unit's key-block range and the mask tests need.
+CALICO_DEVICE void packed_row_keys(const params& p, long long i, int& lo, int& hi, seq_cache& c) {
+    if (!(c.valid && i >= c.q0 && i < c.q1)) {
+        if (i < offset_at(p.cu_q, 0, p.q_len)) {
+            lo = hi = 0;
+            return;
+        }
+        if (i >= offset_at(p.cu_q, p.n_seqs, p.q_len)) {
+            lo = hi = offset_at(p.cu_k, p.n_seqs, p.k_len);
+            return;
+        }
+        int a = 0, z = p.n_seqs;  // cu_q[a] <= i < cu_q[z]
+        while (z - a > 1) {
+            const int mid = (a + z) / 2;
+            if (offset_at(p.cu_q, mid, p.q_len) <= i) a = mid;
+            else z = mid;
+        }
+        c.q0 = offset_at(p.cu_q, a, p.q_len);
+        c.q1 = max(c.q0, offset_at(p.cu_q, a + 1, p.q_len));
+        c.k0 = offset_at(p.cu_k, a, p.k_len);
+        c.k1 = max(c.k0, offset_at(p.cu_k, a + 1, p.k_len));
+        c.valid = true;
+    }
+    seq_row_keys(p, i - c.q0, c.q1 - c.q0, c.k1 - c.k0, c.k0, lo, hi);
+}
+
+// Keys row i sees: [lo, hi), clamped to [0, k_len] (hi <= lo: none). `c` carries the packed
+// sequence found for an earlier row of the same unit.
+CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi, seq_cache& c) {
+    if (p.n_seqs > 0) {
+        packed_row_keys(p, i, lo, hi, c);
+        return;
+    }
+    seq_row_keys(p, i, p.q_len, p.k_len, 0, lo, hi);
+}
+
 CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi) {
-    const long long c = i + p.k_len - p.q_len;
-    lo = (int)(p.has_left ? clamp_ll(c - p.left, 0, p.k_len) : 0);
-    hi = (int)(p.has_right ? clamp_ll(c + p.right + 1, 0, p.k_len) : p.k_len);
+    seq_cache c{0, 0, 0, 0, false};
+    row_keys(p, i, lo, hi, c);
+}
+
+// Whether row i's O and LSE are written: rows past Nq are not, nor packed rows outside every
+// sequence (left as they are).
+CALICO_DEVICE bool row_stored(const params& p, long long i) {
+    if (i >= p.q_len) return false;
+    return p.n_seqs == 0 || (i >= offset_at(p.cu_q, 0, p.q_len) && i < offset_at(p.cu_q, p.n_seqs, p.q_len));
 }
 
 // Head bh and row block m of the p-th (row block j, row block m_blocks - 1 - j) pair, walking a
@@ -242,8 +315,9 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     // Keys of the first row's lower bound and the last stored row's upper bound: both bounds
     // grow with the row.
     int lo, hi, lo_last, hi_last;
-    row_keys(p, u.m0, lo, hi);
-    row_keys(p, min(u.m0 + BM, p.q_len) - 1, lo_last, hi_last);
+    seq_cache c{0, 0, 0, 0, false};
+    row_keys(p, u.m0, lo, hi, c);
+    row_keys(p, min(u.m0 + BM, p.q_len) - 1, lo_last, hi_last, c);
     u.n_lo = lo / BN;
     u.n_hi = hi_last > lo ? (hi_last + BN - 1) / BN : u.n_lo;
     return u;
@@ -304,12 +378,15 @@ CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "
 //  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
 //  left/right: the window sides (flags say whether each is bounded; causal is right = 0).
 //  tune: TUNE_* bits. trace: with CALICO_ATTN_TRACE, the stamps (see TRACE_SLOTS); else unused.
+//  cu_q, cu_k, n_seqs: packed sequences (varlen; batch 1, q_len / k_len the packed totals, O and
+//  LSE [Hq, total_q] as one batch); n_seqs = 0 (null offsets) for fixed-length batches.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
                                 int q_heads, int group, int q_len, int k_len, int heads_per_chunk, long long o_sb, long long o_sh,
                                 long long o_sn, int o_store, float score_scale, float cap_log2, int has_left, long long left,
-                                int has_right, long long right, int tune, unsigned long long* trace) {
+                                int has_right, long long right, int tune, unsigned long long* trace, const int* cu_q,
+                                const int* cu_k, int n_seqs) {
     using namespace attn_hopper;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -332,6 +409,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.work = work;
     p.ctas = gridDim.x;
     p.tune = tune;
+    p.cu_q = cu_q;
+    p.cu_k = cu_k;
+    p.n_seqs = n_seqs;
     const float sc = SOFTCAP ? cap_log2 : score_scale;  // > 0: base-2 units per score unit
     // The trace record of unit w for `consumer`: this CTA's units are w = blockIdx.x + j * gridDim.x.
     auto stamp = [&](int w, int consumer, int slot) {
@@ -455,12 +535,13 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         rows[0] = wg_row0 + 16 * warp + g;
         rows[1] = rows[0] + 8;
         int lo[2], hi[2];
-        row_keys(p, rows[0], lo[0], hi[0]);
-        row_keys(p, rows[1], lo[1], hi[1]);
-        // A key block needs no mask when every row of the warpgroup sees all of it.
+        seq_cache seq{0, 0, 0, 0, false};  // packed sequences: found once for most units
         int wg_lo_max, wg_hi_min, unused;
-        row_keys(p, wg_row0 + 63, wg_lo_max, unused);
-        row_keys(p, wg_row0, unused, wg_hi_min);
+        row_keys(p, wg_row0, unused, wg_hi_min, seq);
+        row_keys(p, rows[0], lo[0], hi[0], seq);
+        row_keys(p, rows[1], lo[1], hi[1], seq);
+        // A key block needs no mask when every row of the warpgroup sees all of it.
+        row_keys(p, wg_row0 + 63, wg_lo_max, unused, seq);
         // The unit's key blocks from c_hi up are ones no row of this warpgroup sees: under a
         // causal mask a 192-row unit reaches up to a block further than its first 64 or 128
         // rows see, and a unit's last rows may lie past Nq (then c_hi = n_lo: none seen). They
@@ -472,7 +553,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         int c_hi = u.n_hi;
         if (p.tune & TUNE_SKIP_UNSEEN) {
             int last_hi = 0;
-            if (wg_row0 < p.q_len) row_keys(p, min(wg_row0 + 63, p.q_len - 1), unused, last_hi);
+            if (wg_row0 < p.q_len) row_keys(p, min(wg_row0 + 63, p.q_len - 1), unused, last_hi, seq);
             c_hi = max(u.n_lo, min(u.n_hi, (last_hi + BN - 1) / BN));
         }
 
@@ -753,7 +834,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             l += calico::shfl_xor(l, 1);
             l += calico::shfl_xor(l, 2);
             const long long row = rows[h];
-            const bool stored = row < p.q_len;
+            const bool stored = row_stored(p, row);
             const bool seen = l > 0.0f;
             const bool fast = (p.tune & TUNE_FAST_EPILOGUE) != 0;
             // l lies in [1, Nkv * 2^LAZY_SLACK]: far from where the approximations lose range.

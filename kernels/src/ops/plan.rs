@@ -48,6 +48,8 @@ pub struct AttentionCase {
     pub head_dim: usize,
     pub causal: bool,
     pub backward: bool,
+    /// Packed sequences (`attention_varlen`): `batch` sequences of `seq` tokens each.
+    pub varlen: bool,
 }
 
 /// One decode call: one query token per sequence over a cache of `context` tokens each.
@@ -229,13 +231,15 @@ fn attention_facts(
             c.q_heads, c.kv_heads
         )));
     }
+    // A packed call's lengths are the totals over its sequences (check::packed_qkv).
+    let len = if c.varlen { c.batch * c.seq } else { c.seq };
     let p = Problem {
         dtype: c.dtype,
         batch: c.batch,
         q_heads: c.q_heads,
         kv_heads: c.kv_heads,
-        q_len: c.seq,
-        k_len: c.seq,
+        q_len: len,
+        k_len: len,
         head_dim: c.head_dim,
     };
     // Row strides of D elements: 16-byte rows (cp.async, TMA, buffer loads) when D is a
@@ -244,13 +248,13 @@ fn attention_facts(
     let rows_aligned = c.head_dim.is_multiple_of(8);
     let kv_bytes = c.batch * c.kv_heads * c.seq * c.head_dim * c.dtype.size_bytes();
     let forward = attn::ForwardFacts {
-        varlen: false,
+        varlen: c.varlen,
         kv_rows_aligned: rows_aligned,
         cdna_operands: rows_aligned && kv_bytes < 1 << 31,
         tma_views: rows_aligned,
     };
     let backward = attn::BackwardFacts {
-        varlen: false,
+        varlen: c.varlen,
         deterministic: false,
         rows_aligned,
         tma_views: rows_aligned,
@@ -423,6 +427,7 @@ mod tests {
             head_dim,
             causal: true,
             backward,
+            varlen: false,
         }
     }
 
@@ -458,6 +463,32 @@ mod tests {
             };
             assert_eq!(v.kernel, Kernel::Forward { aligned: true });
         }
+    }
+
+    /// Packed sequences: the Hopper forward takes them on sm_90a (one batch of all the rows,
+    /// its block width by the mean sequence), the backward stays on the tile kernels.
+    #[test]
+    fn packed_sequences_take_the_hopper_forward_and_the_tile_backward() {
+        let a = arch("sm_90a");
+        let fwd = AttentionCase {
+            varlen: true,
+            batch: 8,
+            seq: 2048,
+            ..case(false, 128)
+        };
+        let AttentionChoice::Forward(ForwardRoute::Hopper(v)) = attention_choice(&a, &fwd).unwrap()
+        else {
+            panic!("not the Hopper forward");
+        };
+        assert!(v.label().contains("bn=128"), "{}", v.label());
+        let bwd = AttentionCase {
+            backward: true,
+            ..fwd
+        };
+        assert!(matches!(
+            attention_choice(&a, &bwd).unwrap(),
+            AttentionChoice::Backward(attn::BackwardRoute::Tile { .. })
+        ));
     }
 
     /// The launch routes again without the Hopper kernel when TMA declines the views: the

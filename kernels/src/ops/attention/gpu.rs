@@ -288,7 +288,7 @@ pub(crate) fn forward(
     let facts = ForwardFacts::of(p, k, v, varlen.is_some());
     let route = match route_forward(arch, p, params, &facts) {
         ForwardRoute::Hopper(variant) => {
-            match super::hopper::try_forward(dev, p, params, variant, tensors) {
+            match super::hopper::try_forward(dev, p, params, variant, tensors, varlen) {
                 Some(done) => return done,
                 None => {
                     let facts = ForwardFacts {

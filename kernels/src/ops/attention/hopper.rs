@@ -573,8 +573,7 @@ pub(crate) fn forward_variant(
     // The kernel takes the row max before scaling (hopper_fwd.cu): the factor from scores to
     // base-2 units must be positive. A cap makes it cap * log2(e); else it is the scale.
     let scale_positive = params.softcap.is_some() || params.scale > 0.0;
-    let fits = !varlen
-        && hopper_enabled()
+    let fits = hopper_enabled()
         && scale_positive
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
@@ -585,13 +584,33 @@ pub(crate) fn forward_variant(
     if !fits {
         return None;
     }
+    // Packed sequences: the block width goes by the mean sequence's keys, not the total.
+    let keys = if varlen {
+        p.k_len / p.batch.max(1)
+    } else {
+        p.k_len
+    };
     HopperFwdVariant::new(
         arch,
         p.dtype,
         p.head_dim,
         params.softcap.is_some(),
-        Choices::chosen(p.head_dim, p.k_len),
+        Choices::chosen(p.head_dim, keys),
     )
+}
+
+/// A packed `[total, heads, D]` tensor as the one-batch `[1, heads, total, D]` view the
+/// kernel's maps and stores take.
+fn packed_as_batch(t: &Tensor) -> Option<Tensor> {
+    let [total, heads, d] = <[usize; 3]>::try_from(t.shape()).ok()?;
+    let st = t.strides();
+    let span = (total * st[0]).max(heads * st[1]).max(1);
+    t.as_strided(
+        &[1, heads, total, d],
+        &[span, st[1], st[0], st[2]],
+        t.layout().offset(),
+    )
+    .ok()
 }
 
 /// Runs `variant` on the tensors: `None` when TMA cannot express Q, K or V (the caller
@@ -602,23 +621,56 @@ pub(crate) fn try_forward(
     params: &AttentionParams,
     variant: HopperFwdVariant,
     t: [&Tensor; 5],
+    varlen: Option<[&Tensor; 2]>,
 ) -> Option<Result<()>> {
     let [q, k, v, o, lse] = t;
     let arch = dev.arch();
     let gpu = dev.as_gpu()?;
+    // Packed sequences run as one batch of all the rows (hopper_fwd.cu, packed_row_keys).
+    let views: [Tensor; 4];
+    let ([q, k, v, o], packed) = match varlen {
+        Some([cu_q, cu_k]) => {
+            views = [
+                packed_as_batch(q)?,
+                packed_as_batch(k)?,
+                packed_as_batch(v)?,
+                packed_as_batch(o)?,
+            ];
+            let offsets = Packed {
+                cu_q: cu_q.device_ptr()?,
+                cu_k: cu_k.device_ptr()?,
+                seqs: p.batch,
+            };
+            ([&views[0], &views[1], &views[2], &views[3]], Some(offsets))
+        }
+        None => ([q, k, v, o], None),
+    };
     let map_q = view_map(q, variant.block_m())?;
     let map_k = view_map(k, variant.block_n)?;
     let map_v = view_map(v, variant.block_n)?;
+    let p = Problem {
+        batch: if packed.is_some() { 1 } else { p.batch },
+        ..*p
+    };
     Some(launch(
         gpu,
         arch,
-        p,
+        &p,
         params,
         variant,
         [map_q, map_k, map_v],
         o,
         lse,
+        packed,
     ))
+}
+
+/// The offsets of packed sequences, as the kernel takes them.
+#[derive(Debug, Clone, Copy)]
+struct Packed {
+    cu_q: u64,
+    cu_k: u64,
+    seqs: usize,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -631,6 +683,7 @@ fn launch(
     maps: [OpaqueParam128; 3],
     o: &Tensor,
     lse: &Tensor,
+    packed: Option<Packed>,
 ) -> Result<()> {
     let os = o.strides();
     let o_ptr = o.device_ptr().unwrap_or(0);
@@ -679,6 +732,9 @@ fn launch(
         KernelArg::I64(right),
         KernelArg::I32(tune().bits(variant.consumers == 3)),
         KernelArg::Ptr(trace_ptr),
+        KernelArg::Ptr(packed.map_or(0, |x| x.cu_q)),
+        KernelArg::Ptr(packed.map_or(0, |x| x.cu_k)),
+        KernelArg::I32(packed.map_or(0, |x| x.seqs as i32)),
     ];
     let config = LaunchConfig::linear(grid, variant.threads(), variant.smem_bytes() as u32);
     gpu.launch_variant(&variant, &config, &args)?;
