@@ -866,14 +866,14 @@ fn attention_varlen_matches_reference() {
     );
 }
 
-/// Packed sequences the Hopper forward takes on sm_90a (aligned rows): units of 128 and 192
-/// rows that span sequences, several key blocks per sequence (176-key blocks at d = 128 and
-/// 80-key ones at d = 256 where the mean sequence is long enough), empty sequences on either
-/// side, causal and windowed. Forward only (the varlen backward runs on the tile kernels,
-/// checked by attention_varlen_matches_reference).
+/// Packed sequences the Hopper kernels take on sm_90a (aligned rows): forward units of 128 and
+/// 192 rows and backward key blocks of 128 that span sequences, several blocks per sequence
+/// (176-key forward blocks at d = 128 and 80-key ones at d = 256 where the mean sequence is
+/// long enough), empty sequences on either side, causal and windowed. The backward is checked
+/// where its f64 reference stays quick (it takes head dims 64 and 128).
 #[test]
-fn attention_hopper_varlen_forward() {
-    report_skipped("attention_hopper_varlen_forward");
+fn attention_hopper_varlen() {
+    report_skipped("attention_hopper_varlen");
     let causal = AttentionOptions {
         causal: true,
         ..Default::default()
@@ -882,38 +882,41 @@ fn attention_hopper_varlen_forward() {
         window: Some((300, 20)),
         ..Default::default()
     };
-    type Packed<'a> = (DType, &'a [(usize, usize)], AttentionOptions, usize);
-    let cases: [Packed; 5] = [
+    type Packed<'a> = (DType, &'a [(usize, usize)], AttentionOptions, usize, bool);
+    let cases: [Packed; 6] = [
         (
             DType::BF16,
             &[(300, 700), (1, 5), (0, 10), (513, 513)],
             causal,
             64,
+            true,
         ),
         (
             DType::F16,
             &[(129, 0), (200, 333), (7, 7)],
             AttentionOptions::default(),
             128,
+            true,
         ),
-        (DType::BF16, &[(200, 8300), (10, 8200)], causal, 128),
-        (DType::BF16, &[(64, 2100), (200, 2100)], window, 256),
-        (DType::F16, &[(3, 3); 40], causal, 128),
+        (
+            DType::BF16,
+            &[(150, 400), (260, 130), (0, 0), (90, 300)],
+            window,
+            128,
+            true,
+        ),
+        (DType::BF16, &[(200, 8300), (10, 8200)], causal, 128, false),
+        (DType::BF16, &[(64, 2100), (200, 2100)], window, 256, false),
+        (DType::F16, &[(3, 3); 40], causal, 128, true),
     ];
     for dev in calico_conformance::backends().0 {
-        for (i, (dtype, lens, opts, head_dim)) in cases.iter().enumerate() {
-            if let Err(e) = varlen_case(
-                &dev,
-                *dtype,
-                lens,
-                *opts,
-                17 + i as u64,
-                VarlenForm {
-                    head_dim: *head_dim,
-                    aligned: true,
-                    backward: false,
-                },
-            ) {
+        for (i, (dtype, lens, opts, head_dim, backward)) in cases.iter().enumerate() {
+            let form = VarlenForm {
+                head_dim: *head_dim,
+                aligned: true,
+                backward: *backward,
+            };
+            if let Err(e) = varlen_case(&dev, *dtype, lens, *opts, 17 + i as u64, form) {
                 panic!("backend {}: case {i} {lens:?}: {e}", dev.kind());
             }
         }

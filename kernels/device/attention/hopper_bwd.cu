@@ -35,13 +35,18 @@
 //    >= Nkv are masked. A key block that no row sees loads nothing and stores dK = dV = 0.
 //  * Mask (bottom-right aligned, as the forward): row i sees key j iff j < Nkv and, with
 //    c = i + Nkv - Nq, c - left <= j (left bounded) and j <= c + right (right bounded).
+//  * Packed sequences (CALICO_ATTN_VARLEN): one batch of all the rows; key j of sequence b is
+//    seen by that sequence's rows only, the mask aligned per sequence (packed_key_rows, a
+//    binary search over the offsets per key, once per unit). A key block may span sequences:
+//    it walks the query blocks from its first key's first row to its last key's last row, and
+//    each key's row range drops the other sequences' rows.
 //
 // DEFINES (kernels/src/ops/attention/hopper_bwd.rs): CALICO_ATTN_KERNEL 0|1|2, CALICO_ATTN_T
 // bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 1 (serial) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ 0 | 1 (main
 // and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_WIDE_REGS 0 | 1
 // (see PRODUCER_REGS), CALICO_ATTN_DEFER_DQ 0 | 1 (see DEFER_DQ), CALICO_ATTN_FTZ_EXP 0 | 1
-// (see p_exp2).
+// (see p_exp2), CALICO_ATTN_VARLEN 0 | 1 (main kernel: packed sequences, see EDGES).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -229,6 +234,11 @@ constexpr bool BULK_DQ = CALICO_ATTN_BULK_DQ != 0;
 // Schedule 1 (serial): each MMA batch is waited for before the next step of the block.
 // Schedule 2 (overlapped): P^T is computed while dP^T runs, and the dQ reductions while dK runs.
 constexpr bool OVERLAP = CALICO_ATTN_SCHED == 2;
+#ifndef CALICO_ATTN_VARLEN
+#define CALICO_ATTN_VARLEN 0
+#endif
+// Packed sequences (see VARLEN in EDGES): the key and query bounds come from the offsets.
+constexpr bool VARLEN = CALICO_ATTN_VARLEN != 0;
 // Masks as row ranges: blocks that need no mask run a P^T pass with no mask code at all, the
 // others one select per element against the rows that see the thread's key (a branch per
 // element, the form before session 8, kept ptxas from scheduling the exp2s together).
@@ -307,13 +317,57 @@ struct params {
     int batch, q_heads, kv_heads, group, q_len, k_len, nq_pad, n_blocks;
     int has_left, has_right, stagger;
     long long left, right;
+    // Packed sequences (VARLEN): offsets of n_seqs sequences in one batch of all the rows.
+    const int* cu_q;
+    const int* cu_k;
+    int n_seqs;
 };
 
 struct unit {
     int b, hk, n0;
     int m_lo, m_hi;  // query blocks [m_lo, m_hi) of each head; none when m_hi <= m_lo
     int rot;         // the walk over them starts at m_lo + rot and wraps around
+    // VARLEN: the rows that see the block's last key start at vis_lo, those that see its first
+    // key end at vis_hi (block_visible's bounds).
+    int vis_lo, vis_hi;
 };
+
+// Offset b of a packed batch, clamped to [0, len] (the host does not read them back).
+CALICO_DEVICE int offset_at(const int* cu, int b, int len) { return min(max(__ldg(cu + b), 0), len); }
+
+// VARLEN: the query rows [lo, hi] (hi < lo: none) that see packed key j: the rows of j's
+// sequence (a binary search over the key offsets) under the mask aligned per sequence. Both
+// bounds grow with j (clamped inside the sequence's rows), as unit_at and block_visible need.
+CALICO_DEVICE void packed_key_rows(const params& p, long long j, int& lo, int& hi) {
+    if (j < offset_at(p.cu_k, 0, p.k_len)) {
+        lo = 0;
+        hi = -1;
+        return;
+    }
+    if (j >= offset_at(p.cu_k, p.n_seqs, p.k_len)) {
+        lo = p.q_len;
+        hi = p.q_len - 1;
+        return;
+    }
+    int a = 0, z = p.n_seqs;  // cu_k[a] <= j < cu_k[z]
+    while (z - a > 1) {
+        const int mid = (a + z) / 2;
+        if (offset_at(p.cu_k, mid, p.k_len) <= j) a = mid;
+        else z = mid;
+    }
+    const int q0 = offset_at(p.cu_q, a, p.q_len);
+    const long long lq = max(q0, offset_at(p.cu_q, a + 1, p.q_len)) - q0;
+    const int k0 = offset_at(p.cu_k, a, p.k_len);
+    const long long lk = max(k0, offset_at(p.cu_k, a + 1, p.k_len)) - k0;
+    const long long off = lk - lq;
+    const long long jl = j - k0;
+    long long l = p.has_right ? jl - off - p.right : 0;
+    long long h = p.has_left ? jl - off + p.left : lq - 1;
+    l = l < 0 ? 0 : (l > lq ? lq : l);
+    h = h > lq - 1 ? lq - 1 : (h < -1 ? -1 : h);
+    lo = q0 + (int)l;
+    hi = q0 + (int)h;
+}
 
 // The query block of the unit's k-th step within a head.
 CALICO_DEVICE int block_at(const unit& u, int k) {
@@ -324,6 +378,7 @@ CALICO_DEVICE int block_at(const unit& u, int k) {
 
 CALICO_DEVICE unit unit_at(const params& p, int w) {
     unit u;
+    u.vis_lo = u.vis_hi = 0;
     const int n = w % p.n_blocks;
     const int bh = w / p.n_blocks;
     u.b = bh / p.kv_heads;
@@ -334,6 +389,16 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     const long long n1 = min(u.n0 + BKV, p.k_len);
     long long i_lo = p.has_right ? u.n0 - off - p.right : 0;
     long long i_hi = p.has_left ? n1 - 1 - off + p.left : p.q_len - 1;
+    if constexpr (VARLEN) {
+        // The first key's rows start lowest and the last key's end highest.
+        int lo_first, hi_first, lo_last, hi_last;
+        packed_key_rows(p, u.n0, lo_first, hi_first);
+        packed_key_rows(p, n1 - 1, lo_last, hi_last);
+        i_lo = lo_first;
+        i_hi = hi_last;
+        u.vis_lo = lo_last;
+        u.vis_hi = hi_first;
+    }
     i_lo = i_lo < 0 ? 0 : i_lo;
     i_hi = i_hi > p.q_len - 1 ? p.q_len - 1 : i_hi;
     u.m_lo = (int)(i_lo / BQ);
@@ -345,7 +410,11 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
 }
 
 // Every (row, key) of the query block at m0 and the key block at n0 is visible.
-CALICO_DEVICE bool block_visible(const params& p, long long m0, long long n0) {
+CALICO_DEVICE bool block_visible(const params& p, const unit& u, long long m0, long long n0) {
+    if constexpr (VARLEN) {
+        // Bounds that grow with the key: the last key's first row and the first key's last row.
+        return n0 + BKV <= p.k_len && m0 + BQ <= p.q_len && u.vis_lo <= m0 && u.vis_hi >= m0 + BQ - 1;
+    }
     const long long off = (long long)p.k_len - p.q_len;
     return n0 + BKV <= p.k_len && m0 + BQ <= p.q_len && (!p.has_right || n0 + BKV - 1 <= m0 + off + p.right) &&
            (!p.has_left || n0 >= m0 + BQ - 1 + off - p.left);
@@ -371,6 +440,17 @@ CALICO_DEVICE row_range rows_seeing(const params& p, long long m0, long long j) 
     row_range r;
     r.lo = lo > BQ ? BQ : (int)lo;
     r.count = hi < lo ? 0 : (int)(hi - lo + 1);
+    return r;
+}
+
+// VARLEN: the rows of the block at m0 among the global rows [lo, hi] that see a key.
+CALICO_DEVICE row_range rows_in_block(int lo, int hi, long long m0) {
+    long long l = lo - m0, h = hi - m0;
+    l = l < 0 ? 0 : l;
+    h = h > BQ - 1 ? BQ - 1 : h;
+    row_range r;
+    r.lo = l > BQ ? BQ : (int)l;
+    r.count = h < l ? 0 : (int)(h - l + 1);
     return r;
 }
 
@@ -471,7 +551,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                 attn_hopper_bwd::in_t* dv, int batch, int q_heads, int group, int q_len, int k_len, int nq_pad,
                                 long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
                                 int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
-                                int has_right, long long right, int stagger) {
+                                int has_right, long long right, int stagger, const int* cu_q, const int* cu_k,
+                                int n_seqs) {
     using namespace attn_hopper_bwd;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -492,6 +573,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     p.left = left;
     p.right = right;
     p.stagger = stagger;
+    p.cu_q = cu_q;
+    p.cu_k = cu_k;
+    p.n_seqs = n_seqs;
     const int work = batch * p.kv_heads * p.n_blocks;
 
     if (threadIdx.x == 0) {
@@ -587,6 +671,12 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             dk_acc[i] = 0.0f;
             dv_acc[i] = 0.0f;
         }
+        // VARLEN: the global rows that see this thread's two keys, found once per unit.
+        int key_lo[2] = {0, 0}, key_hi[2] = {-1, -1};
+        if constexpr (VARLEN) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) packed_key_rows(p, u.n0 + key_in_block + 8 * hh, key_lo[hh], key_hi[hh]);
+        }
 
         if (u.m_hi > u.m_lo) {
             calico::wait(bars.kv_full, kv_loads & 1u);
@@ -660,12 +750,15 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     // P^T and dS^T in place of S^T and dP^T. Columns are query rows.
                     const float* lse_s = reinterpret_cast<const float*>(smem + LSE_OFFSET + qc.slot() * ROW_BYTES);
                     const float* delta_s = reinterpret_cast<const float*>(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES);
-                    const bool need_mask = !block_visible(p, m0, u.n0);
+                    const bool need_mask = !block_visible(p, u, m0, u.n0);
                     // The rows that see this thread's two keys (masked blocks only).
                     row_range seen[2] = {{0, BQ}, {0, BQ}};
                     if (need_mask) {
 #pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) seen[hh] = rows_seeing(p, m0, u.n0 + key_in_block + 8 * hh);
+                        for (int hh = 0; hh < 2; ++hh) {
+                            seen[hh] = VARLEN ? rows_in_block(key_lo[hh], key_hi[hh], m0)
+                                              : rows_seeing(p, m0, u.n0 + key_in_block + 8 * hh);
+                        }
                     }
                     // P^T with the mask as a select per element, or (unmasked blocks) none.
                     auto masked_p = [&](auto masked, float pr, int col, int hh) {

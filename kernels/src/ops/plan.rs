@@ -465,10 +465,10 @@ mod tests {
         }
     }
 
-    /// Packed sequences: the Hopper forward takes them on sm_90a (one batch of all the rows,
-    /// its block width by the mean sequence), the backward stays on the tile kernels.
+    /// Packed sequences: the Hopper forward and backward take them on sm_90a (one batch of all
+    /// the rows; the forward's block width by the mean sequence).
     #[test]
-    fn packed_sequences_take_the_hopper_forward_and_the_tile_backward() {
+    fn packed_sequences_take_the_hopper_kernels() {
         let a = arch("sm_90a");
         let fwd = AttentionCase {
             varlen: true,
@@ -485,10 +485,12 @@ mod tests {
             backward: true,
             ..fwd
         };
-        assert!(matches!(
-            attention_choice(&a, &bwd).unwrap(),
-            AttentionChoice::Backward(attn::BackwardRoute::Tile { .. })
-        ));
+        let AttentionChoice::Backward(attn::BackwardRoute::Hopper(v)) =
+            attention_choice(&a, &bwd).unwrap()
+        else {
+            panic!("not the Hopper backward");
+        };
+        assert!(v.label().ends_with(" varlen"), "{}", v.label());
     }
 
     /// The launch routes again without the Hopper kernel when TMA declines the views: the

@@ -356,7 +356,7 @@ pub(crate) fn backward(
     let facts = BackwardFacts::of([q, k, v, o, d_o], deterministic, varlen.is_some());
     let route = match route_backward(arch, p, params, &facts) {
         BackwardRoute::Hopper(main) => {
-            match super::hopper_bwd::try_backward(dev, p, params, main, tensors) {
+            match super::hopper_bwd::try_backward(dev, p, params, main, tensors, varlen) {
                 Some(done) => return done,
                 None => {
                     let facts = BackwardFacts {

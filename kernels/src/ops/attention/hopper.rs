@@ -601,7 +601,7 @@ pub(crate) fn forward_variant(
 
 /// A packed `[total, heads, D]` tensor as the one-batch `[1, heads, total, D]` view the
 /// kernel's maps and stores take.
-fn packed_as_batch(t: &Tensor) -> Option<Tensor> {
+pub(super) fn packed_as_batch(t: &Tensor) -> Option<Tensor> {
     let [total, heads, d] = <[usize; 3]>::try_from(t.shape()).ok()?;
     let st = t.strides();
     let span = (total * st[0]).max(heads * st[1]).max(1);

@@ -62,6 +62,8 @@ pub(crate) struct HopperBwdVariant {
     defer_dq: bool,
     /// Main kernel: P = 2^x by one flush-to-zero MUFU.EX2 (CALICO_ATTN_FTZ_EXP).
     ftz_exp: bool,
+    /// Main kernel: packed sequences (CALICO_ATTN_VARLEN), their bounds from the offsets.
+    varlen: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
@@ -157,12 +159,20 @@ impl HopperBwdVariant {
             wide_regs: false,
             defer_dq: false,
             ftz_exp: false,
+            varlen: false,
         }
     }
 
     /// The main kernel for `head_dim` on `arch`, with as many stages as shared memory holds
     /// (at most [`MAX_STAGES`]); `None` when not even two fit.
-    fn main(arch: &Arch, dtype: DType, head_dim: usize, softcap: bool, tune: Tune) -> Option<Self> {
+    fn main(
+        arch: &Arch,
+        dtype: DType,
+        head_dim: usize,
+        softcap: bool,
+        tune: Tune,
+        varlen: bool,
+    ) -> Option<Self> {
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
             dtype,
@@ -174,6 +184,7 @@ impl HopperBwdVariant {
             wide_regs: tune.wide_regs && tune.bulk,
             defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && tune.overlapped && tune.bulk,
             ftz_exp: tune.ftz_exp,
+            varlen,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -209,7 +220,7 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -219,7 +230,8 @@ impl HopperBwdVariant {
             if self.bulk_dq { " bulk" } else { "" },
             if self.wide_regs { " wideregs" } else { "" },
             if self.defer_dq { " deferdq" } else { "" },
-            if self.ftz_exp { " ftzexp" } else { "" }
+            if self.ftz_exp { " ftzexp" } else { "" },
+            if self.varlen { " varlen" } else { "" }
         )
     }
 }
@@ -248,6 +260,7 @@ impl KernelVariant for HopperBwdVariant {
             ),
             ("CALICO_ATTN_DEFER_DQ", u8::from(self.defer_dq).to_string()),
             ("CALICO_ATTN_FTZ_EXP", u8::from(self.ftz_exp).to_string()),
+            ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -308,8 +321,14 @@ pub(crate) fn catalog(
                 (true, deferred(true)),
                 (false, deferred(false)),
             ] {
-                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune));
+                variants.extend(HopperBwdVariant::main(arch, dtype, d, softcap, tune, false));
             }
+            // Packed sequences with the default tune (deferred dQ tiles at d = 64).
+            let default = Tune {
+                defer_dq: None,
+                ..tune(true, true, true)
+            };
+            variants.extend(HopperBwdVariant::main(arch, dtype, d, false, default, true));
             for v in variants {
                 out.push(crate::catalog::CatalogEntry {
                     op: "attention_hopper",
@@ -382,8 +401,7 @@ pub(crate) fn backward_variant(
     varlen: bool,
 ) -> Option<HopperBwdVariant> {
     // Deterministic calls keep the tile kernels: the dQ reductions here add in timing order.
-    let fits = !varlen
-        && !deterministic
+    let fits = !deterministic
         && enabled()
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
@@ -402,6 +420,7 @@ pub(crate) fn backward_variant(
         p.head_dim,
         params.softcap.is_some(),
         Tune::get(),
+        varlen,
     )
 }
 
@@ -413,7 +432,32 @@ pub(crate) fn try_backward(
     params: &AttentionParams,
     main: HopperBwdVariant,
     t: [&Tensor; 9],
+    varlen: Option<[&Tensor; 2]>,
 ) -> Option<Result<()>> {
+    // Packed sequences run as one batch of all the rows (hopper_bwd.cu, packed_key_rows).
+    let views: [Tensor; 8];
+    let (t, p, packed) = match varlen {
+        Some([cu_q, cu_k]) => {
+            let [q, k, v, o, lse, d_o, dq, dk, dv] = t;
+            let as_batch = super::hopper::packed_as_batch;
+            views = [
+                as_batch(q)?,
+                as_batch(k)?,
+                as_batch(v)?,
+                as_batch(o)?,
+                as_batch(d_o)?,
+                as_batch(dq)?,
+                as_batch(dk)?,
+                as_batch(dv)?,
+            ];
+            let [q, k, v, o, d_o, dq, dk, dv] = &views;
+            let offsets = (cu_q.device_ptr()?, cu_k.device_ptr()?, p.batch);
+            let one = Problem { batch: 1, ..*p };
+            ([q, k, v, o, lse, d_o, dq, dk, dv], one, Some(offsets))
+        }
+        None => (t, *p, None),
+    };
+    let p = &p;
     let [q, k, v, _o, _lse, d_o, _dq, _dk, _dv] = t;
     let gpu = dev.as_gpu()?;
     let tune = Tune::get();
@@ -426,7 +470,17 @@ pub(crate) fn try_backward(
     ];
     let ws = Workspace::new(p);
     Some(gpu.with_workspace(ws.bytes, &mut |base| {
-        launch(gpu, p, params, (main, tune.stagger), maps, t, ws, base)
+        launch(
+            gpu,
+            p,
+            params,
+            (main, tune.stagger),
+            maps,
+            t,
+            ws,
+            base,
+            packed,
+        )
     }))
 }
 
@@ -440,6 +494,7 @@ fn launch(
     [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
     ws: Workspace,
     base: u64,
+    packed: Option<(u64, u64, usize)>,
 ) -> Result<()> {
     let ptr = |t: &Tensor| t.device_ptr().unwrap_or(0);
     let (lse_log2, delta, dq_acc) = (base, base + ws.delta as u64, base + ws.dq_acc as u64);
@@ -539,6 +594,9 @@ fn launch(
         KernelArg::I32(has_right),
         KernelArg::I64(right),
         KernelArg::I32(i32::from(stagger)),
+        KernelArg::Ptr(packed.map_or(0, |x| x.0)),
+        KernelArg::Ptr(packed.map_or(0, |x| x.1)),
+        KernelArg::I32(packed.map_or(0, |x| x.2 as i32)),
     ];
     // One CTA per key block: the grid is the work list, so each CTA runs one unit.
     let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
@@ -588,13 +646,20 @@ mod tests {
                 Tune::default(),
                 Tune::parse("wideregs,deferdq"),
             ] {
-                let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, tune).unwrap();
+                let v = HopperBwdVariant::main(&arch, DType::BF16, d, false, tune, false).unwrap();
                 assert!(v.stages >= 2, "{v:?}");
                 assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
             }
         }
-        let v = HopperBwdVariant::main(&arch, DType::F16, 128, true, Tune::parse("serial,nobulk"))
-            .unwrap();
+        let v = HopperBwdVariant::main(
+            &arch,
+            DType::F16,
+            128,
+            true,
+            Tune::parse("serial,nobulk"),
+            false,
+        )
+        .unwrap();
         // K, V 64 KiB; per stage Q + dO 32 KiB and two 256-byte rows; dS 32 KiB.
         assert_eq!(
             v.smem_bytes(),
@@ -642,7 +707,7 @@ mod tests {
         );
         // deferdq by head dim unless named.
         let h100 = Arch::for_target("sm_90a").unwrap();
-        let main = |d, t| HopperBwdVariant::main(&h100, DType::BF16, d, false, t).unwrap();
+        let main = |d, t| HopperBwdVariant::main(&h100, DType::BF16, d, false, t, false).unwrap();
         assert!(main(64, default).defer_dq && !main(128, default).defer_dq);
         assert!(!main(64, Tune::parse("syncdq")).defer_dq);
         assert!(main(128, Tune::parse("deferdq")).defer_dq);
