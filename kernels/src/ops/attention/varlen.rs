@@ -131,7 +131,9 @@ pub fn attention_varlen(
     }
 }
 
-/// Backward of [`attention_varlen`]: writes `dq` (like `q`), `dk` and `dv` (like `k`).
+/// Backward of [`attention_varlen`]: writes `dq` (like `q`), `dk` and `dv` (like `k`). On
+/// GPUs, as in the forward, the offsets are clamped rather than checked; rows and keys outside
+/// every sequence then get no defined gradient (zeros from the Hopper kernels).
 #[allow(clippy::too_many_arguments)]
 pub fn attention_varlen_backward(
     dev: &Device,
