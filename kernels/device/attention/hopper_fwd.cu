@@ -50,7 +50,7 @@
 // per-block handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
-// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_TRACE 0|1 (a diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
+// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_VARLEN 0|1 (packed sequences), CALICO_ATTN_TRACE 0|1 (a diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
 // thread per consumer warpgroup stamps %globaltimer at each unit's milestones into `trace`,
 // TRACE_SLOTS per (CTA, unit of the CTA, consumer); the producer adds when it issued the
 // unit's Q and first K/V. kernels/src/ops/attention/hopper_trace.rs reads them).
@@ -110,6 +110,12 @@ static_assert(QBUF == 1 || QBUF == 2, "one or two Q slots");
 #define CALICO_ATTN_TRACE 0
 #endif
 constexpr bool TRACE = CALICO_ATTN_TRACE != 0;
+#ifndef CALICO_ATTN_VARLEN
+#define CALICO_ATTN_VARLEN 0
+#endif
+// Packed sequences (packed_row_keys): a variant of its own, so that the fixed-length kernel
+// carries none of the offset lookups.
+constexpr bool VARLEN = CALICO_ATTN_VARLEN != 0;
 // Trace slots per (CTA, unit, consumer): consume entry, Q landed, first turn taken, first S
 // done, last P V done, epilogue done; then (consumer 0's record only) the producer's Q issue
 // and first K/V issue of the unit.
@@ -217,11 +223,12 @@ CALICO_DEVICE void packed_row_keys(const params& p, long long i, int& lo, int& h
 // Keys row i sees: [lo, hi), clamped to [0, k_len] (hi <= lo: none). `c` carries the packed
 // sequence found for an earlier row of the same unit.
 CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi, seq_cache& c) {
-    if (p.n_seqs > 0) {
+    if constexpr (VARLEN) {
         packed_row_keys(p, i, lo, hi, c);
-        return;
+    } else {
+        (void)c;
+        seq_row_keys(p, i, p.q_len, p.k_len, 0, lo, hi);
     }
-    seq_row_keys(p, i, p.q_len, p.k_len, 0, lo, hi);
 }
 
 CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi) {
@@ -233,7 +240,7 @@ CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi) {
 // sequence (left as they are).
 CALICO_DEVICE bool row_stored(const params& p, long long i) {
     if (i >= p.q_len) return false;
-    return p.n_seqs == 0 || (i >= offset_at(p.cu_q, 0, p.q_len) && i < offset_at(p.cu_q, p.n_seqs, p.q_len));
+    return !VARLEN || (i >= offset_at(p.cu_q, 0, p.q_len) && i < offset_at(p.cu_q, p.n_seqs, p.q_len));
 }
 
 // Head bh and row block m of the p-th (row block j, row block m_blocks - 1 - j) pair, walking a
@@ -378,8 +385,8 @@ CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "
 //  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
 //  left/right: the window sides (flags say whether each is bounded; causal is right = 0).
 //  tune: TUNE_* bits. trace: with CALICO_ATTN_TRACE, the stamps (see TRACE_SLOTS); else unused.
-//  cu_q, cu_k, n_seqs: packed sequences (varlen; batch 1, q_len / k_len the packed totals, O and
-//  LSE [Hq, total_q] as one batch); n_seqs = 0 (null offsets) for fixed-length batches.
+//  cu_q, cu_k, n_seqs: packed sequences (CALICO_ATTN_VARLEN; batch 1, q_len / k_len the packed
+//  totals, O and LSE [Hq, total_q] as one batch); unused (null, 0) by the fixed-length kernel.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,

@@ -47,6 +47,8 @@ pub(crate) struct HopperFwdVariant {
     q_buffers: usize,
     /// `CALICO_ATTN_HOPPER_TRACE=1`: stamp each unit's milestones (a diagnostic, hopper_trace.rs).
     trace: bool,
+    /// Packed sequences (CALICO_ATTN_VARLEN): row bounds from the offsets.
+    varlen: bool,
 }
 
 /// `CALICO_ATTN_HOPPER_TRACE=1`: every call stamps its units' milestones, syncs and (every 8th
@@ -280,6 +282,7 @@ impl HopperFwdVariant {
             softmax,
             q_buffers: 1,
             trace: trace_chosen(),
+            varlen: false,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -317,7 +320,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -329,6 +332,7 @@ impl HopperFwdVariant {
             if self.softmax.ilp { " ilp" } else { "" },
             if self.softmax.lazy { " lazy" } else { "" },
             if self.trace { " trace" } else { "" },
+            if self.varlen { " varlen" } else { "" },
         )
     }
 }
@@ -347,6 +351,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
             ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
             ("CALICO_ATTN_TRACE", u8::from(self.trace).to_string()),
+            ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -418,10 +423,16 @@ pub(crate) fn catalog(
             });
         }
     }
-    // The traced form of the defaults (CALICO_ATTN_HOPPER_TRACE=1), so that it stays compiled.
-    for d in [64, 128] {
+    // The traced form of the defaults (CALICO_ATTN_HOPPER_TRACE=1) and the packed-sequence
+    // form, so that they stay compiled.
+    for (d, trace, varlen) in [
+        (64, true, false),
+        (128, true, false),
+        (64, false, true),
+        (128, false, true),
+    ] {
         if let Some(v) = HopperFwdVariant::new(arch, bf, d, false, Choices::default()) {
-            let v = HopperFwdVariant { trace: true, ..v };
+            let v = HopperFwdVariant { trace, varlen, ..v };
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
                 label: v.label(),
@@ -597,6 +608,7 @@ pub(crate) fn forward_variant(
         params.softcap.is_some(),
         Choices::chosen(p.head_dim, keys),
     )
+    .map(|v| HopperFwdVariant { varlen, ..v })
 }
 
 /// A packed `[total, heads, D]` tensor as the one-batch `[1, heads, total, D]` view the
