@@ -50,7 +50,8 @@
 // per-block handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
-// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_VARLEN 0|1 (packed sequences), CALICO_ATTN_TRACE 0|1 (a diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
+// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_VARLEN 0|1 (packed sequences), CALICO_ATTN_TRACE 0|1 (a
+// diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
 // thread per consumer warpgroup stamps %globaltimer at each unit's milestones into `trace`,
 // TRACE_SLOTS per (CTA, unit of the CTA, consumer); the producer adds when it issued the
 // unit's Q and first K/V. kernels/src/ops/attention/hopper_trace.rs reads them).
@@ -147,8 +148,8 @@ struct params {
     long long left, right;
     int work, ctas;  // units in all; CTAs (each takes units blockIdx.x + k * ctas)
     int tune;        // TUNE_* bits
-    // Packed sequences (varlen): n_seqs > 0 sequences, query rows cu_q[b]..cu_q[b + 1] and key
-    // rows cu_k[b]..cu_k[b + 1] of one packed batch (batch = 1, q_len / k_len the totals).
+    // Packed sequences (VARLEN): n_seqs sequences, query rows cu_q[b]..cu_q[b + 1] and key rows
+    // cu_k[b]..cu_k[b + 1] of one packed batch (batch = 1, q_len / k_len the totals).
     const int* cu_q;
     const int* cu_k;
     int n_seqs;
