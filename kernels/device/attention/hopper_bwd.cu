@@ -53,6 +53,7 @@
 #include "calico/tma.cuh"
 #include "calico/warpgroup.cuh"
 #include "calico/wgmma.cuh"
+#include "attention/hopper_packed.cuh"
 
 namespace attn_hopper_bwd {
 
@@ -332,33 +333,26 @@ struct unit {
     int vis_lo, vis_hi;
 };
 
-// Offset b of a packed batch, clamped to [0, len] (the host does not read them back).
-CALICO_DEVICE int offset_at(const int* cu, int b, int len) { return min(max(__ldg(cu + b), 0), len); }
-
 // VARLEN: the query rows [lo, hi] (hi < lo: none) that see packed key j: the rows of j's
 // sequence (a binary search over the key offsets) under the mask aligned per sequence. Both
 // bounds grow with j (clamped inside the sequence's rows), as unit_at and block_visible need.
 CALICO_DEVICE void packed_key_rows(const params& p, long long j, int& lo, int& hi) {
-    if (j < offset_at(p.cu_k, 0, p.k_len)) {
+    using calico::attention::packed_offset;
+    if (j < packed_offset(p.cu_k, 0, p.k_len)) {
         lo = 0;
         hi = -1;
         return;
     }
-    if (j >= offset_at(p.cu_k, p.n_seqs, p.k_len)) {
+    if (j >= packed_offset(p.cu_k, p.n_seqs, p.k_len)) {
         lo = p.q_len;
         hi = p.q_len - 1;
         return;
     }
-    int a = 0, z = p.n_seqs;  // cu_k[a] <= j < cu_k[z]
-    while (z - a > 1) {
-        const int mid = (a + z) / 2;
-        if (offset_at(p.cu_k, mid, p.k_len) <= j) a = mid;
-        else z = mid;
-    }
-    const int q0 = offset_at(p.cu_q, a, p.q_len);
-    const long long lq = max(q0, offset_at(p.cu_q, a + 1, p.q_len)) - q0;
-    const int k0 = offset_at(p.cu_k, a, p.k_len);
-    const long long lk = max(k0, offset_at(p.cu_k, a + 1, p.k_len)) - k0;
+    const int a = calico::attention::packed_sequence(p.cu_k, p.n_seqs, p.k_len, j);
+    const int q0 = packed_offset(p.cu_q, a, p.q_len);
+    const long long lq = max(q0, packed_offset(p.cu_q, a + 1, p.q_len)) - q0;
+    const int k0 = packed_offset(p.cu_k, a, p.k_len);
+    const long long lk = max(k0, packed_offset(p.cu_k, a + 1, p.k_len)) - k0;
     const long long off = lk - lq;
     const long long jl = j - k0;
     long long l = p.has_right ? jl - off - p.right : 0;
@@ -384,11 +378,8 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     u.b = bh / p.kv_heads;
     u.hk = bh - u.b * p.kv_heads;
     u.n0 = n * BKV;
-    // Rows that see a key of [n0, n1): c + right >= n0 and c - left <= n1 - 1, c = i + off.
-    const long long off = (long long)p.k_len - p.q_len;
     const long long n1 = min(u.n0 + BKV, p.k_len);
-    long long i_lo = p.has_right ? u.n0 - off - p.right : 0;
-    long long i_hi = p.has_left ? n1 - 1 - off + p.left : p.q_len - 1;
+    long long i_lo, i_hi;
     if constexpr (VARLEN) {
         // The first key's rows start lowest and the last key's end highest.
         int lo_first, hi_first, lo_last, hi_last;
@@ -398,6 +389,11 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
         i_hi = hi_last;
         u.vis_lo = lo_last;
         u.vis_hi = hi_first;
+    } else {
+        // Rows that see a key of [n0, n1): c + right >= n0 and c - left <= n1 - 1, c = i + off.
+        const long long off = (long long)p.k_len - p.q_len;
+        i_lo = p.has_right ? u.n0 - off - p.right : 0;
+        i_hi = p.has_left ? n1 - 1 - off + p.left : p.q_len - 1;
     }
     i_lo = i_lo < 0 ? 0 : i_lo;
     i_hi = i_hi > p.q_len - 1 ? p.q_len - 1 : i_hi;
@@ -426,13 +422,8 @@ struct row_range {
     // Column `col` of the block is one of them (one unsigned compare: col < lo wraps around).
     CALICO_DEVICE bool has(int col) const { return (unsigned)(col - lo) < (unsigned)count; }
 };
-CALICO_DEVICE row_range rows_seeing(const params& p, long long m0, long long j) {
-    // Row i sees j iff i < Nq, j < Nkv, j >= c - left and j <= c + right (c = i + Nkv - Nq).
-    const long long off = (long long)p.k_len - p.q_len;
-    long long lo = p.has_right ? j - off - p.right : 0;
-    long long hi = p.has_left ? j - off + p.left : p.q_len - 1;
-    hi = hi > p.q_len - 1 ? p.q_len - 1 : hi;
-    if (j >= p.k_len) hi = -1;
+// The rows of the block at m0 among the global rows [lo, hi] (hi < lo: none) that see a key.
+CALICO_DEVICE row_range rows_in_block(long long lo, long long hi, long long m0) {
     lo -= m0;
     hi -= m0;
     lo = lo < 0 ? 0 : lo;
@@ -443,15 +434,14 @@ CALICO_DEVICE row_range rows_seeing(const params& p, long long m0, long long j) 
     return r;
 }
 
-// VARLEN: the rows of the block at m0 among the global rows [lo, hi] that see a key.
-CALICO_DEVICE row_range rows_in_block(int lo, int hi, long long m0) {
-    long long l = lo - m0, h = hi - m0;
-    l = l < 0 ? 0 : l;
-    h = h > BQ - 1 ? BQ - 1 : h;
-    row_range r;
-    r.lo = l > BQ ? BQ : (int)l;
-    r.count = h < l ? 0 : (int)(h - l + 1);
-    return r;
+CALICO_DEVICE row_range rows_seeing(const params& p, long long m0, long long j) {
+    // Row i sees j iff i < Nq, j < Nkv, j >= c - left and j <= c + right (c = i + Nkv - Nq).
+    const long long off = (long long)p.k_len - p.q_len;
+    long long lo = p.has_right ? j - off - p.right : 0;
+    long long hi = p.has_left ? j - off + p.left : p.q_len - 1;
+    hi = hi > p.q_len - 1 ? p.q_len - 1 : hi;
+    if (j >= p.k_len) hi = -1;
+    return rows_in_block(lo, hi, m0);
 }
 
 // P = 2^x. CALICO_ATTN_FTZ_EXP: one MUFU.EX2 with results below 2^-126

@@ -61,6 +61,7 @@
 #include "calico/tma.cuh"
 #include "calico/warpgroup.cuh"
 #include "calico/wgmma.cuh"
+#include "attention/hopper_packed.cuh"
 
 namespace attn_hopper {
 
@@ -173,10 +174,6 @@ struct unit {
 
 CALICO_DEVICE long long clamp_ll(long long v, long long lo, long long hi) { return v < lo ? lo : (v > hi ? hi : v); }
 
-// Offset b of a packed batch, clamped to [0, len]: the kernel does not trust them (the host
-// does not read them back), so no bound derived from them leaves the tensors.
-CALICO_DEVICE int offset_at(const int* cu, int b, int len) { return min(max(__ldg(cu + b), 0), len); }
-
 // The keys [lo, hi) that a query row sees in a sequence of lq rows and lk keys whose keys
 // start at k0 (the mask bottom-right aligned: local row r sits at key r + lk - lq).
 CALICO_DEVICE void seq_row_keys(const params& p, long long r, long long lq, long long lk, int k0, int& lo, int& hi) {
@@ -197,25 +194,21 @@ struct seq_cache {
 // past the last none at the end of the keys, so the bounds still grow with the row, as the
 // unit's key-block range and the mask tests need.
 CALICO_DEVICE void packed_row_keys(const params& p, long long i, int& lo, int& hi, seq_cache& c) {
+    using calico::attention::packed_offset;
     if (!(c.valid && i >= c.q0 && i < c.q1)) {
-        if (i < offset_at(p.cu_q, 0, p.q_len)) {
+        if (i < packed_offset(p.cu_q, 0, p.q_len)) {
             lo = hi = 0;
             return;
         }
-        if (i >= offset_at(p.cu_q, p.n_seqs, p.q_len)) {
-            lo = hi = offset_at(p.cu_k, p.n_seqs, p.k_len);
+        if (i >= packed_offset(p.cu_q, p.n_seqs, p.q_len)) {
+            lo = hi = packed_offset(p.cu_k, p.n_seqs, p.k_len);
             return;
         }
-        int a = 0, z = p.n_seqs;  // cu_q[a] <= i < cu_q[z]
-        while (z - a > 1) {
-            const int mid = (a + z) / 2;
-            if (offset_at(p.cu_q, mid, p.q_len) <= i) a = mid;
-            else z = mid;
-        }
-        c.q0 = offset_at(p.cu_q, a, p.q_len);
-        c.q1 = max(c.q0, offset_at(p.cu_q, a + 1, p.q_len));
-        c.k0 = offset_at(p.cu_k, a, p.k_len);
-        c.k1 = max(c.k0, offset_at(p.cu_k, a + 1, p.k_len));
+        const int a = calico::attention::packed_sequence(p.cu_q, p.n_seqs, p.q_len, i);
+        c.q0 = packed_offset(p.cu_q, a, p.q_len);
+        c.q1 = max(c.q0, packed_offset(p.cu_q, a + 1, p.q_len));
+        c.k0 = packed_offset(p.cu_k, a, p.k_len);
+        c.k1 = max(c.k0, packed_offset(p.cu_k, a + 1, p.k_len));
         c.valid = true;
     }
     seq_row_keys(p, i - c.q0, c.q1 - c.q0, c.k1 - c.k0, c.k0, lo, hi);
@@ -232,16 +225,12 @@ CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi, seq_
     }
 }
 
-CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi) {
-    seq_cache c{0, 0, 0, 0, false};
-    row_keys(p, i, lo, hi, c);
-}
-
 // Whether row i's O and LSE are written: rows past Nq are not, nor packed rows outside every
 // sequence (left as they are).
 CALICO_DEVICE bool row_stored(const params& p, long long i) {
     if (i >= p.q_len) return false;
-    return !VARLEN || (i >= offset_at(p.cu_q, 0, p.q_len) && i < offset_at(p.cu_q, p.n_seqs, p.q_len));
+    using calico::attention::packed_offset;
+    return !VARLEN || (i >= packed_offset(p.cu_q, 0, p.q_len) && i < packed_offset(p.cu_q, p.n_seqs, p.q_len));
 }
 
 // Head bh and row block m of the p-th (row block j, row block m_blocks - 1 - j) pair, walking a

@@ -15,6 +15,11 @@ use calico_cpu::AttentionParams;
 use calico_cuda::tma::{Swizzle, TiledMap};
 
 const SOURCE: &str = include_str!("../../../device/attention/hopper_fwd.cu");
+/// The packed-sequence offset lookups both Hopper attention kernels share.
+pub(super) const PACKED_HEADERS: calico_core::HeaderSet = &[(
+    "attention/hopper_packed.cuh",
+    include_str!("../../../device/attention/hopper_packed.cuh"),
+)];
 const ENTRY: &str = "calico_attention_hopper_fwd";
 /// Threads per warpgroup; a CTA has one producer and `consumers` consumer warpgroups.
 const WARPGROUP: usize = 128;
@@ -132,25 +137,27 @@ fn q_buffers_chosen() -> usize {
     }
 }
 
+/// A key-block width named by the environment variable `var` (read once into `cell`) when it
+/// is one of `allowed` (A/B runs), else `None`.
+fn forced_block_n(
+    cell: &'static std::sync::OnceLock<Option<usize>>,
+    var: &str,
+    allowed: &[usize],
+) -> Option<usize> {
+    *cell.get_or_init(|| {
+        let v = std::env::var(var).ok()?;
+        allowed.iter().copied().find(|n| n.to_string() == v.trim())
+    })
+}
+
 /// Keys per K/V block at d = 128 for `k_len` keys: 176 from [`WIDE_BLOCKS_FROM`] keys, else 128
 /// (H100, session 9: 176 gains 2-3% at N >= 8192 and loses up to 5% on short causal
 /// problems, whose last 176-key block is mostly masked). `CALICO_ATTN_HOPPER_BN` = 128 | 160 |
 /// 176 | 192 forces one (A/B runs).
 fn block_n_chosen(k_len: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(|| {
-        match std::env::var("CALICO_ATTN_HOPPER_BN")
-            .as_deref()
-            .map(str::trim)
-        {
-            Ok("128") => Some(128),
-            Ok("160") => Some(160),
-            Ok("176") => Some(176),
-            Ok("192") => Some(192),
-            _ => None,
-        }
-    });
-    forced.unwrap_or(if k_len >= WIDE_BLOCKS_FROM { 176 } else { 128 })
+    forced_block_n(&FORCED, "CALICO_ATTN_HOPPER_BN", &[128, 160, 176, 192])
+        .unwrap_or(if k_len >= WIDE_BLOCKS_FROM { 176 } else { 128 })
 }
 
 /// Keys per K/V block at d = 256 for `k_len` keys: 80 from [`WIDE_BLOCKS_D256_FROM`] keys,
@@ -159,21 +166,13 @@ fn block_n_chosen(k_len: usize) -> usize {
 /// 3-8% on causal problems of 512-1024 keys. `CALICO_ATTN_HOPPER_BN256` = 64 | 80 forces one.
 fn block_n_d256_chosen(k_len: usize) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let forced = *FORCED.get_or_init(|| {
-        match std::env::var("CALICO_ATTN_HOPPER_BN256")
-            .as_deref()
-            .map(str::trim)
-        {
-            Ok("64") => Some(64),
-            Ok("80") => Some(80),
-            _ => None,
-        }
-    });
-    forced.unwrap_or(if k_len >= WIDE_BLOCKS_D256_FROM {
-        80
-    } else {
-        64
-    })
+    forced_block_n(&FORCED, "CALICO_ATTN_HOPPER_BN256", &[64, 80]).unwrap_or(
+        if k_len >= WIDE_BLOCKS_D256_FROM {
+            80
+        } else {
+            64
+        },
+    )
 }
 
 /// Key count from which d = 256 takes 80-key blocks by default.
@@ -356,7 +355,7 @@ impl KernelVariant for HopperFwdVariant {
         KernelSource::assemble(
             ENTRY,
             SOURCE,
-            &[vendor, calico_core::device_headers()],
+            &[vendor, calico_core::device_headers(), PACKED_HEADERS],
             &defines,
         )
     }
@@ -648,11 +647,7 @@ pub(crate) fn try_forward(
                 packed_as_batch(v)?,
                 packed_as_batch(o)?,
             ];
-            let offsets = Packed {
-                cu_q: cu_q.device_ptr()?,
-                cu_k: cu_k.device_ptr()?,
-                seqs: p.batch,
-            };
+            let offsets = Packed::of(cu_q, cu_k, p.batch)?;
             ([&views[0], &views[1], &views[2], &views[3]], Some(offsets))
         }
         None => ([q, k, v, o], None),
@@ -677,12 +672,33 @@ pub(crate) fn try_forward(
     ))
 }
 
-/// The offsets of packed sequences, as the kernel takes them.
+/// The offsets of packed sequences, as the Hopper kernels (forward and backward) take them.
 #[derive(Debug, Clone, Copy)]
-struct Packed {
+pub(super) struct Packed {
     cu_q: u64,
     cu_k: u64,
     seqs: usize,
+}
+
+impl Packed {
+    /// `None` when an offsets tensor has no device address.
+    pub(super) fn of(cu_q: &Tensor, cu_k: &Tensor, seqs: usize) -> Option<Packed> {
+        Some(Packed {
+            cu_q: cu_q.device_ptr()?,
+            cu_k: cu_k.device_ptr()?,
+            seqs,
+        })
+    }
+
+    /// The kernels' last three arguments: `cu_q`, `cu_k`, `n_seqs` (null and 0 for
+    /// fixed-length calls).
+    pub(super) fn args(packed: Option<Packed>) -> [KernelArg; 3] {
+        [
+            KernelArg::Ptr(packed.map_or(0, |x| x.cu_q)),
+            KernelArg::Ptr(packed.map_or(0, |x| x.cu_k)),
+            KernelArg::I32(packed.map_or(0, |x| x.seqs as i32)),
+        ]
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -720,6 +736,7 @@ fn launch(
         None
     };
     let trace_ptr = trace.as_ref().and_then(|t| t.device_address()).unwrap_or(0);
+    let [cu_q, cu_k, n_seqs] = Packed::args(packed);
     let args = [
         KernelArg::Opaque128(map_q),
         KernelArg::Opaque128(map_k),
@@ -744,9 +761,9 @@ fn launch(
         KernelArg::I64(right),
         KernelArg::I32(tune().bits(variant.consumers == 3)),
         KernelArg::Ptr(trace_ptr),
-        KernelArg::Ptr(packed.map_or(0, |x| x.cu_q)),
-        KernelArg::Ptr(packed.map_or(0, |x| x.cu_k)),
-        KernelArg::I32(packed.map_or(0, |x| x.seqs as i32)),
+        cu_q,
+        cu_k,
+        n_seqs,
     ];
     let config = LaunchConfig::linear(grid, variant.threads(), variant.smem_bytes() as u32);
     gpu.launch_variant(&variant, &config, &args)?;

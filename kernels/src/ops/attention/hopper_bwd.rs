@@ -15,6 +15,7 @@ use calico_cpu::AttentionParams;
 use calico_cuda::tma::{Swizzle, TiledMap};
 
 const SOURCE: &str = include_str!("../../../device/attention/hopper_bwd.cu");
+use super::hopper::{Packed, PACKED_HEADERS};
 /// One producer and two consumer warpgroups.
 const THREADS: u32 = 384;
 /// Keys per CTA.
@@ -265,7 +266,7 @@ impl KernelVariant for HopperBwdVariant {
         KernelSource::assemble(
             self.entry(),
             SOURCE,
-            &[vendor, calico_core::device_headers()],
+            &[vendor, calico_core::device_headers(), PACKED_HEADERS],
             &defines,
         )
     }
@@ -451,7 +452,7 @@ pub(crate) fn try_backward(
                 as_batch(dv)?,
             ];
             let [q, k, v, o, d_o, dq, dk, dv] = &views;
-            let offsets = (cu_q.device_ptr()?, cu_k.device_ptr()?, p.batch);
+            let offsets = Packed::of(cu_q, cu_k, p.batch)?;
             let one = Problem { batch: 1, ..*p };
             ([q, k, v, o, lse, d_o, dq, dk, dv], one, Some(offsets))
         }
@@ -494,7 +495,7 @@ fn launch(
     [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
     ws: Workspace,
     base: u64,
-    packed: Option<(u64, u64, usize)>,
+    packed: Option<Packed>,
 ) -> Result<()> {
     let ptr = |t: &Tensor| t.device_ptr().unwrap_or(0);
     let (lse_log2, delta, dq_acc) = (base, base + ws.delta as u64, base + ws.dq_acc as u64);
@@ -564,6 +565,7 @@ fn launch(
         swizzle: Swizzle::None,
     }
     .encode_cached()?;
+    let [cu_q, cu_k, n_seqs] = Packed::args(packed);
     let args = [
         KernelArg::Opaque128(map_q),
         KernelArg::Opaque128(map_k),
@@ -594,9 +596,9 @@ fn launch(
         KernelArg::I32(has_right),
         KernelArg::I64(right),
         KernelArg::I32(i32::from(stagger)),
-        KernelArg::Ptr(packed.map_or(0, |x| x.0)),
-        KernelArg::Ptr(packed.map_or(0, |x| x.1)),
-        KernelArg::I32(packed.map_or(0, |x| x.2 as i32)),
+        cu_q,
+        cu_k,
+        n_seqs,
     ];
     // One CTA per key block: the grid is the work list, so each CTA runs one unit.
     let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
