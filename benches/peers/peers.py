@@ -35,36 +35,38 @@ ATTN_DIMS = [64, 128, 256]  # 256: forward only, as calico-bench (Calico's backw
 
 def attention_cases(seqs):
     """(op, shape [B, H, N, D, causal], make, fn) for SDPA forward and backward through the
-    cuDNN and flash backends (bf16, [B, H, N, D] contiguous)."""
+    cuDNN and flash backends (bf16, [B, H, N, D] contiguous): head dims 64, 128 and 256 at every
+    length, and 96 (21 heads) at 2048 and 8192, as calico-bench's full profile."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     F = torch.nn.functional
     backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
-    for d in ATTN_DIMS:
-        for n in seqs:
-            b, h = ATTN_TOKENS // n, ATTN_HIDDEN // d
-            for causal in (False, True):
-                shape = [b, h, n, d, int(causal)]
-                for name, backend in backends:
+    problems = [(d, n) for d in ATTN_DIMS for n in seqs]
+    problems += [(96, n) for n in (2048, 8192) if n in seqs]
+    for d, n in problems:
+        b, h = ATTN_TOKENS // n, ATTN_HIDDEN // d
+        for causal in (False, True):
+            shape = [b, h, n, d, int(causal)]
+            for name, backend in backends:
 
-                    def make(b=b, h=h, n=n, d=d):
-                        return [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+                def make(b=b, h=h, n=n, d=d):
+                    return [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
 
-                    def fwd(q, k, v, backend=backend, causal=causal):
-                        with sdpa_kernel(backend):
-                            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                def fwd(q, k, v, backend=backend, causal=causal):
+                    with sdpa_kernel(backend):
+                        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
-                    def make_bwd(make=make, fwd=fwd):
-                        q, k, v = make()
-                        o = fwd(q, k, v)
-                        return o, torch.randn_like(o), (q, k, v)
+                def make_bwd(make=make, fwd=fwd):
+                    q, k, v = make()
+                    o = fwd(q, k, v)
+                    return o, torch.randn_like(o), (q, k, v)
 
-                    def bwd(o, g, inputs):
-                        return torch.autograd.grad(o, inputs, g, retain_graph=True)
+                def bwd(o, g, inputs):
+                    return torch.autograd.grad(o, inputs, g, retain_graph=True)
 
-                    yield f"attention fwd {name}", shape, make, fwd
-                    if d <= 128:
-                        yield f"attention bwd {name}", shape, make_bwd, bwd
+                yield f"attention fwd {name}", shape, make, fwd
+                if d <= 128:
+                    yield f"attention bwd {name}", shape, make_bwd, bwd
 
 
 _PAD = None
@@ -232,7 +234,10 @@ def main():
             print(json.dumps(entry), flush=True)
     attn_seqs = [1024, 4096] if args.quick else ATTN_SEQS
     for op, shape, make, fn in attention_cases(attn_seqs):
-        if wanted(op):
+        # calico-bench's name of the case ("attention fwd d128 N2048 causal"), or the peer's op.
+        b, h, n, d, causal = shape
+        name = f"attention {op.split()[1]} d{d} N{n}{' causal' if causal else ''}"
+        if wanted(name) or wanted(op):
             with torch.no_grad() if " fwd " in op else torch.enable_grad():
                 record({"op": op, "shape": shape, "dtype": "bf16"}, make, fn)
     out = {

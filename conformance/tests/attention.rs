@@ -1097,6 +1097,92 @@ fn attention_hopper_shapes_backward() {
     }
 }
 
+/// Head dims that are multiples of 8 but not 64, 128 or 256 (Phi's 80 and 96, 32, 40, 120,
+/// 192): on sm_90a the Hopper kernels run them at the next kernel width (forward 64 / 128 /
+/// 256, backward 64 / 128) on zero-filled columns and store only the real ones. O and the
+/// gradients are checked against the f64 reference and, through their padded rows (pad 3 or
+/// 8), for writes past the head dim; chunk (16-byte), pair and element stores; GQA, causal,
+/// windows, a soft-cap, Nq != Nkv, packed sequences.
+#[test]
+fn attention_hopper_padded_head_dims() {
+    report_skipped("attention_hopper_padded_head_dims");
+    let causal = AttentionOptions {
+        causal: true,
+        ..Default::default()
+    };
+    let plain = AttentionOptions::default();
+    let window = |l, r| AttentionOptions {
+        window: Some((l, r)),
+        ..Default::default()
+    };
+    let capped = AttentionOptions {
+        causal: true,
+        softcap: Some(30.0),
+        ..Default::default()
+    };
+    let aligned_out = |mut c: Case| {
+        c.o_mem = c.q_mem;
+        c
+    };
+    let forward = vec![
+        fixed(DType::BF16, (1, 2, 2), (300, 300, 96), causal, 1.0),
+        with_o(
+            fixed(DType::F16, (1, 1, 4), (129, 257, 80), plain, 4.0),
+            8,
+            8,
+        ),
+        fixed(DType::BF16, (2, 1, 1), (65, 65, 32), window(20, 3), 1.0),
+        with_o(
+            fixed(DType::BF16, (1, 1, 2), (200, 130, 40), causal, 1.0),
+            2,
+            2,
+        ),
+        fixed(DType::F16, (1, 1, 1), (257, 300, 120), capped, 4.0),
+        with_o(
+            fixed(DType::BF16, (1, 1, 2), (70, 2100, 192), causal, 1.0),
+            8,
+            8,
+        ),
+        fixed(DType::BF16, (1, 1, 1), (70, 90, 136), plain, 1.0),
+    ];
+    let backward = vec![
+        fixed(DType::BF16, (1, 2, 2), (300, 300, 96), causal, 1.0),
+        aligned_out(fixed(DType::F16, (1, 1, 3), (129, 257, 80), plain, 1.0)),
+        with_o(
+            fixed(DType::BF16, (2, 1, 1), (130, 70, 32), window(40, 0), 1.0),
+            8,
+            8,
+        ),
+        with_o(
+            fixed(DType::F16, (1, 1, 2), (200, 200, 120), capped, 1.0),
+            2,
+            2,
+        ),
+        aligned_out(fixed(DType::BF16, (1, 1, 1), (64, 190, 40), causal, 1.0)),
+    ];
+    for dev in calico_conformance::backends().0 {
+        for c in &forward {
+            if let Err(e) = forward_case(&dev, c) {
+                panic!("backend {}: forward {c:?}: {e}", dev.kind());
+            }
+        }
+        for c in &backward {
+            if let Err(e) = backward_case(&dev, c) {
+                panic!("backend {}: backward {c:?}: {e}", dev.kind());
+            }
+        }
+        let lens = [(130, 300), (1, 5), (0, 10), (200, 200)];
+        let form = VarlenForm {
+            head_dim: 96,
+            aligned: true,
+            backward: true,
+        };
+        if let Err(e) = varlen_case(&dev, DType::BF16, &lens, causal, 91, form) {
+            panic!("backend {}: packed d96: {e}", dev.kind());
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The vendor-neutral tile forward (kernels/device/attention/tiles.cu)
 

@@ -114,9 +114,11 @@ constexpr int ROW_STORE_CHUNKS = 2;    // 16-byte chunks: base 16-byte aligned, 
 // Stores one row of an MMA accumulator, rounded to the 16-bit T, at `row`: thread t of a quad
 // holds v[j] = columns 8j + 2t, 8j + 2t + 1 (j < N). ROW_STORE_CHUNKS first gathers whole
 // 8-column chunks in each thread (quad_to_chunks: shuffles), so every lane of the warp must
-// call it; `keep` false only skips this thread's stores (rows past a tensor's end).
-template <class T, int N>
-CALICO_DEVICE void store_row(T* row, const float2 (&v)[N], int t, int mode, bool keep) {
+// call it; `keep` false only skips this thread's stores (rows past a tensor's end). With
+// LIMIT, only the columns below `cols` (a multiple of 8) are written: a row narrower than the
+// tile (a head dim padded up to the kernel's, store_row_upto).
+template <bool LIMIT, class T, int N>
+CALICO_DEVICE void store_row_cols(T* row, const float2 (&v)[N], int t, int mode, bool keep, int cols) {
     if (mode == ROW_STORE_CHUNKS) {
         uint32_t words[N];
 #pragma unroll
@@ -125,11 +127,14 @@ CALICO_DEVICE void store_row(T* row, const float2 (&v)[N], int t, int mode, bool
         quad_to_chunks(words, t, chunks);
         if (keep) {
 #pragma unroll
-            for (int c = 0; c < N / 4; ++c) store_chunk(row + 8 * (4 * c + t), chunks[c]);
+            for (int c = 0; c < N / 4; ++c) {
+                if (!LIMIT || 8 * (4 * c + t) < cols) store_chunk(row + 8 * (4 * c + t), chunks[c]);
+            }
         }
     } else if (keep) {
 #pragma unroll
         for (int j = 0; j < N; ++j) {
+            if (LIMIT && 8 * j + 2 * t >= cols) continue;
             T* at = row + 8 * j + 2 * t;
             if (mode == ROW_STORE_PAIRS) {
                 *reinterpret_cast<uint32_t*>(at) = pack_word<T>(v[j].x, v[j].y);
@@ -139,6 +144,18 @@ CALICO_DEVICE void store_row(T* row, const float2 (&v)[N], int t, int mode, bool
             }
         }
     }
+}
+
+// The whole row: all 8N columns.
+template <class T, int N>
+CALICO_DEVICE void store_row(T* row, const float2 (&v)[N], int t, int mode, bool keep) {
+    store_row_cols<false>(row, v, t, mode, keep, 8 * N);
+}
+
+// The row's first `cols` columns (a multiple of 8, at most 8N; columns past it untouched).
+template <class T, int N>
+CALICO_DEVICE void store_row_upto(T* row, const float2 (&v)[N], int t, int mode, bool keep, int cols) {
+    store_row_cols<true>(row, v, t, mode, keep, cols);
 }
 
 CALICO_DEVICE float2 unpack(__nv_bfloat162 v) { return __bfloat1622float2(v); }

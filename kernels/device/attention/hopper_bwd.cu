@@ -35,6 +35,10 @@
 //    >= Nkv are masked. A key block that no row sees loads nothing and stores dK = dV = 0.
 //  * Mask (bottom-right aligned, as the forward): row i sees key j iff j < Nkv and, with
 //    c = i + Nkv - Nq, c - left <= j (left bounded) and j <= c + right (right bounded).
+//  * Head dims below D (multiples of 8, CALICO_ATTN_PADDED): the maps span the real head dim,
+//    so TMA fills Q, K, V and dO past it with zeros; S, dP and delta are unchanged, and dQ, dK
+//    and dV come out zero there. The prepare kernel reads, and the stores write, only the real
+//    columns; the workspace keeps D.
 //  * Packed sequences (CALICO_ATTN_VARLEN): one batch of all the rows; key j of sequence b is
 //    seen by that sequence's rows only, the mask aligned per sequence (packed_key_rows, a
 //    binary search over the offsets per key, once per unit). A key block may span sequences:
@@ -46,7 +50,8 @@
 // CALICO_ATTN_SCHED 1 (serial) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ 0 | 1 (main
 // and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_WIDE_REGS 0 | 1
 // (see PRODUCER_REGS), CALICO_ATTN_DEFER_DQ 0 | 1 (see DEFER_DQ), CALICO_ATTN_FTZ_EXP 0 | 1
-// (see p_exp2), CALICO_ATTN_VARLEN 0 | 1 (main kernel: packed sequences, see EDGES).
+// (see p_exp2), CALICO_ATTN_VARLEN 0 | 1 (main kernel: packed sequences, see EDGES),
+// CALICO_ATTN_PADDED 0 | 1 (all three: `head_dim` below D, see EDGES).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -62,6 +67,12 @@ using calico::uint64_t;
 using in_t = CALICO_ATTN_T;
 
 constexpr int D = CALICO_ATTN_D;
+#ifndef CALICO_ATTN_PADDED
+#define CALICO_ATTN_PADDED 0
+#endif
+// A head dim below D (`head_dim`, a multiple of 8; see EDGES): only its columns are read from O
+// and dO and written to dQ, dK and dV.
+constexpr bool PADDED = CALICO_ATTN_PADDED != 0;
 #if CALICO_ATTN_KERNEL == 0 || (CALICO_ATTN_KERNEL == 2 && !CALICO_ATTN_BULK_DQ)
 constexpr int ROW_THREADS = 256;  // prepare / finish: one warp per row
 #endif
@@ -85,7 +96,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     calico_attention_hopper_bwd_prepare(const attn_hopper_bwd::in_t* o, long long o_sb, long long o_sh, long long o_sn,
                                         const attn_hopper_bwd::in_t* d_o, long long do_sb, long long do_sh, long long do_sn,
                                         const float* lse, float* lse_log2, float* delta, float* dq_acc, int q_heads, int q_len,
-                                        int nq_pad, long long rows, int vec) {
+                                        int nq_pad, long long rows, int vec, int head_dim) {
     using namespace attn_hopper_bwd;
     constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x % 32;
@@ -105,15 +116,18 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
             acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < q_len) {
-                const uint4 ov = *reinterpret_cast<const uint4*>(o + b * o_sb + h * o_sh + i * o_sn + 8 * sub);
-                const uint4 gv = *reinterpret_cast<const uint4*>(d_o + b * do_sb + h * do_sh + i * do_sn + 8 * sub);
-                const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w};
-                const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
+                // Padded head dims: the lanes past the real columns add nothing.
+                if (!PADDED || 8 * sub < head_dim) {
+                    const uint4 ov = *reinterpret_cast<const uint4*>(o + b * o_sb + h * o_sh + i * o_sn + 8 * sub);
+                    const uint4 gv = *reinterpret_cast<const uint4*>(d_o + b * do_sb + h * do_sh + i * do_sn + 8 * sub);
+                    const uint32_t ow[4] = {ov.x, ov.y, ov.z, ov.w};
+                    const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w};
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const float2 of = calico::unpack(*reinterpret_cast<const pair_t*>(&ow[k]));
-                    const float2 gf = calico::unpack(*reinterpret_cast<const pair_t*>(&gw[k]));
-                    sum += of.x * gf.x + of.y * gf.y;
+                    for (int k = 0; k < 4; ++k) {
+                        const float2 of = calico::unpack(*reinterpret_cast<const pair_t*>(&ow[k]));
+                        const float2 gf = calico::unpack(*reinterpret_cast<const pair_t*>(&gw[k]));
+                        sum += of.x * gf.x + of.y * gf.y;
+                    }
                 }
                 if (sub == 0) {
                     const float l = lse[bh * q_len + i];
@@ -142,7 +156,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
         const attn_hopper_bwd::in_t* orow = o + b * o_sb + h * o_sh + i * o_sn;
         const attn_hopper_bwd::in_t* grow = d_o + b * do_sb + h * do_sh + i * do_sn;
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) sum += calico::to_float(orow[lane + 32 * k]) * calico::to_float(grow[lane + 32 * k]);
+        for (int k = 0; k < D / 32; ++k) {
+            if (!PADDED || lane + 32 * k < head_dim) sum += calico::to_float(orow[lane + 32 * k]) * calico::to_float(grow[lane + 32 * k]);
+        }
         const float l = lse[bh * q_len + i];
         l2 = l == ATTN_NEG_INF ? ATTN_POS_INF : l * LOG2E;
     }
@@ -169,7 +185,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
     calico_attention_hopper_bwd_finish(const float* dq_acc, attn_hopper_bwd::in_t* dq, long long dq_sb, long long dq_sh,
                                        long long dq_sn, float scale, int q_heads, int q_len, int nq_pad, long long count,
-                                       int store) {
+                                       int store, int head_dim) {
     using namespace attn_hopper_bwd;
     constexpr int BQ = D == 64 ? 128 : 64;
     static_assert(BQ * D == 2 * 64 * 64, "two 64 x 64 tiles per query block");
@@ -199,7 +215,12 @@ CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
         for (int p = 0; p < 8; ++p) {
             v[p] = half ? make_float2(scale * piece[p].z, scale * piece[p].w) : make_float2(scale * piece[p].x, scale * piece[p].y);
         }
-        calico::store_row(dq + b * dq_sb + h * dq_sh + i * dq_sn + col0, v, t, store, i < q_len);
+        in_t* row = dq + b * dq_sb + h * dq_sh + i * dq_sn + col0;
+        if constexpr (PADDED) {
+            calico::store_row_upto(row, v, t, store, i < q_len, head_dim - col0);
+        } else {
+            calico::store_row(row, v, t, store, i < q_len);
+        }
     }
 }
 #else
@@ -207,7 +228,7 @@ CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     calico_attention_hopper_bwd_finish(const float* dq_acc, attn_hopper_bwd::in_t* dq, long long dq_sb, long long dq_sh,
                                        long long dq_sn, float scale, int q_heads, int q_len, int nq_pad, long long count,
-                                       int store) {
+                                       int store, int head_dim) {
     using namespace attn_hopper_bwd;
     (void)store;
     const int lane = threadIdx.x % 32;
@@ -219,7 +240,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     attn_hopper_bwd::in_t* out = dq + b * dq_sb + h * dq_sh + i * dq_sn;
     const float* acc = dq_acc + (bh * nq_pad + i) * D;
 #pragma unroll
-    for (int k = 0; k < D / 32; ++k) out[lane + 32 * k] = calico::from_float<attn_hopper_bwd::in_t>(scale * acc[lane + 32 * k]);
+    for (int k = 0; k < D / 32; ++k) {
+        if (!PADDED || lane + 32 * k < head_dim) out[lane + 32 * k] = calico::from_float<attn_hopper_bwd::in_t>(scale * acc[lane + 32 * k]);
+    }
 }
 #endif
 #endif
@@ -507,7 +530,7 @@ CALICO_DEVICE void keep_fragments(uint32_t (&a)[N][4]) {
 // Stores a warp's 16 keys x D of a register tile (accumulator layout) times `mul`, keys from
 // key0; keys >= k_len skipped.
 CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* base, long long sn, bool pairs, long long key0,
-                              int k_len) {
+                              int k_len, int head_dim) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -516,7 +539,12 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
         float2 v[D / 8];
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) v[j] = make_float2(acc[4 * j + 2 * hh] * mul, acc[4 * j + 2 * hh + 1] * mul);
-        calico::store_row(base + key * sn, v, t, pairs ? calico::ROW_STORE_PAIRS : calico::ROW_STORE_ELEMENTS, key < k_len);
+        const int mode = pairs ? calico::ROW_STORE_PAIRS : calico::ROW_STORE_ELEMENTS;
+        if constexpr (PADDED) {
+            calico::store_row_upto(base + key * sn, v, t, mode, key < k_len, head_dim);
+        } else {
+            calico::store_row(base + key * sn, v, t, mode, key < k_len);
+        }
     }
 }
 
@@ -542,7 +570,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                 long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
                                 int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
                                 int has_right, long long right, int stagger, const int* cu_q, const int* cu_k,
-                                int n_seqs) {
+                                int n_seqs, int head_dim) {
     using namespace attn_hopper_bwd;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -1004,8 +1032,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         }
 
         const long long key0 = (long long)u.n0 + wg_key0 + 16 * warp;
-        store_keys(dk_acc, scale, dk + u.b * dk_sb + u.hk * dk_sh, dk_sn, (pairs & 1) != 0, key0, p.k_len);
-        store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len);
+        store_keys(dk_acc, scale, dk + u.b * dk_sb + u.hk * dk_sh, dk_sn, (pairs & 1) != 0, key0, p.k_len, head_dim);
+        store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len, head_dim);
     };
 
     // BULK_DQ: warp 1 adds each staged tile to the accumulator, whose query block of BQ x D

@@ -39,6 +39,10 @@
 //    past Nq) passes their turns and slots on without computing them (TUNE_SKIP_UNSEEN).
 //  * Mask (bottom-right aligned): row i sees key j iff lo(i) <= j < hi(i), with
 //    c = i + Nkv - Nq, lo = c - left (or 0), hi = c + right + 1 (or Nkv), clamped to [0, Nkv].
+//  * Head dims below D (multiples of 8: 80, 96, 192, ..., CALICO_ATTN_PADDED): the maps span
+//    the real head dim, so TMA fills the columns past it with zeros (whole boxes past it too);
+//    they add nothing to S = Q K^T, give O zeros there, and the epilogue stores only the
+//    real columns. The MMAs run at D: d = 96 costs what d = 128 does.
 //  * Packed sequences (varlen): one batch of all the rows; row i of sequence b sees the keys of
 //    that sequence only, the mask aligned per sequence (packed_row_keys). A unit's rows may
 //    span sequences: it walks the key blocks from its first row's lower bound to its last row's
@@ -50,7 +54,8 @@
 // per-block handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
-// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_VARLEN 0|1 (packed sequences), CALICO_ATTN_TRACE 0|1 (a
+// CALICO_ATTN_QBUF 1|2, CALICO_ATTN_VARLEN 0|1 (packed sequences), CALICO_ATTN_PADDED 0|1 (a
+// head dim below D, `head_dim`: see EDGES), CALICO_ATTN_TRACE 0|1 (a
 // diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
 // thread per consumer warpgroup stamps %globaltimer at each unit's milestones into `trace`,
 // TRACE_SLOTS per (CTA, unit of the CTA, consumer); the producer adds when it issued the
@@ -118,6 +123,12 @@ constexpr bool TRACE = CALICO_ATTN_TRACE != 0;
 // Packed sequences (packed_row_keys): a variant of its own, so that the fixed-length kernel
 // carries none of the offset lookups.
 constexpr bool VARLEN = CALICO_ATTN_VARLEN != 0;
+#ifndef CALICO_ATTN_PADDED
+#define CALICO_ATTN_PADDED 0
+#endif
+// A head dim below D (a multiple of 8): TMA fills Q, K and V's columns past it with zeros,
+// which add nothing to S and give O zeros there, and the epilogue stores only its columns.
+constexpr bool PADDED = CALICO_ATTN_PADDED != 0;
 // Trace slots per (CTA, unit, consumer): consume entry, Q landed, first turn taken, first S
 // done, last P V done, epilogue done; then (consumer 0's record only) the producer's Q issue
 // and first K/V issue of the unit.
@@ -368,8 +379,8 @@ CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "
 }  // namespace attn_hopper
 
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
-//  map_q: 4-D map over Q {D, Nq, Hq, B} (real strides), box {64, BM, 1, 1}, 128B swizzle.
-//  map_k, map_v: {D, Nkv, Hkv, B}, box {64, BN, 1, 1}, 128B swizzle.
+//  map_q: 4-D map over Q {head_dim, Nq, Hq, B} (real strides), box {64, BM, 1, 1}, 128B swizzle.
+//  map_k, map_v: {head_dim, Nkv, Hkv, B}, box {64, BN, 1, 1}, 128B swizzle.
 //  o: O's first element, element strides o_sb, o_sh, o_sn (head dim contiguous); o_store:
 //  calico::ROW_STORE_* (what the base's and strides' alignment allows). lse: f32 [B, Hq, Nq] contiguous.
 //  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
@@ -377,13 +388,14 @@ CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "
 //  tune: TUNE_* bits. trace: with CALICO_ATTN_TRACE, the stamps (see TRACE_SLOTS); else unused.
 //  cu_q, cu_k, n_seqs: packed sequences (CALICO_ATTN_VARLEN; batch 1, q_len / k_len the packed
 //  totals, O and LSE [Hq, total_q] as one batch); unused (null, 0) by the fixed-length kernel.
+//  head_dim: the real head dim (the maps' inner extent); below D only with CALICO_ATTN_PADDED.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
                                 int q_heads, int group, int q_len, int k_len, int heads_per_chunk, long long o_sb, long long o_sh,
                                 long long o_sn, int o_store, float score_scale, float cap_log2, int has_left, long long left,
                                 int has_right, long long right, int tune, unsigned long long* trace, const int* cu_q,
-                                const int* cu_k, int n_seqs) {
+                                const int* cu_k, int n_seqs, int head_dim) {
     using namespace attn_hopper;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -839,7 +851,12 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             float2 v[D / 8];  // this row's columns 8j + 2t, +1
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) v[j] = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
-            calico::store_row(o + u.b * o_sb + u.h * o_sh + row * o_sn, v, t, o_store, stored);
+            in_t* o_row = o + u.b * o_sb + u.h * o_sh + row * o_sn;
+            if constexpr (PADDED) {
+                calico::store_row_upto(o_row, v, t, o_store, stored, head_dim);
+            } else {
+                calico::store_row(o_row, v, t, o_store, stored);
+            }
             if (t == 0 && stored) {
                 lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + (fast ? __logf(l) : logf(l)) : ATTN_NEG_INF;
             }

@@ -54,6 +54,19 @@ pub(crate) struct HopperFwdVariant {
     trace: bool,
     /// Packed sequences (CALICO_ATTN_VARLEN): row bounds from the offsets.
     varlen: bool,
+    /// The problem's head dim is below `head_dim` (CALICO_ATTN_PADDED): zero columns past it.
+    padded: bool,
+}
+
+/// The head dim a Hopper attention kernel runs a problem's `head_dim` at: the smallest of
+/// `dims` (ascending) that holds it, for head dims that are multiples of 8 (16-byte rows, so
+/// TMA and the 16-byte O chunks can stop at the real columns). The columns in between are
+/// TMA's zeros: d = 96 runs the d = 128 kernel and costs what d = 128 costs.
+pub(crate) fn kernel_head_dim(head_dim: usize, dims: &[usize]) -> Option<usize> {
+    if head_dim == 0 || !head_dim.is_multiple_of(8) {
+        return None;
+    }
+    dims.iter().copied().find(|&d| d >= head_dim)
 }
 
 /// `CALICO_ATTN_HOPPER_TRACE=1`: every call stamps its units' milestones, syncs and (every 8th
@@ -282,6 +295,7 @@ impl HopperFwdVariant {
             q_buffers: 1,
             trace: trace_chosen(),
             varlen: false,
+            padded: false,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -319,7 +333,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -332,6 +346,7 @@ impl HopperFwdVariant {
             if self.softmax.lazy { " lazy" } else { "" },
             if self.trace { " trace" } else { "" },
             if self.varlen { " varlen" } else { "" },
+            if self.padded { " padded" } else { "" },
         )
     }
 }
@@ -351,6 +366,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
             ("CALICO_ATTN_TRACE", u8::from(self.trace).to_string()),
             ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
+            ("CALICO_ATTN_PADDED", u8::from(self.padded).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -424,14 +440,23 @@ pub(crate) fn catalog(
     }
     // The traced form of the defaults (CALICO_ATTN_HOPPER_TRACE=1) and the packed-sequence
     // form, so that they stay compiled.
-    for (d, trace, varlen) in [
-        (64, true, false),
-        (128, true, false),
-        (64, false, true),
-        (128, false, true),
+    // The head dims below 64, 128 and 256 (padded) too.
+    for (d, trace, varlen, padded) in [
+        (64, true, false, false),
+        (128, true, false, false),
+        (64, false, true, false),
+        (128, false, true, false),
+        (64, false, false, true),
+        (128, false, false, true),
+        (256, false, false, true),
     ] {
         if let Some(v) = HopperFwdVariant::new(arch, bf, d, false, Choices::default()) {
-            let v = HopperFwdVariant { trace, varlen, ..v };
+            let v = HopperFwdVariant {
+                trace,
+                varlen,
+                padded,
+                ..v
+            };
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
                 label: v.label(),
@@ -587,7 +612,7 @@ pub(crate) fn forward_variant(
         && scale_positive
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
-        && matches!(p.head_dim, 64 | 128 | 256)
+        && kernel_head_dim(p.head_dim, &[64, 128, 256]).is_some()
         && p.q_len <= MAX_LEN
         && p.k_len <= MAX_LEN
         && p.batch * p.q_heads * p.q_len.div_ceil(ROWS_PER_CONSUMER * 2) <= i32::MAX as usize;
@@ -600,14 +625,19 @@ pub(crate) fn forward_variant(
     } else {
         p.k_len
     };
+    let d = kernel_head_dim(p.head_dim, &[64, 128, 256])?;
     HopperFwdVariant::new(
         arch,
         p.dtype,
-        p.head_dim,
+        d,
         params.softcap.is_some(),
-        Choices::chosen(p.head_dim, keys),
+        Choices::chosen(d, keys),
     )
-    .map(|v| HopperFwdVariant { varlen, ..v })
+    .map(|v| HopperFwdVariant {
+        varlen,
+        padded: d != p.head_dim,
+        ..v
+    })
 }
 
 /// A packed `[total, heads, D]` tensor as the one-batch `[1, heads, total, D]` view the
@@ -764,6 +794,7 @@ fn launch(
         cu_q,
         cu_k,
         n_seqs,
+        KernelArg::I32(p.head_dim as i32),
     ];
     let config = LaunchConfig::linear(grid, variant.threads(), variant.smem_bytes() as u32);
     gpu.launch_variant(&variant, &config, &args)?;
@@ -806,6 +837,53 @@ mod tests {
             q_buffers,
             ..Choices::default()
         }
+    }
+
+    #[test]
+    fn head_dims_run_at_the_next_kernel_width() {
+        let fwd = [64, 128, 256];
+        for (d, kernel) in [(8, 64), (32, 64), (64, 64), (72, 128), (80, 128), (96, 128)] {
+            assert_eq!(kernel_head_dim(d, &fwd), Some(kernel), "d = {d}");
+        }
+        assert_eq!(kernel_head_dim(136, &fwd), Some(256));
+        assert_eq!(kernel_head_dim(256, &fwd), Some(256));
+        // Not multiples of 8 (rows not 16-byte multiples), wider than the widest, zero.
+        for d in [0, 1, 36, 100, 264] {
+            assert_eq!(kernel_head_dim(d, &fwd), None, "d = {d}");
+        }
+        assert_eq!(kernel_head_dim(136, &[64, 128]), None);
+    }
+
+    #[test]
+    fn padded_head_dims_take_the_wider_variant() {
+        let arch = h100();
+        let problem = |head_dim| Problem {
+            batch: 1,
+            q_heads: 2,
+            kv_heads: 2,
+            q_len: 300,
+            k_len: 300,
+            head_dim,
+            dtype: DType::BF16,
+        };
+        let params = AttentionParams {
+            scale: 0.1,
+            softcap: None,
+            left: None,
+            right: None,
+        };
+        let v96 = forward_variant(&arch, &problem(96), &params, false).unwrap();
+        let v128 = forward_variant(&arch, &problem(128), &params, false).unwrap();
+        assert_eq!(
+            v96,
+            HopperFwdVariant {
+                padded: true,
+                ..v128
+            }
+        );
+        assert!(v96.label().ends_with(" padded"));
+        assert!(!v128.padded);
+        assert!(forward_variant(&arch, &problem(100), &params, false).is_none());
     }
 
     #[test]

@@ -1,11 +1,12 @@
 //! The Hopper (sm_90a) attention backward: TMA + wgmma, warp-specialised, dQ summed exactly in
 //! f32 with global reductions (`kernels/device/attention/hopper_bwd.cu` explains the kernels).
 //! This module decides when it applies, lays out the workspace, encodes the tensor maps and
-//! launches prepare, main and finish; problems it declines (varlen, deterministic calls,
-//! head dims other than 64 and 128, views TMA cannot express) go to the tile kernels.
+//! launches prepare, main and finish; problems it declines (deterministic calls, head dims
+//! that are not multiples of 8 or exceed 128, views TMA cannot express) go to the tile
+//! kernels. Head dims below 64 or 128 run the kernels of that width on zero-filled columns.
 
 use super::check::Problem;
-use super::hopper::{arch_ok, hopper_enabled, view_map};
+use super::hopper::{arch_ok, hopper_enabled, kernel_head_dim, view_map};
 use crate::Device;
 use calico_core::{
     Arch, DType, GpuBackend, KernelArg, KernelSource, KernelVariant, LaunchConfig, OpaqueParam128,
@@ -65,6 +66,9 @@ pub(crate) struct HopperBwdVariant {
     ftz_exp: bool,
     /// Main kernel: packed sequences (CALICO_ATTN_VARLEN), their bounds from the offsets.
     varlen: bool,
+    /// The problem's head dim is below `head_dim` (CALICO_ATTN_PADDED): the three kernels read
+    /// and write only its columns.
+    padded: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
@@ -147,7 +151,13 @@ fn block_q(head_dim: usize) -> usize {
 }
 
 impl HopperBwdVariant {
-    fn helper(kernel: BwdKernel, dtype: DType, head_dim: usize, bulk_dq: bool) -> Self {
+    fn helper(
+        kernel: BwdKernel,
+        dtype: DType,
+        head_dim: usize,
+        bulk_dq: bool,
+        padded: bool,
+    ) -> Self {
         HopperBwdVariant {
             kernel,
             dtype,
@@ -161,6 +171,7 @@ impl HopperBwdVariant {
             defer_dq: false,
             ftz_exp: false,
             varlen: false,
+            padded,
         }
     }
 
@@ -186,6 +197,7 @@ impl HopperBwdVariant {
             defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && tune.overlapped && tune.bulk,
             ftz_exp: tune.ftz_exp,
             varlen,
+            padded: false,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -221,7 +233,7 @@ impl HopperBwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -232,7 +244,8 @@ impl HopperBwdVariant {
             if self.wide_regs { " wideregs" } else { "" },
             if self.defer_dq { " deferdq" } else { "" },
             if self.ftz_exp { " ftzexp" } else { "" },
-            if self.varlen { " varlen" } else { "" }
+            if self.varlen { " varlen" } else { "" },
+            if self.padded { " padded" } else { "" }
         )
     }
 }
@@ -262,6 +275,7 @@ impl KernelVariant for HopperBwdVariant {
             ("CALICO_ATTN_DEFER_DQ", u8::from(self.defer_dq).to_string()),
             ("CALICO_ATTN_FTZ_EXP", u8::from(self.ftz_exp).to_string()),
             ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
+            ("CALICO_ATTN_PADDED", u8::from(self.padded).to_string()),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -284,9 +298,9 @@ pub(crate) fn catalog(
     for dtype in [DType::BF16, DType::F16] {
         for d in [64, 128] {
             let mut variants = vec![
-                HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false),
-                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false),
-                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true),
+                HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false, false),
+                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false, false),
+                HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true, false),
             ];
             // The default (overlapped, bulk dQ, wide registers, ftz exp2) with and without the
             // soft cap, then the A/B forms: serial with per-thread dQ atomics (also
@@ -330,6 +344,27 @@ pub(crate) fn catalog(
                 ..tune(true, true, true)
             };
             variants.extend(HopperBwdVariant::main(arch, dtype, d, false, default, true));
+            // Head dims below d (padded), with the default tune: the three kernels.
+            if dtype == DType::BF16 {
+                variants.push(HopperBwdVariant::helper(
+                    BwdKernel::Prepare,
+                    dtype,
+                    d,
+                    false,
+                    true,
+                ));
+                variants.push(HopperBwdVariant::helper(
+                    BwdKernel::Finish,
+                    dtype,
+                    d,
+                    true,
+                    true,
+                ));
+                variants.extend(
+                    HopperBwdVariant::main(arch, dtype, d, false, default, false)
+                        .map(|v| HopperBwdVariant { padded: true, ..v }),
+                );
+            }
             for v in variants {
                 out.push(crate::catalog::CatalogEntry {
                     op: "attention_hopper",
@@ -406,23 +441,27 @@ pub(crate) fn backward_variant(
         && enabled()
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
-        && matches!(p.head_dim, 64 | 128)
+        && kernel_head_dim(p.head_dim, &[64, 128]).is_some()
         && (1..=MAX_LEN).contains(&p.q_len)
         && (1..=MAX_LEN).contains(&p.k_len)
-        && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize
-        // TMA coordinates of the LSE / delta rows are 32-bit.
-        && Workspace::new(p).rows <= i32::MAX as usize;
-    if !fits {
+        && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize;
+    let d = kernel_head_dim(p.head_dim, &[64, 128])?;
+    // TMA coordinates of the LSE / delta rows are 32-bit.
+    if !fits || Workspace::new(&Problem { head_dim: d, ..*p }).rows > i32::MAX as usize {
         return None;
     }
     HopperBwdVariant::main(
         arch,
         p.dtype,
-        p.head_dim,
+        d,
         params.softcap.is_some(),
         Tune::get(),
         varlen,
     )
+    .map(|v| HopperBwdVariant {
+        padded: d != p.head_dim,
+        ..v
+    })
 }
 
 /// Runs the backward with `main` on the tensors: `None` when TMA cannot express Q, K, V or
@@ -458,7 +497,12 @@ pub(crate) fn try_backward(
         }
         None => (t, *p, None),
     };
-    let p = &p;
+    // Workspace, blocks and helper kernels at the kernel's head dim; the real one is an argument.
+    let head_dim = p.head_dim;
+    let p = &Problem {
+        head_dim: main.head_dim,
+        ..p
+    };
     let [q, k, v, _o, _lse, d_o, _dq, _dk, _dv] = t;
     let gpu = dev.as_gpu()?;
     let tune = Tune::get();
@@ -480,7 +524,7 @@ pub(crate) fn try_backward(
             t,
             ws,
             base,
-            packed,
+            (packed, head_dim),
         )
     }))
 }
@@ -495,7 +539,7 @@ fn launch(
     [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
     ws: Workspace,
     base: u64,
-    packed: Option<Packed>,
+    (packed, head_dim): (Option<Packed>, usize),
 ) -> Result<()> {
     let ptr = |t: &Tensor| t.device_ptr().unwrap_or(0);
     let (lse_log2, delta, dq_acc) = (base, base + ws.delta as u64, base + ws.dq_acc as u64);
@@ -509,7 +553,8 @@ fn launch(
         .all(|t| super::hopper::o_store(t.shape(), t.strides(), ptr(t), true) == 2);
     let [o_sb, o_sh, o_sn] = strides3(o);
     let [g_sb, g_sh, g_sn] = strides3(d_o);
-    let prepare = HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim, false);
+    let prepare =
+        HopperBwdVariant::helper(BwdKernel::Prepare, p.dtype, p.head_dim, false, main.padded);
     let args = [
         KernelArg::Ptr(ptr(o)),
         KernelArg::I64(o_sb),
@@ -528,6 +573,7 @@ fn launch(
         KernelArg::I32(ws.nq_pad as i32),
         KernelArg::I64(ws.rows as i64),
         KernelArg::I32(i32::from(vec)),
+        KernelArg::I32(head_dim as i32),
     ];
     let prepare_config = if vec {
         // D / 8 lanes per row.
@@ -599,12 +645,19 @@ fn launch(
         cu_q,
         cu_k,
         n_seqs,
+        KernelArg::I32(head_dim as i32),
     ];
     // One CTA per key block: the grid is the work list, so each CTA runs one unit.
     let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
     gpu.launch_variant(&main, &config, &args)?;
 
-    let finish = HopperBwdVariant::helper(BwdKernel::Finish, p.dtype, p.head_dim, main.bulk_dq);
+    let finish = HopperBwdVariant::helper(
+        BwdKernel::Finish,
+        p.dtype,
+        p.head_dim,
+        main.bulk_dq,
+        main.padded,
+    );
     let [q_sb, q_sh, q_sn] = strides3(dq);
     // Bulk dQ: one block of 128 threads per 64 x 64 tile of the accumulator (the staged
     // order); otherwise a warp per row of dQ.
@@ -631,6 +684,7 @@ fn launch(
         KernelArg::I32(ws.nq_pad as i32),
         KernelArg::I64(count as i64),
         KernelArg::I32(store),
+        KernelArg::I32(head_dim as i32),
     ];
     gpu.launch_variant(&finish, &config, &args)
 }
