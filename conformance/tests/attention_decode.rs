@@ -57,7 +57,8 @@ fn case() -> impl Strategy<Value = Case> {
             1usize..=3,
             select(vec![1usize, 2, 3, 4, 5, 6, 7, 8]),
             prop_oneof![3 => Just(1usize), 2 => 2usize..=4, 1 => 5usize..=16],
-            select(vec![64usize, 128, 256]),
+            // 40 and 96 run the 64- and 128-wide kernels on zero-filled columns.
+            prop_oneof![4 => select(vec![64usize, 128, 256]), 1 => select(vec![40usize, 96])],
             prop_oneof![
                 1 => Just(None),
                 2 => select(vec![16usize, 32, 48, 64, 128, 256]).prop_map(Some),
@@ -470,6 +471,70 @@ fn long_caches_split_and_repeat_exactly() {
     });
 }
 
+/// Head dims between the kernel widths (40 on 64, 96 on 128, 192 on 256): long caches with
+/// splits (the combiner or the fused merge), one split, paged and contiguous, GQA, O rows
+/// padded past the head dim (checked untouched).
+#[test]
+fn padded_head_dims_decode() {
+    let base = Case {
+        dtype: DType::BF16,
+        hkv: 2,
+        group: 4,
+        nq: 1,
+        dim: 96,
+        page_size: Some(16),
+        lens: vec![3000, 1, 0],
+        spare: 1,
+        causal: false,
+        window: None,
+        softcap: None,
+        scale: None,
+        tokens_outer: false,
+        kv_tokens_outer: false,
+        pad: 8,
+        dist: Dist::Normal { scale: 1.0 },
+        seed: 11,
+    };
+    property(
+        "attention_decode padded head dims",
+        1,
+        Just(()),
+        |dev, _| {
+            for c in [
+                base.clone(),
+                Case {
+                    page_size: None,
+                    nq: 3,
+                    causal: true,
+                    lens: vec![40, 700],
+                    dtype: DType::F16,
+                    ..base.clone()
+                },
+                Case {
+                    dim: 40,
+                    group: 1,
+                    page_size: Some(64),
+                    lens: vec![2000],
+                    ..base.clone()
+                },
+                Case {
+                    dim: 192,
+                    group: 8,
+                    nq: 2,
+                    page_size: None,
+                    kv_tokens_outer: true,
+                    lens: vec![300, 5],
+                    window: Some((100, 0)),
+                    ..base.clone()
+                },
+            ] {
+                check(dev, &c).map_err(|e| format!("d{} {:?}: {e}", c.dim, c.page_size))?;
+            }
+            Ok(())
+        },
+    );
+}
+
 /// Bad inputs are errors, never panics.
 #[test]
 fn bad_inputs_are_errors() {
@@ -517,18 +582,21 @@ fn bad_inputs_are_errors() {
             "3 query heads over 2",
             ops::attention_decode(dev, &q3, &ok, &opts, &mut o3, &mut lse3),
         )?;
-        let k96 = z(&[1, 2, 32, 96], DType::BF16)?;
-        let q96 = z(&[1, 4, 1, 96], DType::BF16)?;
-        let mut o96 = z(&[1, 4, 1, 96], DType::BF16)?;
-        let c96 = KvCache::Contiguous {
-            k: &k96,
-            v: &k96,
-            seq_lens: &lens,
-        };
-        expect_err(
-            "head_dim 96",
-            ops::attention_decode(dev, &q96, &c96, &opts, &mut o96, &mut lse),
-        )?;
+        // Head dims run at 64, 128 or 256: multiples of 8 up to 256, no others.
+        for bad_dim in [100, 264] {
+            let kd = z(&[1, 2, 32, bad_dim], DType::BF16)?;
+            let qd = z(&[1, 4, 1, bad_dim], DType::BF16)?;
+            let mut od = z(&[1, 4, 1, bad_dim], DType::BF16)?;
+            let cd = KvCache::Contiguous {
+                k: &kd,
+                v: &kd,
+                seq_lens: &lens,
+            };
+            expect_err(
+                &format!("head_dim {bad_dim}"),
+                ops::attention_decode(dev, &qd, &cd, &opts, &mut od, &mut lse),
+            )?;
+        }
         let pages = z(&[4, 16, 2, 128], DType::BF16)?;
         let table = dev.tensor(&[0i32, 1, 2], &[3]).ctx("table")?;
         let paged = KvCache::Paged {

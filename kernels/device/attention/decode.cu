@@ -21,10 +21,14 @@
 //
 // Token indices are 32-bit (the op caps a cache at 2^31 - 1 tokens per sequence).
 //
+// Head dims below HEAD_DIM (HEAD_DIM_USED, a multiple of 8: 80, 96, ...) run the kernel of the
+// next width: the lanes past the real columns load nothing (zeros), which changes no score,
+// and only the real columns of O are written (the partials keep the full width, zeros past it).
+//
 // Defines: ELEM (element type), HEAD_DIM (64, 128, 256), ROWS (query rows per block, 1..8),
 // UNROLL (accesses per lane per tile), PAGED (0 or 1), PIPE (1: the loads of the next tile are
 // issued before the math of the current one, two register buffers), MIN_BLOCKS (blocks per SM
-// the register budget must allow on NVIDIA; 0: no bound).
+// the register budget must allow on NVIDIA; 0: no bound), HEAD_DIM_USED (default HEAD_DIM).
 #include "calico/calico.h"
 #include "attention/decode_common.h"
 
@@ -38,6 +42,11 @@ constexpr int TPP = CALICO_LANES / LPR;  // tokens per warp access
 constexpr int TILE = TPP * UNROLL;       // tokens per warp tile
 constexpr int WARPS = 4;
 static_assert(HEAD_DIM % VEC == 0 && LPR <= CALICO_LANES, "head_dim must be 8..8*lanes");
+#ifndef HEAD_DIM_USED
+#define HEAD_DIM_USED HEAD_DIM
+#endif
+constexpr int DIM = HEAD_DIM_USED;  // the real head dim
+static_assert(DIM % VEC == 0 && DIM <= HEAD_DIM, "a real head dim of whole 16-byte chunks, at most HEAD_DIM");
 
 #if defined(__CUDACC__) && MIN_BLOCKS > 0
 #define DECODE_BOUNDS __launch_bounds__(WARPS * CALICO_LANES, MIN_BLOCKS)
@@ -80,6 +89,7 @@ CALICO_KERNEL DECODE_BOUNDS void calico_attention_decode(
     const int warp = warp_id();
     const int chunk = lane % LPR;  // which 16 bytes of a row this lane reads
     const int slot = lane / LPR;   // which token of an access this lane reads
+    const bool in_dim = DIM == HEAD_DIM || chunk * VEC < DIM;  // its chunk lies in the real head dim
     const int group = hq / hkv;
     const int page_size = (int)page_size_ll;
     const int num_pages = (int)num_pages_ll;
@@ -103,7 +113,7 @@ CALICO_KERNEL DECODE_BOUNDS void calico_attention_decode(
         if (rr < group * nq) {
             const int head = h * group + rr / nq;
             const int qi = rr % nq;
-            load_vec<VEC>(qv[r], q + b * q_sb + head * q_sh + qi * q_sn + chunk * VEC);
+            if (in_dim) load_vec<VEC>(qv[r], q + b * q_sb + head * q_sh + qi * q_sn + chunk * VEC);
 #pragma unroll
             for (int e = 0; e < VEC; ++e) qv[r][e] *= qk_scale;
             const long long diag = (long long)qi + len - nq;  // the key aligned with this query
@@ -153,7 +163,7 @@ CALICO_KERNEL DECODE_BOUNDS void calico_attention_decode(
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             const int j = tile + u * TPP + slot;
-            if (j < end) {
+            if (j < end && in_dim) {
 #if PAGED
                 const int at = page_shift >= 0 ? (j & (page_size - 1)) : j % page_size;
 #else
@@ -300,7 +310,7 @@ CALICO_KERNEL DECODE_BOUNDS void calico_attention_decode(
         const int qi = rr % nq;
         const long long row = ((long long)b * hq + head) * nq + qi;
         if (splits == 1) {
-            o[b * o_sb + head * o_sh + qi * o_sn + d] = from_float<T>(out);
+            if (d < DIM) o[b * o_sb + head * o_sh + qi * o_sn + d] = from_float<T>(out);
             if (d == 0) lse[row] = lse2 == NEG_INF ? NEG_INF : lse2 * DECODE_LN2;
         } else {
             part_o[(row * splits + split) * HEAD_DIM + d] = out;

@@ -8,7 +8,8 @@
 // MERGE_BATCHED = 1 runs decode_merge_row (decode_common.h: vector loads, a batch of splits in
 // flight per lane; the same sums in the same order) instead of the loop below.
 //
-// Defines: ELEM (output element type), HEAD_DIM, MERGE_BATCHED (0 | 1).
+// Defines: ELEM (output element type), HEAD_DIM, MERGE_BATCHED (0 | 1), HEAD_DIM_USED (the
+// real head dim when it is below HEAD_DIM, decode.cu's: only those columns of O are written).
 #include "calico/calico.h"
 #include "attention/decode_common.h"
 
@@ -17,6 +18,10 @@ using namespace calico;
 typedef ELEM T;
 
 constexpr int WARPS = 4;
+#ifndef HEAD_DIM_USED
+#define HEAD_DIM_USED HEAD_DIM
+#endif
+constexpr int DIM = HEAD_DIM_USED;
 constexpr int PER_LANE = (HEAD_DIM + CALICO_LANES - 1) / CALICO_LANES;
 
 CALICO_KERNEL CALICO_MAX_THREADS(WARPS * CALICO_LANES) void calico_attention_decode_combine(
@@ -29,7 +34,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * CALICO_LANES) void calico_attention_dec
     const long long b = row / ((long long)nq * hq);
     T* orow = o + b * o_sb + head * o_sh + qi * o_sn;
 #if MERGE_BATCHED
-    decode_merge_row<T, HEAD_DIM>(part_o, part_lse, row, splits, orow, lse + row, lane_id());
+    decode_merge_row<T, HEAD_DIM, 0, DIM>(part_o, part_lse, row, splits, orow, lse + row, lane_id());
 #else
     const int lane = lane_id();
     const float NEG_INF = decode_neg_inf();
@@ -71,7 +76,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * CALICO_LANES) void calico_attention_dec
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
         const int d = lane + i * CALICO_LANES;
-        if (d < HEAD_DIM) orow[d] = from_float<T>(out[i]);
+        if (d < DIM) orow[d] = from_float<T>(out[i]);
     }
     if (lane == 0) lse[row] = total > 0.0f ? (base + decode_log2(total)) * DECODE_LN2 : NEG_INF;
 #endif

@@ -77,7 +77,8 @@ CALICO_DEVICE float decode_load_l2(const float* p) {
 // DRAM) round trips that made the two-launch combiner take 17-19 us at 32 splits.
 //
 // BATCH_SPLITS > 0 sets the splits in flight (at most the lanes); 0: 64 floats of registers.
-template <typename T, int HD, int BATCH_SPLITS = 0>
+// COLS < HD: only the row's first COLS elements are written (a head dim padded up to HD).
+template <typename T, int HD, int BATCH_SPLITS = 0, int COLS = HD>
 CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, long long row, int splits,
                                     T* orow, float* lse_out, int lane) {
     static_assert(HD % CALICO_LANES == 0, "whole elements per lane");
@@ -134,7 +135,9 @@ CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, 
         }
     }
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) orow[lane * PER_LANE + i] = from_float<T>(out[i]);
+    for (int i = 0; i < PER_LANE; ++i) {
+        if (COLS == HD || lane * PER_LANE + i < COLS) orow[lane * PER_LANE + i] = from_float<T>(out[i]);
+    }
     if (lane == 0) *lse_out = total > 0.0f ? (base + decode_log2(total)) * DECODE_LN2 : NEG_INF;
 }
 

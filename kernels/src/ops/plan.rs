@@ -317,9 +317,9 @@ pub fn plan_attention_decode(target: &str, case: &DecodeCase) -> Result<OpPlan> 
     if case.kv_heads == 0 || !case.q_heads.is_multiple_of(case.kv_heads) || case.context == 0 {
         return Err(Error::shape(format!("no decode problem: {case:?}")));
     }
-    if !matches!(case.head_dim, 64 | 128 | 256) {
+    if case.head_dim == 0 || case.head_dim > 256 || !case.head_dim.is_multiple_of(8) {
         return Err(Error::unsupported(format!(
-            "attention_decode supports head_dim 64, 128 and 256, got {}",
+            "attention_decode supports head dims that are multiples of 8 up to 256, got {}",
             case.head_dim
         )));
     }
@@ -530,16 +530,29 @@ mod tests {
             attn::route_forward_with(&arch(t), &p, &params, &facts, first)
         };
         for t in ["sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx942"] {
+            // sm_90a runs every multiple of 8 on the Hopper kernel (at 64, 128 or 256).
+            let hopper = t == "sm_90a";
             for d in [16, 32, 96, 160, 192] {
-                assert!(
-                    matches!(route(t, d, true, false), ForwardRoute::Tiles(v) if v.head_dim == d),
-                    "{t} d{d}"
-                );
+                let r = route(t, d, true, false);
+                let ok = if hopper {
+                    matches!(r, ForwardRoute::Hopper(_))
+                } else {
+                    matches!(r, ForwardRoute::Tiles(v) if v.head_dim == d)
+                };
+                assert!(ok, "{t} d{d}: {r:?}");
             }
-            let ForwardRoute::Tile(v) = route(t, 72, true, false) else {
-                panic!("{t} d72: not the portable kernel");
+            match route(t, 72, true, false) {
+                ForwardRoute::Hopper(_) if hopper => {}
+                ForwardRoute::Tile(v) if !hopper => {
+                    assert_eq!(v.kernel, Kernel::PortableForward, "{t} d72")
+                }
+                r => panic!("{t} d72: {r:?}"),
+            }
+            // Not a multiple of 8: the portable kernel everywhere.
+            let ForwardRoute::Tile(v) = route(t, 100, true, false) else {
+                panic!("{t} d100: not the portable kernel");
             };
-            assert_eq!(v.kernel, Kernel::PortableForward, "{t} d72");
+            assert_eq!(v.kernel, Kernel::PortableForward, "{t} d100");
             for d in [64, 128, 256] {
                 assert!(
                     matches!(route(t, d, true, true), ForwardRoute::Tiles(_)),
@@ -580,8 +593,20 @@ mod tests {
         let nv = plan_attention_decode("sm_90a", &c).unwrap();
         assert!(nv.kernels[0].label.starts_with("decode mma"), "{nv:?}");
         assert!(nv.kernels.iter().all(|k| k.source.is_none()));
-        let bad = DecodeCase { head_dim: 96, ..c };
-        assert!(plan_attention_decode("sm_90a", &bad).is_err());
+        // Head dims between the widths take the lane kernel at the next width.
+        let d96 = plan_attention_decode("sm_90a", &DecodeCase { head_dim: 96, ..c }).unwrap();
+        assert!(d96.kernels[0].label.starts_with("decode lanes"), "{d96:?}");
+        assert!(
+            d96.kernels[1].label.starts_with("decode combine"),
+            "{d96:?}"
+        );
+        for bad_dim in [100, 264] {
+            let bad = DecodeCase {
+                head_dim: bad_dim,
+                ..c
+            };
+            assert!(plan_attention_decode("sm_90a", &bad).is_err());
+        }
     }
 
     /// A device buffer at a fixed address (nothing behind it: only the routers look).

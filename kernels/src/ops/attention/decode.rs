@@ -4,6 +4,7 @@
 //! (`decode_mma.cu`); HIP, older GPUs and pages that are not a multiple of 16 tokens run the
 //! lane kernel (`decode.cu`), which `CALICO_DECODE_TUNE=kernel=1` also selects for A/B runs.
 
+use super::check::kernel_head_dim;
 use super::decode_mma::{self, DecodeMmaVariant};
 use super::decode_trace;
 use super::stamps;
@@ -114,9 +115,9 @@ impl Problem {
                 "attention_decode takes 1 to {MAX_DECODE_QUERIES} query tokens per sequence, got {nq}"
             )));
         }
-        if !matches!(dim, 64 | 128 | 256) {
+        if kernel_width(dim).is_none() {
             return Err(Error::unsupported(format!(
-                "attention_decode supports head_dim 64, 128 and 256, got {dim}"
+                "attention_decode supports head dims that are multiples of 8 up to 256, got {dim}"
             )));
         }
         let (k, v, table, seq_lens) = match *cache {
@@ -287,7 +288,11 @@ fn rank4(name: &str, t: &Tensor) -> Result<[usize; 4]> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct DecodeVariant {
     pub dtype: DType,
+    /// The kernel's width: 64, 128 or 256.
     pub head_dim: usize,
+    /// The problem's head dim (at most `head_dim`; below it, the lanes past it load zeros and
+    /// only its columns of O are written).
+    pub used_dim: usize,
     /// Query rows per block (1..=8).
     pub rows: usize,
     /// 16-byte accesses per lane per tile (of K and of V each).
@@ -303,7 +308,10 @@ pub(crate) struct DecodeVariant {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct CombineVariant {
     pub dtype: DType,
+    /// The partials' width (the main kernel's).
     pub head_dim: usize,
+    /// The columns of O written.
+    pub used_dim: usize,
     /// `decode_merge_row`'s batched vector loads instead of the serial loop (same sums).
     pub batched: bool,
 }
@@ -449,6 +457,7 @@ impl KernelVariant for DecodeVariant {
         let defines = [
             ("ELEM", self.dtype.device_type().to_string()),
             ("HEAD_DIM", self.head_dim.to_string()),
+            ("HEAD_DIM_USED", self.used_dim.to_string()),
             ("ROWS", self.rows.to_string()),
             ("UNROLL", self.unroll.to_string()),
             ("PAGED", u8::from(self.paged).to_string()),
@@ -472,6 +481,7 @@ impl KernelVariant for CombineVariant {
         let defines = [
             ("ELEM", self.dtype.device_type().to_string()),
             ("HEAD_DIM", self.head_dim.to_string()),
+            ("HEAD_DIM_USED", self.used_dim.to_string()),
             ("MERGE_BATCHED", u8::from(self.batched).to_string()),
         ];
         let sets = [vendor, calico_core::device_headers(), DECODE_HEADERS];
@@ -510,10 +520,18 @@ fn plan(arch: &Arch, p: &Problem, paged: bool) -> Plan {
     plan_with(arch, p, paged, tune())
 }
 
-/// The tensor-core kernel where it runs (unless tuned off), else the lane kernel.
+/// The kernel width a head dim runs at (64, 128 or 256; `None`: not a multiple of 8, or
+/// above 256).
+fn kernel_width(dim: usize) -> Option<usize> {
+    kernel_head_dim(dim, &[64, 128, 256])
+}
+
+/// The tensor-core kernel where it runs (unless tuned off; head dims 64, 128 and 256), else
+/// the lane kernel (which also takes the head dims between them).
 fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let pages = paged.then_some(p.page_size);
-    if tune.kernel == 2 && decode_mma::runs_here(arch, p.dtype, pages) {
+    let mma_dim = kernel_width(p.dim) == Some(p.dim);
+    if tune.kernel == 2 && mma_dim && decode_mma::runs_here(arch, p.dtype, pages) {
         // Fewer warps where their rings do not fit (warps=8 at head_dim 256), rather than
         // the lane kernel.
         let fitting = std::iter::successors(Some(tune.warps), |&w| (w > 1).then_some(w / 2))
@@ -564,7 +582,8 @@ fn plan_lanes(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let rows = rows_total.div_ceil(row_groups);
     let variant = DecodeVariant {
         dtype: p.dtype,
-        head_dim: p.dim,
+        head_dim: kernel_width(p.dim).unwrap_or(p.dim),
+        used_dim: p.dim,
         rows,
         unroll: if rows <= 4 {
             tune.unroll
@@ -648,8 +667,13 @@ fn launch(
     }
     let os = o.strides();
     let rows = p.batch * p.hq * p.nq;
+    // The partials' width: the lane kernel's (a padded head dim's too), else the head dim.
+    let width = match plan.kernel {
+        MainKernel::Lanes(v) => v.head_dim,
+        MainKernel::Mma(_) => p.dim,
+    };
     let ws_bytes = if plan.splits > 1 {
-        rows * plan.splits * (p.dim + 1) * 4
+        rows * plan.splits * (width + 1) * 4
     } else {
         0
     };
@@ -695,7 +719,7 @@ fn launch(
     // The main kernel and, unless it merges itself (fused), the combiner.
     let launch_both = |ws_base: u64, counters: u64| -> Result<()> {
         let part_o = ws_base;
-        let part_lse = ws_base + (rows * plan.splits * p.dim * 4) as u64;
+        let part_lse = ws_base + (rows * plan.splits * width * 4) as u64;
         let args = [
             KernelArg::Ptr(q.device_ptr().unwrap_or(0)),
             KernelArg::I64(i64_of(qs[0])?),
@@ -761,7 +785,8 @@ fn launch(
         if plan.splits > 1 && !fused {
             let combine = CombineVariant {
                 dtype: p.dtype,
-                head_dim: p.dim,
+                head_dim: width,
+                used_dim: p.dim,
                 batched: plan.batched_merge,
             };
             let args = [
@@ -851,6 +876,10 @@ pub(crate) fn planned_kernels(
         },
     };
     let plan = plan(arch, &p, page_size.is_some());
+    let width = match plan.kernel {
+        MainKernel::Lanes(v) => v.head_dim,
+        MainKernel::Mma(_) => dim,
+    };
     let mut out = vec![match plan.kernel {
         MainKernel::Lanes(v) => (
             format!(
@@ -873,7 +902,8 @@ pub(crate) fn planned_kernels(
     if plan.splits > 1 && !fused {
         let v = CombineVariant {
             dtype,
-            head_dim: dim,
+            head_dim: width,
+            used_dim: dim,
             batched: plan.batched_merge,
         };
         out.push((
@@ -887,16 +917,20 @@ pub(crate) fn planned_kernels(
 /// Representative variants for `calico compile` and the offline compile checks.
 pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
     let mut out: Vec<(String, DecodeKernel)> = Vec::new();
-    for (dtype, head_dim, rows, unroll, paged, pipe, min_blocks) in [
-        (DType::BF16, 128, 4, 4, true, true, 0),
-        (DType::BF16, 128, 4, 8, false, false, 2),
-        (DType::F16, 64, 1, 4, true, true, 3),
-        (DType::BF16, 256, 8, 2, true, true, 0),
-        (DType::F16, 128, 7, 2, false, false, 0),
+    // The last two: head dims 96 and 40 on the widths above them.
+    for (dtype, head_dim, used_dim, rows, unroll, paged, pipe, min_blocks) in [
+        (DType::BF16, 128, 128, 4, 4, true, true, 0),
+        (DType::BF16, 128, 128, 4, 8, false, false, 2),
+        (DType::F16, 64, 64, 1, 4, true, true, 3),
+        (DType::BF16, 256, 256, 8, 2, true, true, 0),
+        (DType::F16, 128, 128, 7, 2, false, false, 0),
+        (DType::BF16, 128, 96, 4, 4, true, true, 0),
+        (DType::F16, 64, 40, 4, 8, false, true, 0),
     ] {
         let v = DecodeVariant {
             dtype,
             head_dim,
+            used_dim,
             rows,
             unroll,
             paged,
@@ -904,7 +938,7 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
             min_blocks,
         };
         out.push((
-            format!("{dtype} d{head_dim} rows{rows} unroll{unroll} paged={paged} pipe={pipe} minblocks={min_blocks}"),
+            format!("{dtype} d{head_dim} used{used_dim} rows{rows} unroll{unroll} paged={paged} pipe={pipe} minblocks={min_blocks}"),
             DecodeKernel::Decode(v),
         ));
     }
@@ -946,19 +980,22 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
             ));
         }
     }
-    for (dtype, head_dim, batched) in [
-        (DType::BF16, 128, false),
-        (DType::F16, 64, false),
-        (DType::BF16, 256, false),
-        (DType::BF16, 128, true),
-        (DType::F16, 64, true),
-        (DType::BF16, 256, true),
+    for (dtype, head_dim, used_dim, batched) in [
+        (DType::BF16, 128, 128, false),
+        (DType::F16, 64, 64, false),
+        (DType::BF16, 256, 256, false),
+        (DType::BF16, 128, 128, true),
+        (DType::F16, 64, 64, true),
+        (DType::BF16, 256, 256, true),
+        (DType::BF16, 128, 96, false),
+        (DType::BF16, 128, 96, true),
     ] {
         out.push((
-            format!("combine {dtype} d{head_dim} batched={batched}"),
+            format!("combine {dtype} d{head_dim} used{used_dim} batched={batched}"),
             DecodeKernel::Combine(CombineVariant {
                 dtype,
                 head_dim,
+                used_dim,
                 batched,
             }),
         ));

@@ -3,7 +3,7 @@
 //! applies, encodes the tensor maps over Q, K and V's real strides and launches it; problems
 //! it declines go to the other GPU kernels (see [`enabled`] and [`Schedule`]).
 
-use super::check::Problem;
+use super::check::{kernel_head_dim, Problem};
 use super::hopper_trace;
 use super::stamps;
 use crate::Device;
@@ -56,17 +56,6 @@ pub(crate) struct HopperFwdVariant {
     varlen: bool,
     /// The problem's head dim is below `head_dim` (CALICO_ATTN_PADDED): zero columns past it.
     padded: bool,
-}
-
-/// The head dim a Hopper attention kernel runs a problem's `head_dim` at: the smallest of
-/// `dims` (ascending) that holds it, for head dims that are multiples of 8 (16-byte rows, so
-/// TMA and the 16-byte O chunks can stop at the real columns). The columns in between are
-/// TMA's zeros: d = 96 runs the d = 128 kernel and costs what d = 128 costs.
-pub(crate) fn kernel_head_dim(head_dim: usize, dims: &[usize]) -> Option<usize> {
-    if head_dim == 0 || !head_dim.is_multiple_of(8) {
-        return None;
-    }
-    dims.iter().copied().find(|&d| d >= head_dim)
 }
 
 /// `CALICO_ATTN_HOPPER_TRACE=1`: every call stamps its units' milestones, syncs and (every 8th

@@ -5,8 +5,9 @@
 //! that are not multiples of 8 or exceed 128, views TMA cannot express) go to the tile
 //! kernels. Head dims below 64 or 128 run the kernels of that width on zero-filled columns.
 
+use super::check::kernel_head_dim;
 use super::check::Problem;
-use super::hopper::{arch_ok, hopper_enabled, kernel_head_dim, view_map};
+use super::hopper::{arch_ok, hopper_enabled, view_map};
 use crate::Device;
 use calico_core::{
     Arch, DType, GpuBackend, KernelArg, KernelSource, KernelVariant, LaunchConfig, OpaqueParam128,
