@@ -1102,7 +1102,7 @@ fn attention_hopper_shapes_backward() {
 /// 256, backward 64 / 128) on zero-filled columns and store only the real ones. O and the
 /// gradients are checked against the f64 reference and, through their padded rows (pad 3 or
 /// 8), for writes past the head dim; chunk (16-byte), pair and element stores; GQA, causal,
-/// windows, a soft-cap, Nq != Nkv, packed sequences.
+/// windows, a soft-cap, Nq != Nkv, packed sequences; and the sm_80 tile kernels the same way.
 #[test]
 fn attention_hopper_padded_head_dims() {
     report_skipped("attention_hopper_padded_head_dims");
@@ -1160,6 +1160,44 @@ fn attention_hopper_padded_head_dims() {
         ),
         aligned_out(fixed(DType::BF16, (1, 1, 1), (64, 190, 40), causal, 1.0)),
     ];
+    // The sm_80 tile kernels at a head dim below their width (64 or 128), which sm_90a runs
+    // where TMA declines a view or the backward must be deterministic: K and V rows off their
+    // 16-byte boundaries (element loads) or Q's only (K and V by cp.async), 40 and 120 (not
+    // multiples of 16, so not the vendor-neutral forward's), and deterministic gradients.
+    let off = |mut c: Case, kv: bool| {
+        let m = if kv { &mut c.kv_mem } else { &mut c.q_mem };
+        m.offset = 1;
+        c
+    };
+    let deterministic = |mut c: Case| {
+        c.opts.deterministic = true;
+        c
+    };
+    let forward = [
+        forward,
+        vec![
+            off(
+                fixed(DType::BF16, (1, 1, 2), (130, 200, 40), causal, 1.0),
+                true,
+            ),
+            off(
+                fixed(DType::F16, (1, 2, 1), (70, 65, 120), window(30, 10), 4.0),
+                false,
+            ),
+        ],
+    ]
+    .concat();
+    let backward = [
+        backward,
+        vec![
+            deterministic(fixed(DType::BF16, (1, 1, 2), (130, 200, 96), causal, 1.0)),
+            deterministic(off(
+                fixed(DType::F16, (1, 2, 1), (70, 65, 40), plain, 1.0),
+                true,
+            )),
+        ],
+    ]
+    .concat();
     for dev in calico_conformance::backends().0 {
         for c in &forward {
             if let Err(e) = forward_case(&dev, c) {

@@ -144,6 +144,29 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
 /// milliseconds each).
 const LOOP_SECONDS: f64 = 2.0;
 
+/// Loops per case: the report keeps the loop with the lowest median. The GPU machine's CPU is
+/// shared, and one loop's median has read 2-3x another's of the same binary a minute apart
+/// (docs/perf-log.md, session 18); the best loop is what the library costs, as the issue's
+/// own "best of 5 loops" measured it.
+const LOOPS: usize = 5;
+
+/// The lowest of [`LOOPS`] loops' median host times per call ([`time_calls`]), fewer loops
+/// when they take longer than [`LOOP_SECONDS`] together (at least one).
+fn best_loop(dev: &Device, call: &mut Call, calls: usize) -> Result<Stats> {
+    let start = Instant::now();
+    let mut best: Option<Stats> = None;
+    for _ in 0..LOOPS {
+        if best.is_some() && start.elapsed().as_secs_f64() > LOOP_SECONDS {
+            break;
+        }
+        let stats = time_calls(dev, call, calls)?;
+        if best.as_ref().is_none_or(|b| stats.median_ms < b.median_ms) {
+            best = Some(stats);
+        }
+    }
+    best.ok_or_else(|| calico::Error::unsupported("no host-loop samples"))
+}
+
 /// Median host time per call (microseconds) of `calls` calls queued back to back with no
 /// synchronisation between them (each call timed on its own), after a warm-up; fewer calls
 /// (at least 20) when they take longer than [`LOOP_SECONDS`] together.
@@ -173,10 +196,10 @@ pub fn run_loop(dev: &Device, spec: &LoopSpec, calls: usize, rng: &mut XorShift)
         spec.name(),
         &format!("host_{}", spec.op),
         spec.shape.clone(),
-        format!("median host time of one call among up to {calls} calls queued back to back without synchronising (warm kernel cache)"),
+        format!("median host time of one call among up to {calls} calls queued back to back without synchronising (warm kernel cache), best of up to {LOOPS} loops"),
         spec.target_us().filter(|_| gpu),
     );
-    let outcome = prepare(dev, spec, rng).and_then(|mut call| time_calls(dev, &mut call, calls));
+    let outcome = prepare(dev, spec, rng).and_then(|mut call| best_loop(dev, &mut call, calls));
     match outcome {
         Ok(stats) => case.calico_us = Some(stats.median_ms),
         Err(e) => case.message = Some(e.to_string()),

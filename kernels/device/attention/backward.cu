@@ -13,7 +13,8 @@
 //     loop, in a fixed order.
 //
 // Defines: ELEM, HEAD_DIM (64 | 128), BWD_BLOCK (rows per streamed block: 64 at head dim 64,
-// 32 at 128), ALIGNED (cp.async for the streamed blocks).
+// 32 at 128), ALIGNED (cp.async for the streamed blocks), HEAD_DIM_USED (the problem's head
+// dim, default HEAD_DIM).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/common.cuh"
@@ -37,6 +38,13 @@ namespace attention {
 constexpr int WARPS = 4;
 constexpr int BM = 16 * WARPS;
 constexpr int D = HEAD_DIM;
+#ifndef HEAD_DIM_USED
+#define HEAD_DIM_USED HEAD_DIM
+#endif
+// The problem's head dim (a multiple of 8, at most D): the global views end there, so the
+// loads past it give zeros (no change to any score) and the stores past it are dropped.
+constexpr int DIM = HEAD_DIM_USED;
+static_assert(DIM % 8 == 0 && DIM <= D, "a real head dim of whole 16-byte chunks, at most D");
 constexpr int DC = 64;
 constexpr int CHUNKS = D / DC;
 constexpr int KB = BWD_BLOCK;
@@ -50,7 +58,7 @@ CALICO_DEVICE void load_block(stream_tile& dst, const gl<ELEM>& src, int tile) {
 #else
     for (int idx = thread_x(); idx < KB * D; idx += WARPS * 32) {
         const int r = idx / D, c = idx % D, gr = tile * KB + r;
-        *dst.ptr(r, c) = gr < src.rows ? *src.at(0, gr, c) : from_float<ELEM>(0.0f);
+        *dst.ptr(r, c) = gr < src.rows && c < src.cols ? *src.at(0, gr, c) : from_float<ELEM>(0.0f);
     }
 #endif
 }
@@ -115,10 +123,10 @@ CALICO_KERNEL void CALICO_MAX_THREADS(128) calico_attention_bwd_dq(
     const int warp = thread_x() / 32, lane = thread_x() % 32;
     const int row_tile = (int)(m0 / 16) + warp;
     auto rows_of = [&](const operand<const ELEM>& t, i64 head) {
-        return gl<ELEM>{const_cast<ELEM*>(t.ptr + b * t.sb + head * t.sh + seq.q_start * t.sn), (int)seq.q_len, D, t.sn, 0};
+        return gl<ELEM>{const_cast<ELEM*>(t.ptr + b * t.sb + head * t.sh + seq.q_start * t.sn), (int)seq.q_len, DIM, t.sn, 0};
     };
-    const gl<ELEM> kg{const_cast<ELEM*>(k.ptr + b * k.sb + kvh * k.sh + seq.k_start * k.sn), (int)seq.k_len, D, k.sn, 0};
-    const gl<ELEM> vg{const_cast<ELEM*>(v.ptr + b * v.sb + kvh * v.sh + seq.k_start * v.sn), (int)seq.k_len, D, v.sn, 0};
+    const gl<ELEM> kg{const_cast<ELEM*>(k.ptr + b * k.sb + kvh * k.sh + seq.k_start * k.sn), (int)seq.k_len, DIM, k.sn, 0};
+    const gl<ELEM> vg{const_cast<ELEM*>(v.ptr + b * v.sb + kvh * v.sh + seq.k_start * v.sn), (int)seq.k_len, DIM, v.sn, 0};
 
     rt<ELEM, 16, DC> qr[CHUNKS], gr[CHUNKS];
     rt_fl<16, DC> acc[CHUNKS];
@@ -198,7 +206,7 @@ CALICO_KERNEL void CALICO_MAX_THREADS(128) calico_attention_bwd_dq(
         sync_threads();
     }
     cp_async_wait<0>();
-    const gl<ELEM> dqg{dq.ptr + b * dq.sb + h * dq.sh + seq.q_start * dq.sn, (int)seq.q_len, D, dq.sn, 0};
+    const gl<ELEM> dqg{dq.ptr + b * dq.sb + h * dq.sh + seq.q_start * dq.sn, (int)seq.q_len, DIM, dq.sn, 0};
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
         mul(acc[c], acc[c], p.scale);
@@ -237,8 +245,8 @@ CALICO_KERNEL void CALICO_MAX_THREADS(128) calico_attention_bwd_dkdv(
     if (n0 >= seq.k_len) return;
     const int warp = thread_x() / 32;
     const int row_tile = (int)(n0 / 16) + warp;
-    const gl<ELEM> kg{const_cast<ELEM*>(k.ptr + b * k.sb + kvh * k.sh + seq.k_start * k.sn), (int)seq.k_len, D, k.sn, 0};
-    const gl<ELEM> vg{const_cast<ELEM*>(v.ptr + b * v.sb + kvh * v.sh + seq.k_start * v.sn), (int)seq.k_len, D, v.sn, 0};
+    const gl<ELEM> kg{const_cast<ELEM*>(k.ptr + b * k.sb + kvh * k.sh + seq.k_start * k.sn), (int)seq.k_len, DIM, k.sn, 0};
+    const gl<ELEM> vg{const_cast<ELEM*>(v.ptr + b * v.sb + kvh * v.sh + seq.k_start * v.sn), (int)seq.k_len, DIM, v.sn, 0};
 
     rt<ELEM, 16, DC> kr[CHUNKS], vr[CHUNKS];
     rt_fl<16, DC> dk_acc[CHUNKS], dv_acc[CHUNKS];
@@ -262,7 +270,7 @@ CALICO_KERNEL void CALICO_MAX_THREADS(128) calico_attention_bwd_dkdv(
     const int steps = blocks * (int)group;
 
     auto rows_of = [&](const operand<const ELEM>& t, i64 head) {
-        return gl<ELEM>{const_cast<ELEM*>(t.ptr + b * t.sb + head * t.sh + seq.q_start * t.sn), (int)seq.q_len, D, t.sn, 0};
+        return gl<ELEM>{const_cast<ELEM*>(t.ptr + b * t.sb + head * t.sh + seq.q_start * t.sn), (int)seq.q_len, DIM, t.sn, 0};
     };
     auto stage_load = [&](int step, int stage) {
         const i64 head = kvh * group + step / blocks;
@@ -316,8 +324,8 @@ CALICO_KERNEL void CALICO_MAX_THREADS(128) calico_attention_bwd_dkdv(
         sync_threads();
     }
     cp_async_wait<0>();
-    const gl<ELEM> dkg{dk.ptr + b * dk.sb + kvh * dk.sh + seq.k_start * dk.sn, (int)seq.k_len, D, dk.sn, 0};
-    const gl<ELEM> dvg{dv.ptr + b * dv.sb + kvh * dv.sh + seq.k_start * dv.sn, (int)seq.k_len, D, dv.sn, 0};
+    const gl<ELEM> dkg{dk.ptr + b * dk.sb + kvh * dk.sh + seq.k_start * dk.sn, (int)seq.k_len, DIM, dk.sn, 0};
+    const gl<ELEM> dvg{dv.ptr + b * dv.sb + kvh * dv.sh + seq.k_start * dv.sn, (int)seq.k_len, DIM, dv.sn, 0};
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
         mul(dk_acc[c], dk_acc[c], p.scale);

@@ -11,7 +11,7 @@
 //
 // Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), BN (keys per block: 64, or 32 at
 // HEAD_DIM 256 to keep registers), ALIGNED (1: rows of K and V are 16-byte aligned, loaded
-// with cp.async; 0: element loads).
+// with cp.async; 0: element loads), HEAD_DIM_USED (the problem's head dim, default HEAD_DIM).
 #include "calico/calico.h"
 #include "calico/tile_ops.cuh"
 #include "attention/common.cuh"
@@ -35,6 +35,13 @@ namespace attention {
 constexpr int WARPS = 4;
 constexpr int BM = 16 * WARPS;
 constexpr int D = HEAD_DIM;
+#ifndef HEAD_DIM_USED
+#define HEAD_DIM_USED HEAD_DIM
+#endif
+// The problem's head dim (a multiple of 8, at most D): the global views end there, so the
+// loads past it give zeros (no change to any score) and the stores past it are dropped.
+constexpr int DIM = HEAD_DIM_USED;
+static_assert(DIM % 8 == 0 && DIM <= D, "a real head dim of whole 16-byte chunks, at most D");
 // Head-dimension chunk of the register tiles (a 16 x 64 tile per chunk).
 constexpr int DC = 64;
 constexpr int CHUNKS = D / DC;
@@ -49,7 +56,7 @@ CALICO_DEVICE void load_keys(kv_tile& dst, const gl<ELEM>& src, int tile) {
 #else
     for (int idx = thread_x(); idx < BN * D; idx += WARPS * 32) {
         const int r = idx / D, c = idx % D, gr = tile * BN + r;
-        *dst.ptr(r, c) = gr < src.rows ? *src.at(0, gr, c) : from_float<ELEM>(0.0f);
+        *dst.ptr(r, c) = gr < src.rows && c < src.cols ? *src.at(0, gr, c) : from_float<ELEM>(0.0f);
     }
 #endif
 }
@@ -101,10 +108,10 @@ CALICO_KERNEL void CALICO_MAX_THREADS(128) calico_attention_fwd(CALICO_ATTN_OPER
     const int warp = thread_x() / 32, lane = thread_x() % 32;
 
     const ELEM* qb = q.ptr + b * q.sb + h * q.sh + seq.q_start * q.sn;
-    const gl<ELEM> qg{const_cast<ELEM*>(qb), (int)seq.q_len, D, q.sn, 0};
-    const gl<ELEM> kg{const_cast<ELEM*>(k.ptr + b * k.sb + kvh * k.sh + seq.k_start * k.sn), (int)seq.k_len, D, k.sn, 0};
-    const gl<ELEM> vg{const_cast<ELEM*>(v.ptr + b * v.sb + kvh * v.sh + seq.k_start * v.sn), (int)seq.k_len, D, v.sn, 0};
-    const gl<ELEM> og{o.ptr + b * o.sb + h * o.sh + seq.q_start * o.sn, (int)seq.q_len, D, o.sn, 0};
+    const gl<ELEM> qg{const_cast<ELEM*>(qb), (int)seq.q_len, DIM, q.sn, 0};
+    const gl<ELEM> kg{const_cast<ELEM*>(k.ptr + b * k.sb + kvh * k.sh + seq.k_start * k.sn), (int)seq.k_len, DIM, k.sn, 0};
+    const gl<ELEM> vg{const_cast<ELEM*>(v.ptr + b * v.sb + kvh * v.sh + seq.k_start * v.sn), (int)seq.k_len, DIM, v.sn, 0};
+    const gl<ELEM> og{o.ptr + b * o.sb + h * o.sh + seq.q_start * o.sn, (int)seq.q_len, DIM, o.sn, 0};
 
     // This warp's 16 query rows, in chunks of 64 columns.
     const int row_tile = (int)(m0 / 16) + warp;

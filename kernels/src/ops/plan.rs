@@ -465,6 +465,38 @@ mod tests {
         }
     }
 
+    /// Head dims between the kernel widths (multiples of 8): the Hopper kernels on sm_90a, the
+    /// sm_80 tile backward at the next width elsewhere on NVIDIA (it was the portable kernel),
+    /// the portable backward on AMD; not a multiple of 8: the portable backward everywhere.
+    #[test]
+    fn padded_head_dims_take_the_matrix_kernels() {
+        let bwd = |t: &str, d| attention_choice(&arch(t), &case(true, d)).unwrap();
+        for d in [40, 96, 120] {
+            assert!(
+                matches!(
+                    bwd("sm_90a", d),
+                    AttentionChoice::Backward(BackwardRoute::Hopper(v)) if v.label().ends_with(" padded")
+                ),
+                "sm_90a d{d}"
+            );
+            for t in ["sm_80", "sm_100a"] {
+                let AttentionChoice::Backward(BackwardRoute::Tile { dq, dkdv }) = bwd(t, d) else {
+                    panic!("{t} d{d}");
+                };
+                let width = if d <= 64 { 64 } else { 128 };
+                assert_eq!(dq.kernel, Kernel::BackwardDq { aligned: true }, "{t} d{d}");
+                assert_eq!((dq.head_dim, dq.used_dim), (width, d), "{t} d{d}");
+                assert_eq!((dkdv.head_dim, dkdv.used_dim), (width, d), "{t} d{d}");
+            }
+        }
+        for t in ["sm_80", "gfx942"] {
+            let AttentionChoice::Backward(BackwardRoute::Tile { dq, .. }) = bwd(t, 100) else {
+                panic!("{t} d100");
+            };
+            assert_eq!(dq.kernel, Kernel::PortableDq, "{t} d100");
+        }
+    }
+
     /// Packed sequences: the Hopper forward and backward take them on sm_90a (one batch of all
     /// the rows; the forward's block width by the mean sequence).
     #[test]
@@ -541,9 +573,15 @@ mod tests {
                 };
                 assert!(ok, "{t} d{d}: {r:?}");
             }
+            // 72 (a multiple of 8, not of 16): the Hopper kernel on sm_90a, the sm_80 tile
+            // kernel at width 128 on the other NVIDIA targets, the portable one on AMD.
             match route(t, 72, true, false) {
                 ForwardRoute::Hopper(_) if hopper => {}
-                ForwardRoute::Tile(v) if !hopper => {
+                ForwardRoute::Tile(v) if t.starts_with("sm_") && !hopper => {
+                    assert_eq!(v.kernel, Kernel::Forward { aligned: true }, "{t} d72");
+                    assert_eq!((v.head_dim, v.used_dim), (128, 72), "{t} d72");
+                }
+                ForwardRoute::Tile(v) if t.starts_with("gfx") => {
                     assert_eq!(v.kernel, Kernel::PortableForward, "{t} d72")
                 }
                 r => panic!("{t} d72: {r:?}"),

@@ -52,7 +52,11 @@ pub(crate) enum Kernel {
 pub(crate) struct AttentionVariant {
     pub kernel: Kernel,
     pub dtype: DType,
+    /// The kernel's head dim (the tile kernels' 64, 128 or 256, the portable kernels' any).
     pub head_dim: usize,
+    /// The problem's head dim, at most `head_dim`: the tile kernels read zeros past it and
+    /// write only its columns.
+    pub used_dim: usize,
 }
 
 impl AttentionVariant {
@@ -80,7 +84,14 @@ impl AttentionVariant {
     }
 
     pub(crate) fn label(&self) -> String {
-        format!("{:?} {} d{}", self.kernel, self.dtype, self.head_dim)
+        if self.used_dim == self.head_dim {
+            format!("{:?} {} d{}", self.kernel, self.dtype, self.head_dim)
+        } else {
+            format!(
+                "{:?} {} d{} used{}",
+                self.kernel, self.dtype, self.head_dim, self.used_dim
+            )
+        }
     }
 }
 
@@ -106,6 +117,7 @@ impl KernelVariant for AttentionVariant {
         let defines = [
             ("ELEM", self.dtype.device_type().to_string()),
             ("HEAD_DIM", self.head_dim.to_string()),
+            ("HEAD_DIM_USED", self.used_dim.to_string()),
             ("BN", self.keys_per_block().to_string()),
             ("BWD_BLOCK", backward_block(self.head_dim).to_string()),
             ("ALIGNED", u8::from(aligned).to_string()),
@@ -115,17 +127,30 @@ impl KernelVariant for AttentionVariant {
     }
 }
 
-/// The tile kernels run here: NVIDIA with mma.sync and cp.async, a head dim they cover.
-fn tile_kernels(arch: &Arch, dtype: DType, head_dim: usize, backward: bool) -> bool {
-    let dims_ok = if backward {
-        matches!(head_dim, 64 | 128)
+/// The head dim the tile kernels run `head_dim` at here (NVIDIA with mma.sync and cp.async):
+/// 64, 128 or 256 (backward 64 or 128), the next one up for a multiple of 8 in between (its
+/// columns past the real ones load as zeros and are not stored); `None` where they do not run.
+fn tile_kernel_dim(arch: &Arch, dtype: DType, head_dim: usize, backward: bool) -> Option<usize> {
+    let dims: &[usize] = if backward {
+        &[64, 128]
     } else {
-        matches!(head_dim, 64 | 128 | 256)
+        &[64, 128, 256]
     };
-    arch.vendor == Vendor::Nvidia
+    let runs = arch.vendor == Vendor::Nvidia
         && arch.has_mma(MmaKind::MmaSync, dtype)
-        && arch.has_async_copy(AsyncCopy::CpAsync)
-        && dims_ok
+        && arch.has_async_copy(AsyncCopy::CpAsync);
+    runs.then(|| super::check::kernel_head_dim(head_dim, dims))
+        .flatten()
+}
+
+/// A portable kernel's variant (any head dim).
+fn portable(kernel: Kernel, dtype: DType, head_dim: usize) -> AttentionVariant {
+    AttentionVariant {
+        kernel,
+        dtype,
+        head_dim,
+        used_dim: head_dim,
+    }
 }
 
 /// Element strides (batch, head, position) of an operand: `[B, H, N, D]` or packed `[T, H, D]`.
@@ -379,7 +404,7 @@ pub(crate) fn backward(
             "the Hopper backward was routed without TMA views",
         ));
     };
-    let (dq_kernel, dkdv_kernel) = (dq_variant.kernel, dkdv_variant.kernel);
+    let dq_kernel = dq_variant.kernel;
     let tile = !matches!(dq_kernel, Kernel::PortableDq);
     let gpu = launcher(dev)?;
     let mut common = ArgList::new();
@@ -391,12 +416,7 @@ pub(crate) fn backward(
     let mut tail = ArgList::new();
     tail.extend(offsets_args(varlen));
     tail.extend(params_args(p, params));
-    let config = |kernel: Kernel, len: usize, heads: usize| {
-        let variant = AttentionVariant {
-            kernel,
-            dtype: p.dtype,
-            head_dim: p.head_dim,
-        };
+    let config = |variant: AttentionVariant, len: usize, heads: usize| {
         let c = if tile {
             grid(
                 len,
@@ -411,8 +431,8 @@ pub(crate) fn backward(
         };
         c.map(|c| (variant, c))
     };
-    let dq_launch = config(dq_kernel, p.q_len, p.q_heads)?;
-    let dkdv_launch = config(dkdv_kernel, p.k_len, p.kv_heads)?;
+    let dq_launch = config(dq_variant, p.q_len, p.q_heads)?;
+    let dkdv_launch = config(dkdv_variant, p.k_len, p.kv_heads)?;
     // The tile kernels pass delta = rowsum(dO * O) from the dQ kernel to the dK/dV kernel
     // through the workspace (laid out as the LSE); the portable ones recompute it.
     let run = |delta: Option<u64>| -> Result<()> {
@@ -489,11 +509,7 @@ pub(crate) fn route_forward(
     f: &ForwardFacts,
 ) -> ForwardRoute {
     if super::tiles::portable_forced() {
-        return ForwardRoute::Tile(AttentionVariant {
-            kernel: Kernel::PortableForward,
-            dtype: p.dtype,
-            head_dim: p.head_dim,
-        });
+        return ForwardRoute::Tile(portable(Kernel::PortableForward, p.dtype, p.head_dim));
     }
     route_forward_with(arch, p, params, f, super::tiles::forced())
 }
@@ -520,20 +536,24 @@ pub(crate) fn route_forward_with(
             return ForwardRoute::Cdna(v);
         }
     }
-    let kernel = if tile_kernels(arch, p.dtype, p.head_dim, false) {
-        Kernel::Forward {
-            aligned: f.kv_rows_aligned,
+    if let Some(width) = tile_kernel_dim(arch, p.dtype, p.head_dim, false) {
+        // The vendor-neutral kernel keeps the head dims it takes at their own width.
+        if let (true, Some(v)) = (width != p.head_dim, tiles) {
+            return ForwardRoute::Tiles(v);
         }
-    } else if let Some(v) = tiles {
+        return ForwardRoute::Tile(AttentionVariant {
+            kernel: Kernel::Forward {
+                aligned: f.kv_rows_aligned,
+            },
+            dtype: p.dtype,
+            head_dim: width,
+            used_dim: p.head_dim,
+        });
+    }
+    if let Some(v) = tiles {
         return ForwardRoute::Tiles(v);
-    } else {
-        Kernel::PortableForward
-    };
-    ForwardRoute::Tile(AttentionVariant {
-        kernel,
-        dtype: p.dtype,
-        head_dim: p.head_dim,
-    })
+    }
+    ForwardRoute::Tile(portable(Kernel::PortableForward, p.dtype, p.head_dim))
 }
 
 /// What the backward router needs to know besides the problem.
@@ -585,18 +605,19 @@ pub(crate) fn route_backward(
         }
     }
     let aligned = f.rows_aligned;
-    let (dq, dkdv) = if tile_kernels(arch, p.dtype, p.head_dim, true) {
-        (
+    let (dq, dkdv, width) = match tile_kernel_dim(arch, p.dtype, p.head_dim, true) {
+        Some(width) => (
             Kernel::BackwardDq { aligned },
             Kernel::BackwardDkDv { aligned },
-        )
-    } else {
-        (Kernel::PortableDq, Kernel::PortableDkDv)
+            width,
+        ),
+        None => (Kernel::PortableDq, Kernel::PortableDkDv, p.head_dim),
     };
     let variant = |kernel| AttentionVariant {
         kernel,
         dtype: p.dtype,
-        head_dim: p.head_dim,
+        head_dim: width,
+        used_dim: p.head_dim,
     };
     BackwardRoute::Tile {
         dq: variant(dq),
@@ -615,21 +636,34 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, Ker
                 Kernel::PortableDkDv,
             ];
             for aligned in [true, false] {
-                if tile_kernels(arch, dtype, head_dim, false) {
+                if tile_kernel_dim(arch, dtype, head_dim, false).is_some() {
                     kernels.push(Kernel::Forward { aligned });
                 }
-                if tile_kernels(arch, dtype, head_dim, true) {
+                if tile_kernel_dim(arch, dtype, head_dim, true).is_some() {
                     kernels.push(Kernel::BackwardDq { aligned });
                     kernels.push(Kernel::BackwardDkDv { aligned });
                 }
             }
             for kernel in kernels {
-                let v = AttentionVariant {
-                    kernel,
-                    dtype,
-                    head_dim,
-                };
+                let v = portable(kernel, dtype, head_dim);
                 out.push((v.label(), v.source(vendor)?));
+            }
+            // The tile kernels at a head dim below their width (96 on 128, 40 on 64).
+            let used = head_dim - if head_dim == 64 { 24 } else { 32 };
+            if dtype == DType::BF16 && head_dim <= 128 {
+                for kernel in [
+                    Kernel::Forward { aligned: false },
+                    Kernel::BackwardDq { aligned: true },
+                    Kernel::BackwardDkDv { aligned: false },
+                ] {
+                    if tile_kernel_dim(arch, dtype, used, true).is_some() {
+                        let v = AttentionVariant {
+                            used_dim: used,
+                            ..portable(kernel, dtype, head_dim)
+                        };
+                        out.push((v.label(), v.source(vendor)?));
+                    }
+                }
             }
         }
     }
