@@ -27,6 +27,7 @@ ODD_GEMMS = [(4097, 4097, 4097), (8191, 8191, 8191), (4096, 4096, 4095), (1000, 
 ODD_ROWS = [4097, 4097]  # softmax and rms_norm with an odd row length
 # Decode attention: (batch, context), one query token, GQA 32:8, head_dim 128, contiguous KV.
 DECODES = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 8192)]
+DECODES += [(16, 8192, 96)]  # head_dim 96, as calico-bench's "... contiguous d96" case
 # FlashAttention-3's shapes: 16384 tokens in all, hidden 2048 (heads = 2048 / head_dim).
 ATTN_TOKENS, ATTN_HIDDEN = 16384, 2048
 ATTN_SEQS = [512, 1024, 2048, 4096, 8192, 16384]
@@ -41,16 +42,22 @@ def attention_cases(seqs):
 
     F = torch.nn.functional
     backends = (("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION))
-    problems = [(d, n) for d in ATTN_DIMS for n in seqs]
-    problems += [(96, n) for n in (2048, 8192) if n in seqs]
-    for d, n in problems:
+    problems = [(d, n, 1) for d in ATTN_DIMS for n in seqs]
+    problems += [(96, n, 1) for n in (2048, 8192) if n in seqs]
+    # GQA, 4 query heads per KV head: K and V are repeated to the query heads before the timed
+    # call (SDPA then runs the same FLOPs as MHA; calico-bench's case reads the 4 KV heads).
+    problems += [(128, n, 4) for n in (8192,) if n in seqs]
+    for d, n, group in problems:
         b, h = ATTN_TOKENS // n, ATTN_HIDDEN // d
         for causal in (False, True):
-            shape = [b, h, n, d, int(causal)]
+            shape = [b, h, n, d, int(causal)] + ([h // group] if group > 1 else [])
             for name, backend in backends:
 
-                def make(b=b, h=h, n=n, d=d):
-                    return [torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3)]
+                def make(b=b, h=h, n=n, d=d, group=group):
+                    q = torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                    kv = [torch.randn(b, h // group, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+                    k, v = (t.repeat_interleave(group, dim=1).requires_grad_() for t in kv)
+                    return [q, k, v]
 
                 def fwd(q, k, v, backend=backend, causal=causal):
                     with sdpa_kernel(backend):
@@ -134,11 +141,13 @@ def decode_cases(shapes):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     F = torch.nn.functional
-    for batch, context in shapes:
+    for shape in shapes:
+        batch, context = shape[:2]
+        d = shape[2] if len(shape) > 2 else 128
 
-        def make(batch=batch, context=context):
-            q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-            k = torch.randn(batch, 8, context, 128, device="cuda", dtype=torch.bfloat16)
+        def make(batch=batch, context=context, d=d):
+            q = torch.randn(batch, 32, 1, d, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(batch, 8, context, d, device="cuda", dtype=torch.bfloat16)
             v = torch.randn_like(k)
             return q, k, v
 
@@ -148,7 +157,7 @@ def decode_cases(shapes):
                 with sdpa_kernel([backend]):
                     return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-            yield {"op": "attention_decode", "shape": [batch, context], "backend": name, "dtype": "bf16"}, make, fn
+            yield {"op": "attention_decode", "shape": list(shape), "backend": name, "dtype": "bf16"}, make, fn
 
 
 def main():
@@ -213,8 +222,9 @@ def main():
         )
 
     for entry, make, fn in decode_cases(decodes):
-        batch, context = entry["shape"]
-        if wanted(f"attention decode bf16 b{batch} ctx{context} contiguous"):
+        batch, context = entry["shape"][:2]
+        dim = f" d{entry['shape'][2]}" if len(entry["shape"]) > 2 else ""
+        if wanted(f"attention decode bf16 b{batch} ctx{context} contiguous{dim}"):
             record(entry, make, fn)
     for m, n, k in gemms:
         if wanted(f"gemm {m}x{n}x{k}"):
@@ -235,8 +245,9 @@ def main():
     attn_seqs = [1024, 4096] if args.quick else ATTN_SEQS
     for op, shape, make, fn in attention_cases(attn_seqs):
         # calico-bench's name of the case ("attention fwd d128 N2048 causal"), or the peer's op.
-        b, h, n, d, causal = shape
-        name = f"attention {op.split()[1]} d{d} N{n}{' causal' if causal else ''}"
+        b, h, n, d, causal = shape[:5]
+        gqa = f" gqa{h // shape[5]}" if len(shape) > 5 else ""
+        name = f"attention {op.split()[1]} d{d} N{n}{' causal' if causal else ''}{gqa}"
         if wanted(name) or wanted(op):
             with torch.no_grad() if " fwd " in op else torch.enable_grad():
                 record({"op": op, "shape": shape, "dtype": "bf16"}, make, fn)

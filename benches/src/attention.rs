@@ -26,6 +26,8 @@ pub struct AttnSpec {
     /// The same tokens as `batch()` sequences of `seq` packed into one `[tokens, heads, D]`
     /// tensor with offsets (`ops::attention_varlen`, as flash_attn_varlen_func).
     pub varlen: bool,
+    /// Query heads per KV head: 1, or 4 (GQA, as Llama-3's 32:8).
+    pub group: usize,
 }
 
 impl AttnSpec {
@@ -35,25 +37,37 @@ impl AttnSpec {
     pub fn heads(&self) -> usize {
         HIDDEN / self.head_dim
     }
+    pub fn kv_heads(&self) -> usize {
+        self.heads() / self.group.max(1)
+    }
     pub fn name(&self) -> String {
         format!(
-            "attention {}{} d{} N{}{}",
+            "attention {}{} d{} N{}{}{}",
             if self.varlen { "varlen " } else { "" },
             if self.backward { "bwd" } else { "fwd" },
             self.head_dim,
             self.seq,
-            if self.causal { " causal" } else { "" }
+            if self.causal { " causal" } else { "" },
+            if self.group > 1 {
+                format!(" gqa{}", self.group)
+            } else {
+                String::new()
+            }
         )
     }
-    /// `[B, H, N, D, causal]`, as peers.py records it.
+    /// `[B, H, N, D, causal]`, and the KV heads after it under GQA, as peers.py records it.
     pub fn shape(&self) -> Vec<usize> {
-        vec![
+        let mut shape = vec![
             self.batch(),
             self.heads(),
             self.seq,
             self.head_dim,
             usize::from(self.causal),
-        ]
+        ];
+        if self.group > 1 {
+            shape.push(self.kv_heads());
+        }
+        shape
     }
     pub fn flops(&self) -> f64 {
         let (b, h, n, d) = (
@@ -98,6 +112,7 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
                         seq,
                         causal,
                         varlen: false,
+                        group: 1,
                     });
                 }
             }
@@ -105,8 +120,21 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
     }
     // Packed sequences at one length, beside the fixed-length cases of the same shape (the
     // cuDNN column is torch SDPA on that unpacked shape); head dim 96 (Phi-3's; 21 heads, the
-    // Hopper kernels at width 128 on zero-filled columns) at two lengths.
+    // Hopper kernels at width 128 on zero-filled columns) at two lengths; GQA with 4 query
+    // heads per KV head (16:4 at d = 128) at 8192.
     if profile == Profile::Full {
+        for backward in [false, true] {
+            for causal in [false, true] {
+                out.push(AttnSpec {
+                    backward,
+                    head_dim: 128,
+                    seq: 8192,
+                    causal,
+                    varlen: false,
+                    group: 4,
+                });
+            }
+        }
         for backward in [false, true] {
             for seq in [2048, 8192] {
                 for causal in [false, true] {
@@ -116,6 +144,7 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
                         seq,
                         causal,
                         varlen: false,
+                        group: 1,
                     });
                 }
             }
@@ -129,6 +158,7 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
                         seq: 2048,
                         causal,
                         varlen: true,
+                        group: 1,
                     });
                 }
             }
@@ -189,18 +219,23 @@ fn inputs(dev: &Device, s: &AttnSpec, rng: &mut XorShift) -> Result<Inputs> {
         let lse_shape = shape[..3].to_vec();
         (shape, lse_shape, None)
     };
-    let t = |rng: &mut XorShift| random_tensor(dev, rng, &shape, DType::BF16, -1.0, 1.0);
+    // K and V (and their gradients) with the KV heads: the heads axis is 1 in both layouts.
+    let mut kv_shape = shape.clone();
+    kv_shape[1] = s.kv_heads();
+    let t = |rng: &mut XorShift, shape: &[usize]| {
+        random_tensor(dev, rng, shape, DType::BF16, -1.0, 1.0)
+    };
     Ok(Inputs {
         cu,
-        q: t(rng)?,
-        k: t(rng)?,
-        v: t(rng)?,
+        q: t(rng, &shape)?,
+        k: t(rng, &kv_shape)?,
+        v: t(rng, &kv_shape)?,
         o: dev.zeros(&shape, DType::BF16)?,
         lse: dev.zeros(&lse_shape, DType::F32)?,
-        d_o: t(rng)?,
+        d_o: t(rng, &shape)?,
         dq: dev.zeros(&shape, DType::BF16)?,
-        dk: dev.zeros(&shape, DType::BF16)?,
-        dv: dev.zeros(&shape, DType::BF16)?,
+        dk: dev.zeros(&kv_shape, DType::BF16)?,
+        dv: dev.zeros(&kv_shape, DType::BF16)?,
     })
 }
 
@@ -285,7 +320,10 @@ pub fn skipped_case(spec: &AttnSpec, why: Timed) -> AttnCase {
         ratio_flash: None,
         // The targets name head_dim 64 and 128; 96 and 256 are reported beside cuDNN
         // without one.
-        target_ratio: (spec.seq >= 2048 && matches!(spec.head_dim, 64 | 128) && !spec.varlen)
+        target_ratio: (spec.seq >= 2048
+            && matches!(spec.head_dim, 64 | 128)
+            && !spec.varlen
+            && spec.group == 1)
             .then_some(if spec.backward { 1.10 } else { 1.05 }),
     }
 }

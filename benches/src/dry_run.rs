@@ -91,7 +91,7 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
             dtype: DType::BF16,
             batch: spec.batch(),
             q_heads: spec.heads(),
-            kv_heads: spec.heads(),
+            kv_heads: spec.kv_heads(),
             seq: spec.seq,
             head_dim: spec.head_dim,
             causal: spec.causal,
@@ -106,7 +106,7 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
             batch: spec.batch,
             q_heads: decode::QUERY_HEADS,
             kv_heads: decode::KV_HEADS,
-            head_dim: decode::HEAD_DIM,
+            head_dim: spec.head_dim,
             context: spec.context,
             page_size: spec.page_size,
         };

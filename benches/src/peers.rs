@@ -48,10 +48,12 @@ pub fn merge(report: &mut Report, file: &PeersFile, source: &str) {
                 matched += 1;
             }
         } else if r.op == "attention_decode" {
-            // shape = [batch, context]; torch runs contiguous caches only.
-            if let Some(d) = report.decode.iter_mut().find(|d| {
-                d.spec.page_size.is_none() && [d.spec.batch, d.spec.context] == r.shape[..]
-            }) {
+            // shape = [batch, context(, head_dim)]; torch runs contiguous caches only.
+            if let Some(d) = report
+                .decode
+                .iter_mut()
+                .find(|d| d.spec.page_size.is_none() && d.spec.peer_shape() == r.shape)
+            {
                 match r.backend.as_deref() {
                     Some("cudnn") => d.cudnn_ms = Some(ms),
                     Some("flash") => d.flash_ms = Some(ms),

@@ -608,7 +608,7 @@ impl Report {
         self.odd_markdown(&mut s);
         if !self.decode.is_empty() {
             let _ = writeln!(s, "\n## Attention decode\n");
-            let _ = writeln!(s, "One query token per sequence, GQA 32:8, head_dim 128, bf16; bandwidth = K + V bytes / median time; % is of the copy bandwidth. torch SDPA (cuDNN, flash) runs on contiguous caches of the same size.\n");
+            let _ = writeln!(s, "One query token per sequence, GQA 32:8, head_dim 128 (96 where the name says d96), bf16; bandwidth = K + V bytes / median time; % is of the copy bandwidth. torch SDPA (cuDNN, flash) runs on contiguous caches of the same size.\n");
             let _ = writeln!(s, "| case | MB | median ms | runs | GB/s | % copy | cuDNN % copy | flash % copy | target | met |");
             let _ = writeln!(
                 s,

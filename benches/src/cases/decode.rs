@@ -1,5 +1,6 @@
-//! Decode attention (one new token per sequence, GQA 32:8, head_dim 128, bf16) over paged and
-//! contiguous KV caches, as bandwidth: K + V bytes read per second against the copy bandwidth.
+//! Decode attention (one new token per sequence, GQA 32:8, head_dim 128, and 96 in two cases,
+//! bf16) over paged and contiguous KV caches, as bandwidth: K + V bytes read per second
+//! against the copy bandwidth.
 
 use crate::cases::Profile;
 use crate::report::{DecodeCase, Timed};
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub const QUERY_HEADS: usize = 32;
 pub const KV_HEADS: usize = 8;
+/// The head dim of the cases, and of the targets.
 pub const HEAD_DIM: usize = 128;
 /// Share of the copy bandwidth asked for at context >= 8k (docs/targets.md).
 pub const TARGET_PCT: f64 = 80.0;
@@ -25,6 +27,14 @@ pub struct DecodeSpec {
     pub context: usize,
     /// Tokens per page; `None` for a contiguous [B, Hkv, N, D] cache.
     pub page_size: Option<usize>,
+    /// [`HEAD_DIM`], or 96 (Phi-3's: the lane kernel at width 128). Reports written before
+    /// this field read as [`HEAD_DIM`].
+    #[serde(default = "default_head_dim")]
+    pub head_dim: usize,
+}
+
+fn default_head_dim() -> usize {
+    HEAD_DIM
 }
 
 impl DecodeSpec {
@@ -33,20 +43,35 @@ impl DecodeSpec {
             Some(p) => format!("paged{p}"),
             None => "contiguous".into(),
         };
+        let dim = if self.head_dim == HEAD_DIM {
+            String::new()
+        } else {
+            format!(" d{}", self.head_dim)
+        };
         format!(
-            "attention decode bf16 b{} ctx{} {layout}",
+            "attention decode bf16 b{} ctx{} {layout}{dim}",
             self.batch, self.context
         )
     }
 
     /// K and V bytes one call reads.
     pub fn kv_bytes(&self) -> u64 {
-        (2 * self.batch * self.context * KV_HEADS * HEAD_DIM * 2) as u64
+        (2 * self.batch * self.context * KV_HEADS * self.head_dim * 2) as u64
     }
 
-    /// The target share of the copy bandwidth, if one applies.
+    /// The target share of the copy bandwidth, if one applies (the head dim only).
     pub fn target_pct(&self) -> Option<f64> {
-        (self.context >= TARGET_MIN_CONTEXT).then_some(TARGET_PCT)
+        (self.context >= TARGET_MIN_CONTEXT && self.head_dim == HEAD_DIM).then_some(TARGET_PCT)
+    }
+
+    /// The shape peers.py records for torch's run of this case: `[batch, context]` at
+    /// [`HEAD_DIM`], `[batch, context, head_dim]` otherwise.
+    pub fn peer_shape(&self) -> Vec<usize> {
+        let mut shape = vec![self.batch, self.context];
+        if self.head_dim != HEAD_DIM {
+            shape.push(self.head_dim);
+        }
+        shape
     }
 }
 
@@ -56,6 +81,11 @@ pub fn decode_specs(gpu: bool, profile: Profile) -> Vec<DecodeSpec> {
         batch,
         context,
         page_size,
+        head_dim: HEAD_DIM,
+    };
+    let d96 = |spec: DecodeSpec| DecodeSpec {
+        head_dim: 96,
+        ..spec
     };
     match (gpu, profile) {
         (true, Profile::Full) => vec![
@@ -72,6 +102,8 @@ pub fn decode_specs(gpu: bool, profile: Profile) -> Vec<DecodeSpec> {
             s(1, 131072, None),
             s(16, 8192, None),
             s(64, 8192, None),
+            d96(s(1, 32768, Some(16))),
+            d96(s(16, 8192, None)),
         ],
         (true, Profile::Quick) => vec![
             s(1, 8192, Some(16)),
@@ -118,14 +150,15 @@ impl Set {
 fn make_set(dev: &Device, spec: &DecodeSpec, rng: &mut XorShift) -> Result<Set> {
     let (b, n) = (spec.batch, spec.context);
     let bf = DType::BF16;
-    let q = random_tensor(dev, rng, &[b, QUERY_HEADS, 1, HEAD_DIM], bf, -1.0, 1.0)?;
+    let d = spec.head_dim;
+    let q = random_tensor(dev, rng, &[b, QUERY_HEADS, 1, d], bf, -1.0, 1.0)?;
     let lens: Vec<i32> = vec![n as i32; b];
     let seq_lens = dev.tensor(&lens, &[b])?;
     let (k, v, block_table) = match spec.page_size {
         Some(ps) => {
             let per_seq = n.div_ceil(ps);
             let pages = b * per_seq;
-            let shape = [pages, ps, KV_HEADS, HEAD_DIM];
+            let shape = [pages, ps, KV_HEADS, d];
             // Pages in a shuffled order, as a long-running server's pool hands them out.
             let mut order: Vec<i32> = (0..pages as i32).collect();
             for i in (1..order.len()).rev() {
@@ -138,7 +171,7 @@ fn make_set(dev: &Device, spec: &DecodeSpec, rng: &mut XorShift) -> Result<Set> 
             )
         }
         None => {
-            let shape = [b, KV_HEADS, n, HEAD_DIM];
+            let shape = [b, KV_HEADS, n, d];
             (
                 random_tensor(dev, rng, &shape, bf, -1.0, 1.0)?,
                 random_tensor(dev, rng, &shape, bf, -1.0, 1.0)?,
@@ -152,7 +185,7 @@ fn make_set(dev: &Device, spec: &DecodeSpec, rng: &mut XorShift) -> Result<Set> 
         v,
         block_table,
         seq_lens,
-        o: dev.zeros(&[b, QUERY_HEADS, 1, HEAD_DIM], bf)?,
+        o: dev.zeros(&[b, QUERY_HEADS, 1, d], bf)?,
         lse: dev.zeros(&[b, QUERY_HEADS, 1], DType::F32)?,
     })
 }
