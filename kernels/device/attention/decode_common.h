@@ -148,7 +148,7 @@ CALICO_DEVICE void decode_merge_row(const float* part_o, const float* part_lse, 
 // at b1 32k: ~5 dependent round trips after the count); here a row costs one round trip per
 // batch of BATCH_SPLITS partials (0: 64 floats of registers). More splits than
 // LSE_PER_LANE * lanes take decode_merge_row.
-template <typename T, int HD, int BATCH_SPLITS = 0, int LSE_PER_LANE = 4>
+template <typename T, int HD, int BATCH_SPLITS = 0, int LSE_PER_LANE = 4, int COLS = HD>
 CALICO_DEVICE void decode_merge_row_early(const float* part_o, const float* part_lse, long long row, int splits,
                                           T* orow, float* lse_out, int lane) {
     constexpr int LANES = CALICO_LANES;
@@ -156,7 +156,7 @@ CALICO_DEVICE void decode_merge_row_early(const float* part_o, const float* part
     constexpr int BATCH = BATCH_SPLITS > 0 ? BATCH_SPLITS : (PER_LANE >= 8 ? 8 : 16);
     static_assert(LANES % BATCH == 0, "a batch lies within one lane's stride of splits");
     if (splits > LSE_PER_LANE * LANES) {
-        decode_merge_row<T, HD, BATCH_SPLITS>(part_o, part_lse, row, splits, orow, lse_out, lane);
+        decode_merge_row<T, HD, BATCH_SPLITS, COLS>(part_o, part_lse, row, splits, orow, lse_out, lane);
         return;
     }
     const float NEG_INF = decode_neg_inf();
@@ -216,7 +216,9 @@ CALICO_DEVICE void decode_merge_row_early(const float* part_o, const float* part
         }
     }
 #pragma unroll
-    for (int i = 0; i < PER_LANE; ++i) orow[lane * PER_LANE + i] = from_float<T>(out[i]);
+    for (int i = 0; i < PER_LANE; ++i) {
+        if (COLS == HD || lane * PER_LANE + i < COLS) orow[lane * PER_LANE + i] = from_float<T>(out[i]);
+    }
     if (lane == 0) *lse_out = total > 0.0f ? (base + decode_log2(total)) * DECODE_LN2 : NEG_INF;
 }
 

@@ -48,7 +48,8 @@
 // %globaltimer (ns) at the block's milestones to `trace` (TRACE_SLOTS per block, see below);
 // the host prints where a call's time goes.
 //
-// Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), PAGED (0 | 1), WARPS (warps per
+// Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256; HEAD_DIM_USED the problem's head dim
+// below it, a multiple of 8: the pieces past it zero-filled, O written up to it), PAGED (0 | 1), WARPS (warps per
 // block), STAGES (tiles in each warp's ring, >= 2), FUSE (0 | 1), EARLY (0 | 1),
 // L2_AHEAD (0..8), SPEC (0 | 1; needs EARLY), MERGE_BATCH (splits the fused merge loads at
 // once: 0 = decode_merge_row's default, else 8 | 16 | 32), TRACE (0 | 1), LEAN_COUNT (0 | 1:
@@ -66,6 +67,13 @@ typedef ELEM T;
 namespace decode_mma {
 
 constexpr int D = HEAD_DIM;
+#ifndef HEAD_DIM_USED
+#define HEAD_DIM_USED HEAD_DIM
+#endif
+// The problem's head dim (a multiple of 8, at most D): Q, K and V pieces past it are not read
+// (cp.async zero-fills them, no score changes) and only its columns of O are written.
+constexpr int DIM = HEAD_DIM_USED;
+static_assert(DIM % 8 == 0 && DIM <= D, "a real head dim of whole 16-byte pieces, at most D");
 constexpr int BN = 16;                // tokens per warp tile
 constexpr int ROWS = 16;              // query rows per block (one MMA row tile)
 constexpr int DC = 64;                // head-dimension chunk of the register tiles
@@ -189,8 +197,10 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     kv_tile* vs = ks + STAGES;
     const int col = (lane % PIECES_PER_ROW) * 8;
     const int row0 = lane / PIECES_PER_ROW;
-    const T* kh = k + h * k_sh + col;
-    const T* vh = v + h * v_sh + col;
+    // A piece past the real head dim reads nothing (zero-filled) from column 0 of its row.
+    const bool in_dim = DIM == D || col < DIM;
+    const T* kh = k + h * k_sh + (in_dim ? col : 0);
+    const T* vh = v + h * v_sh + (in_dim ? col : 0);
     const long long k_step = ROW_STEP * k_st, v_step = ROW_STEP * v_st;
     // Issues the copies of the tile at token t (in page `page`) into ring slot `stage`: row
     // pointers advance by adds; only the last tile of a range tests rows against `lim` (the
@@ -212,14 +222,14 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
 #pragma unroll
             for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
                 const int r = row0 + i * ROW_STEP;
-                cp_async_16(ks[stage].ptr(r, col), kp, true);
-                cp_async_16(vs[stage].ptr(r, col), vp, true);
+                cp_async_16(ks[stage].ptr(r, col), kp, in_dim);
+                cp_async_16(vs[stage].ptr(r, col), vp, in_dim);
             }
         } else {
 #pragma unroll
             for (int i = 0; i < PIECES; ++i, kp += k_step, vp += v_step) {
                 const int r = row0 + i * ROW_STEP;
-                const bool valid = t + r < lim;  // rows past the end read nothing, get zeros
+                const bool valid = t + r < lim && in_dim;  // rows past the end read nothing, get zeros
                 cp_async_16(ks[stage].ptr(r, col), valid ? kp : kt, valid);
                 cp_async_16(vs[stage].ptr(r, col), valid ? vp : vt, valid);
             }
@@ -244,7 +254,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
             const int r = idx / PIECES_PER_ROW, c = (idx % PIECES_PER_ROW) * 8;
             int head, qi;
             qv[n] = make_uint4(0, 0, 0, 0);
-            if (idx < ROWS * PIECES_PER_ROW && row_of(r, head, qi))
+            if (idx < ROWS * PIECES_PER_ROW && (DIM == D || c < DIM) && row_of(r, head, qi))
                 qv[n] = *reinterpret_cast<const uint4*>(q + b * q_sb + head * q_sh + qi * q_sn + c);
         }
     };
@@ -379,7 +389,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
     // Asks L2 for the 128-byte lines of the tile at token t (page `page`), L2_AHEAD tiles
     // before its copy: DRAM keeps streaming while the ring is full, at no cost in registers
     // or shared memory.
-    constexpr int LINES_PER_ROW = D * (int)sizeof(T) / 128;
+    constexpr int LINES_PER_ROW = (DIM * (int)sizeof(T) + 127) / 128;
     auto prefetch_l2 = [&](int t, int page) {
         const int slot = slot_of(t);
         const T* kt = k + h * k_sh + page * k_sp + slot * k_st;
@@ -611,7 +621,7 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
         const float lse2 = lt > 0.0f ? mt + decode_log2(lt) : NEG_INF;
         const long long row = ((long long)b * hq + head) * nq + qi;
         if (splits == 1) {
-            o[b * o_sb + head * o_sh + qi * o_sn + d] = from_float<T>(out);
+            if (DIM == D || d < DIM) o[b * o_sb + head * o_sh + qi * o_sn + d] = from_float<T>(out);
             if (d == 0) lse[row] = lse2 == NEG_INF ? NEG_INF : lse2 * DECODE_LN2;
         } else {
             part_o[(row * splits + split) * D + d] = out;
@@ -658,9 +668,9 @@ CALICO_KERNEL CALICO_MAX_THREADS(WARPS * 32) void calico_attention_decode_mma(
                 const long long row = ((long long)b * hq + head) * nq + qi;
                 T* orow = o + b * o_sb + head * o_sh + qi * o_sn;
 #if MERGE_EARLY
-                decode_merge_row_early<T, D>(part_o, part_lse, row, splits, orow, lse + row, lane);
+                decode_merge_row_early<T, D, 0, 4, DIM>(part_o, part_lse, row, splits, orow, lse + row, lane);
 #else
-                decode_merge_row<T, D, MERGE_BATCH>(part_o, part_lse, row, splits, orow, lse + row, lane);
+                decode_merge_row<T, D, MERGE_BATCH, DIM>(part_o, part_lse, row, splits, orow, lse + row, lane);
 #endif
             }
         }

@@ -631,8 +631,11 @@ mod tests {
         let nv = plan_attention_decode("sm_90a", &c).unwrap();
         assert!(nv.kernels[0].label.starts_with("decode mma"), "{nv:?}");
         assert!(nv.kernels.iter().all(|k| k.source.is_none()));
-        // Head dims between the widths take the lane kernel at the next width.
-        let d96 = plan_attention_decode("sm_90a", &DecodeCase { head_dim: 96, ..c }).unwrap();
+        // Head dims between the widths take the same kernels at the next width.
+        let c96 = DecodeCase { head_dim: 96, ..c };
+        let d96 = plan_attention_decode("sm_90a", &c96).unwrap();
+        assert!(d96.kernels[0].label.starts_with("decode mma"), "{d96:?}");
+        let d96 = plan_attention_decode("gfx942", &c96).unwrap();
         assert!(d96.kernels[0].label.starts_with("decode lanes"), "{d96:?}");
         assert!(
             d96.kernels[1].label.starts_with("decode combine"),

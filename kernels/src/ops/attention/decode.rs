@@ -526,17 +526,21 @@ fn kernel_width(dim: usize) -> Option<usize> {
     kernel_head_dim(dim, &[64, 128, 256])
 }
 
-/// The tensor-core kernel where it runs (unless tuned off; head dims 64, 128 and 256), else
-/// the lane kernel (which also takes the head dims between them).
+/// The tensor-core kernel where it runs (unless tuned off), else the lane kernel; both take
+/// the head dims between 64, 128 and 256 at the next of those widths.
 fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let pages = paged.then_some(p.page_size);
-    let mma_dim = kernel_width(p.dim) == Some(p.dim);
-    if tune.kernel == 2 && mma_dim && decode_mma::runs_here(arch, p.dtype, pages) {
+    let width = kernel_width(p.dim).unwrap_or(p.dim);
+    if tune.kernel == 2 && decode_mma::runs_here(arch, p.dtype, pages) {
         // Fewer warps where their rings do not fit (warps=8 at head_dim 256), rather than
         // the lane kernel.
         let fitting = std::iter::successors(Some(tune.warps), |&w| (w > 1).then_some(w / 2))
-            .find_map(|w| DecodeMmaVariant::fitting(arch, p.dtype, p.dim, paged, w, tune.stages));
+            .find_map(|w| DecodeMmaVariant::fitting(arch, p.dtype, width, paged, w, tune.stages));
         if let Some(v) = fitting {
+            let v = DecodeMmaVariant {
+                used_dim: p.dim,
+                ..v
+            };
             return plan_mma(arch, p, v, tune);
         }
     }
@@ -667,10 +671,10 @@ fn launch(
     }
     let os = o.strides();
     let rows = p.batch * p.hq * p.nq;
-    // The partials' width: the lane kernel's (a padded head dim's too), else the head dim.
+    // The partials' width: the kernel's (a padded head dim's too).
     let width = match plan.kernel {
         MainKernel::Lanes(v) => v.head_dim,
-        MainKernel::Mma(_) => p.dim,
+        MainKernel::Mma(v) => v.head_dim,
     };
     let ws_bytes = if plan.splits > 1 {
         rows * plan.splits * (width + 1) * 4
@@ -878,7 +882,7 @@ pub(crate) fn planned_kernels(
     let plan = plan(arch, &p, page_size.is_some());
     let width = match plan.kernel {
         MainKernel::Lanes(v) => v.head_dim,
-        MainKernel::Mma(_) => dim,
+        MainKernel::Mma(v) => v.head_dim,
     };
     let mut out = vec![match plan.kernel {
         MainKernel::Lanes(v) => (
@@ -976,6 +980,18 @@ pub(crate) fn catalog_variants(arch: &Arch) -> Vec<(String, DecodeKernel)> {
                     "mma {dtype} d{head_dim} paged={paged} warps={warps} stages={} fused={fused} early={} l2_ahead={} spec={spec} mbatch={} trace={} lean={} mpipe={}",
                     v.stages, v.early, v.l2_ahead, v.merge_batch, v.trace, v.lean_count, v.merge_early
                 ),
+                DecodeKernel::Mma(v),
+            ));
+        }
+    }
+    // The default form (8 warps, fused merge) at head dim 96 on width 128.
+    if decode_mma::runs_here(arch, DType::BF16, None) {
+        if let Some(mut v) = DecodeMmaVariant::fitting(arch, DType::BF16, 128, true, 8, 3) {
+            (v.fused, v.early, v.spec, v.merge_batch) = (true, true, true, 32);
+            (v.used_dim, v.merge_early) = (96, true);
+            out.push((
+                "mma bf16 d128 used96 paged=true warps=8 stages=3 fused=true spec=true mpipe=true"
+                    .to_string(),
                 DecodeKernel::Mma(v),
             ));
         }

@@ -21,7 +21,11 @@ const SOURCE: &str = include_str!("../../../device/attention/decode_mma.cu");
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct DecodeMmaVariant {
     pub dtype: DType,
+    /// The kernel's width: 64, 128 or 256.
     pub head_dim: usize,
+    /// The problem's head dim, at most `head_dim` (HEAD_DIM_USED: the pieces past it are
+    /// zero-filled, only its columns of O written).
+    pub used_dim: usize,
     pub paged: bool,
     pub warps: usize,
     /// Tiles in each warp's cp.async ring.
@@ -89,6 +93,7 @@ impl DecodeMmaVariant {
             let v = DecodeMmaVariant {
                 dtype,
                 head_dim,
+                used_dim: head_dim,
                 paged,
                 warps,
                 stages,
@@ -113,6 +118,7 @@ impl KernelVariant for DecodeMmaVariant {
         let defines = [
             ("ELEM", self.dtype.device_type().to_string()),
             ("HEAD_DIM", self.head_dim.to_string()),
+            ("HEAD_DIM_USED", self.used_dim.to_string()),
             ("PAGED", u8::from(self.paged).to_string()),
             ("WARPS", self.warps.to_string()),
             ("STAGES", self.stages.to_string()),
