@@ -18,6 +18,22 @@ const EDGE_LENS: [usize; 12] = [1, 2, 3, 17, 63, 64, 65, 127, 128, 129, 191, 257
 /// reference quick.
 const BUDGET: usize = 3_000_000;
 
+/// Options with a causal mask (bottom-right aligned).
+fn causal_mask() -> AttentionOptions {
+    AttentionOptions {
+        causal: true,
+        ..Default::default()
+    }
+}
+
+/// Options with a sliding window of `left` keys before and `right` after the diagonal.
+fn window_mask(left: usize, right: usize) -> AttentionOptions {
+    AttentionOptions {
+        window: Some((left, right)),
+        ..Default::default()
+    }
+}
+
 /// How a `[B, H, N, D]` operand sits in memory.
 #[derive(Debug, Clone, Copy)]
 struct Memory {
@@ -453,10 +469,7 @@ fn with_o(mut c: Case, pad: usize, offset: usize) -> Case {
 
 /// The edges named in the spec, each on every backend.
 fn edge_cases() -> Vec<Case> {
-    let causal = AttentionOptions {
-        causal: true,
-        ..Default::default()
-    };
+    let causal = causal_mask();
     let plain = AttentionOptions::default();
     vec![
         // N = 1 both ways.
@@ -874,10 +887,7 @@ fn attention_varlen_matches_reference() {
 #[test]
 fn attention_hopper_varlen() {
     report_skipped("attention_hopper_varlen");
-    let causal = AttentionOptions {
-        causal: true,
-        ..Default::default()
-    };
+    let causal = causal_mask();
     let window = AttentionOptions {
         window: Some((300, 20)),
         ..Default::default()
@@ -955,15 +965,9 @@ fn attention_varlen_rejects_bad_offsets_on_the_cpu() {
 #[test]
 fn attention_hopper_shapes_forward() {
     report_skipped("attention_hopper_shapes_forward");
-    let causal = AttentionOptions {
-        causal: true,
-        ..Default::default()
-    };
+    let causal = causal_mask();
     let plain = AttentionOptions::default();
-    let window = |l, r| AttentionOptions {
-        window: Some((l, r)),
-        ..Default::default()
-    };
+    let window = window_mask;
     let cases = vec![
         fixed(DType::BF16, (1, 2, 2), (300, 300, 128), causal, 1.0),
         fixed(DType::F16, (2, 1, 4), (1, 1, 64), plain, 1.0),
@@ -1040,15 +1044,9 @@ fn attention_hopper_shapes_forward() {
 #[test]
 fn attention_hopper_shapes_backward() {
     report_skipped("attention_hopper_shapes_backward");
-    let causal = AttentionOptions {
-        causal: true,
-        ..Default::default()
-    };
+    let causal = causal_mask();
     let plain = AttentionOptions::default();
-    let window = |l, r| AttentionOptions {
-        window: Some((l, r)),
-        ..Default::default()
-    };
+    let window = window_mask;
     let aligned_out = |mut c: Case| {
         c.o_mem = c.q_mem;
         c
@@ -1106,15 +1104,9 @@ fn attention_hopper_shapes_backward() {
 #[test]
 fn attention_hopper_padded_head_dims() {
     report_skipped("attention_hopper_padded_head_dims");
-    let causal = AttentionOptions {
-        causal: true,
-        ..Default::default()
-    };
+    let causal = causal_mask();
     let plain = AttentionOptions::default();
-    let window = |l, r| AttentionOptions {
-        window: Some((l, r)),
-        ..Default::default()
-    };
+    let window = window_mask;
     let capped = AttentionOptions {
         causal: true,
         softcap: Some(30.0),
@@ -1280,15 +1272,9 @@ fn attention_tiles_forward_matches_reference() {
 #[test]
 fn attention_tiles_forward_edges() {
     const TEST: &str = "attention_tiles_forward_edges";
-    let causal = AttentionOptions {
-        causal: true,
-        ..Default::default()
-    };
+    let causal = causal_mask();
     let plain = AttentionOptions::default();
-    let window = |l, r| AttentionOptions {
-        window: Some((l, r)),
-        ..Default::default()
-    };
+    let window = window_mask;
     let mut cases = edge_cases();
     cases.extend([
         fixed(DType::BF16, (1, 1, 1), (1, 1, 16), plain, 1.0),
@@ -1329,10 +1315,7 @@ fn attention_tiles_forward_edges() {
 #[test]
 fn attention_tiles_varlen_matches_reference() {
     const TEST: &str = "attention_tiles_varlen_matches_reference";
-    let causal = AttentionOptions {
-        causal: true,
-        ..Default::default()
-    };
+    let causal = causal_mask();
     let window = AttentionOptions {
         window: Some((20, 3)),
         ..Default::default()

@@ -410,11 +410,10 @@ fn decode_matches_reference() {
     property("attention_decode", 40, case(), check);
 }
 
-/// Long caches on every backend: many splits merged through the LSE, and bit-identical
-/// results from two runs (the merge order is fixed).
-#[test]
-fn long_caches_split_and_repeat_exactly() {
-    let long = Case {
+/// A paged bf16 cache of a long sequence, a one-token and an empty one, GQA 4 over 2 KV heads,
+/// one query token, no mask: the split-KV cases start from it.
+fn long_paged_case() -> Case {
+    Case {
         dtype: DType::BF16,
         hkv: 2,
         group: 4,
@@ -432,7 +431,14 @@ fn long_caches_split_and_repeat_exactly() {
         pad: 0,
         dist: Dist::Normal { scale: 1.0 },
         seed: 7,
-    };
+    }
+}
+
+/// Long caches on every backend: many splits merged through the LSE, and bit-identical
+/// results from two runs (the merge order is fixed).
+#[test]
+fn long_caches_split_and_repeat_exactly() {
+    let long = long_paged_case();
     property("attention_decode long", 1, Just(()), |dev, _| {
         for c in [
             long.clone(),
@@ -477,23 +483,11 @@ fn long_caches_split_and_repeat_exactly() {
 #[test]
 fn padded_head_dims_decode() {
     let base = Case {
-        dtype: DType::BF16,
-        hkv: 2,
-        group: 4,
-        nq: 1,
         dim: 96,
-        page_size: Some(16),
         lens: vec![3000, 1, 0],
-        spare: 1,
-        causal: false,
-        window: None,
-        softcap: None,
-        scale: None,
-        tokens_outer: false,
-        kv_tokens_outer: false,
         pad: 8,
-        dist: Dist::Normal { scale: 1.0 },
         seed: 11,
+        ..long_paged_case()
     };
     property(
         "attention_decode padded head dims",
