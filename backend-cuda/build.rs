@@ -3,9 +3,9 @@ use std::fmt::Write;
 use std::path::Path;
 
 fn collect(dir: &Path, root: &Path, out: &mut Vec<String>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
+    // A build without its headers compiles no kernel: fail here, not at the first launch.
+    let entries = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("reading the device headers in {}: {e}", dir.display()));
     let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
     entries.sort();
     for path in entries {
@@ -23,10 +23,20 @@ fn collect(dir: &Path, root: &Path, out: &mut Vec<String>) {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("device");
+    // The manifest directory of this run, not of the build that compiled this script: cargo
+    // reuses one compiled build script for checkouts that share a target directory (a git
+    // worktree built into the same target/ left every later build reading the worktree's
+    // headers, and none once it was removed).
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest).join("device");
     println!("cargo:rerun-if-changed={}", root.display());
     let mut files = Vec::new();
     collect(&root, &root, &mut files);
+    assert!(
+        !files.is_empty(),
+        "no device headers under {}",
+        root.display()
+    );
     let mut code = String::from("const DEVICE_HEADERS: HeaderSet = &[\n");
     for rel in &files {
         println!("cargo:rerun-if-changed={}", root.join(rel).display());
