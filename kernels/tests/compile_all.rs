@@ -552,7 +552,11 @@ fn cdna_attention_uses_mfma_and_buffer_loads_without_scratch() {
             .into_iter()
             .filter(|e| e.label.starts_with("cdna"))
             .collect();
-        assert_eq!(entries.len(), 6, "{target}: bf16/f16 x d64/128/256");
+        assert_eq!(
+            entries.len(),
+            8,
+            "{target}: bf16/f16 x d64/128/256, and d40 / d120 on the 64 / 128 widths"
+        );
         for e in &entries {
             let (asm, kernels) = compile_amd(target, e);
             let what = format!("{target} {}", e.label);

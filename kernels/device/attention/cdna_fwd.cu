@@ -18,7 +18,8 @@
 // row max, rescale of the running sum and accumulator, exp2, row sum, P rounded to ELEM.
 // Rows that see no key get O = 0 and LSE = -inf.
 //
-// Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), BN (keys per block: 64 or 32).
+// Defines: ELEM (bf16 | f16), HEAD_DIM (64 | 128 | 256), BN (keys per block: 64 or 32),
+// HEAD_DIM_USED (the problem's head dim, a multiple of 8 up to HEAD_DIM; default HEAD_DIM).
 // Requirements (host): rows of K and V 16-byte aligned, K's and V's row stride at least
 // HEAD_DIM, each of K and V under 2 GiB.
 #include "calico/tiles.h"
@@ -44,6 +45,13 @@ constexpr int WAVES = 8;
 constexpr int THREADS = 64 * WAVES;
 constexpr int BM = 16 * WAVES;
 constexpr int D = HEAD_DIM;
+#ifndef HEAD_DIM_USED
+#define HEAD_DIM_USED HEAD_DIM
+#endif
+// The problem's head dim (a multiple of 8, at most D): K and V pieces past it are loaded as the
+// out-of-range zeros, Q's are zero-filled by its view, and O is written up to it.
+constexpr int DIM = HEAD_DIM_USED;
+static_assert(DIM % 8 == 0 && DIM <= D, "a real head dim of whole 16-byte pieces, at most D");
 // Head-dimension chunk of the register tiles: Q, O and the K / V^T fragments go 64 wide.
 constexpr int DC = 64;
 constexpr int CHUNKS = D / DC;
@@ -90,7 +98,8 @@ struct Block {
             int r, c;
             place(i, r, c);
             const i64 gr = row0 + r;
-            const unsigned off = gr < rows ? static_cast<unsigned>((gr * stride + c) * (i64)sizeof(ELEM)) : OUT_OF_RANGE;
+            const bool in = gr < rows && (DIM == D || c < DIM);
+            const unsigned off = in ? static_cast<unsigned>((gr * stride + c) * (i64)sizeof(ELEM)) : OUT_OF_RANGE;
             regs[i] = hip::load_16b(buf, off);
         }
     }
@@ -139,7 +148,7 @@ CALICO_DEVICE void mask_scores(rt_fl<16, BN>& s, const params& p, const sequence
 
 // Bytes a K or V operand spans for one sequence of `len` rows (0 when empty).
 CALICO_DEVICE unsigned span_bytes(i64 len, i64 stride) {
-    return len > 0 ? static_cast<unsigned>(((len - 1) * stride + D) * (i64)sizeof(ELEM)) : 0u;
+    return len > 0 ? static_cast<unsigned>(((len - 1) * stride + DIM) * (i64)sizeof(ELEM)) : 0u;
 }
 
 }  // namespace attention_cdna
@@ -172,8 +181,8 @@ CALICO_KERNEL CALICO_MAX_THREADS(512) void calico_attention_cdna_fwd(
     const ELEM* qb = q.ptr + b * q.sb + h * q.sh + seq.q_start * q.sn;
     const ELEM* kb = k.ptr + b * k.sb + kvh * k.sh + seq.k_start * k.sn;
     const ELEM* vb = v.ptr + b * v.sb + kvh * v.sh + seq.k_start * v.sn;
-    const gl<ELEM> qg{const_cast<ELEM*>(qb), (int)seq.q_len, D, q.sn, 0};
-    const gl<ELEM> og{o.ptr + b * o.sb + h * o.sh + seq.q_start * o.sn, (int)seq.q_len, D, o.sn, 0};
+    const gl<ELEM> qg{const_cast<ELEM*>(qb), (int)seq.q_len, DIM, q.sn, 0};
+    const gl<ELEM> og{o.ptr + b * o.sb + h * o.sh + seq.q_start * o.sn, (int)seq.q_len, DIM, o.sn, 0};
     const hip::buffer kbuf = hip::make_buffer(kb, span_bytes(seq.k_len, k.sn));
     const hip::buffer vbuf = hip::make_buffer(vb, span_bytes(seq.k_len, v.sn));
 

@@ -574,15 +574,16 @@ mod tests {
                 assert!(ok, "{t} d{d}: {r:?}");
             }
             // 72 (a multiple of 8, not of 16): the Hopper kernel on sm_90a, the sm_80 tile
-            // kernel at width 128 on the other NVIDIA targets, the portable one on AMD.
+            // kernel at width 128 on the other NVIDIA targets, the CDNA kernel at width 128 on
+            // AMD.
             match route(t, 72, true, false) {
                 ForwardRoute::Hopper(_) if hopper => {}
                 ForwardRoute::Tile(v) if t.starts_with("sm_") && !hopper => {
                     assert_eq!(v.kernel, Kernel::Forward { aligned: true }, "{t} d72");
                     assert_eq!((v.head_dim, v.used_dim), (128, 72), "{t} d72");
                 }
-                ForwardRoute::Tile(v) if t.starts_with("gfx") => {
-                    assert_eq!(v.kernel, Kernel::PortableForward, "{t} d72")
+                ForwardRoute::Cdna(v) if t.starts_with("gfx") => {
+                    assert_eq!((v.head_dim, v.used_dim), (128, 72), "{t} d72")
                 }
                 r => panic!("{t} d72: {r:?}"),
             }

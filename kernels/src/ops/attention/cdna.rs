@@ -24,7 +24,11 @@ const MAX_OPERAND_BYTES: usize = 1 << 31;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct CdnaFwdVariant {
     pub dtype: DType,
+    /// The kernel's head dim: 64, 128 or 256.
     pub head_dim: usize,
+    /// The problem's head dim (a multiple of 8, at most `head_dim`): the buffer loads past it
+    /// read zeros and only its columns of O are written (HEAD_DIM_USED).
+    pub used_dim: usize,
 }
 
 impl CdnaFwdVariant {
@@ -43,8 +47,13 @@ impl CdnaFwdVariant {
     }
 
     pub(crate) fn label(&self) -> String {
+        let used = if self.used_dim == self.head_dim {
+            String::new()
+        } else {
+            format!(" used{}", self.used_dim)
+        };
         format!(
-            "cdna fwd {} d{} bn{} lds {} KiB",
+            "cdna fwd {} d{}{used} bn{} lds {} KiB",
             self.dtype,
             self.head_dim,
             self.keys_per_block(),
@@ -58,6 +67,7 @@ impl KernelVariant for CdnaFwdVariant {
         let defines = [
             ("ELEM", self.dtype.device_type().to_string()),
             ("HEAD_DIM", self.head_dim.to_string()),
+            ("HEAD_DIM_USED", self.used_dim.to_string()),
             ("BN", self.keys_per_block().to_string()),
         ];
         let sets = [vendor, calico_core::device_headers(), common::HEADERS];
@@ -65,12 +75,17 @@ impl KernelVariant for CdnaFwdVariant {
     }
 }
 
-/// The kernel runs here: a CDNA GPU with MFMA for the dtype, a head dim it covers.
+/// The kernel runs here: a CDNA GPU with MFMA for the dtype, a head dim it covers (64, 128,
+/// 256, and the multiples of 8 below them at the next of those widths).
 fn arch_ok(arch: &Arch, dtype: DType, head_dim: usize) -> bool {
     is_cdna(arch)
         && matches!(dtype, DType::BF16 | DType::F16)
         && arch.has_mma(MmaKind::Mfma, dtype)
-        && matches!(head_dim, 64 | 128 | 256)
+        && kernel_width(head_dim).is_some()
+}
+
+fn kernel_width(head_dim: usize) -> Option<usize> {
+    super::check::kernel_head_dim(head_dim, &[64, 128, 256])
 }
 
 /// Bytes from a tensor's first element to one past its last.
@@ -105,9 +120,10 @@ pub(crate) fn forward_variant(arch: &Arch, p: &Problem) -> Option<CdnaFwdVariant
     let fits = arch_ok(arch, p.dtype, p.head_dim)
         && p.q_len <= i32::MAX as usize
         && p.k_len <= i32::MAX as usize;
-    fits.then_some(CdnaFwdVariant {
+    fits.then(|| CdnaFwdVariant {
         dtype: p.dtype,
-        head_dim: p.head_dim,
+        head_dim: kernel_width(p.head_dim).unwrap_or(p.head_dim),
+        used_dim: p.head_dim,
     })
 }
 
@@ -132,9 +148,24 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, Ker
     for dtype in [DType::BF16, DType::F16] {
         for head_dim in [64, 128, 256] {
             if arch_ok(arch, dtype, head_dim) {
-                let v = CdnaFwdVariant { dtype, head_dim };
+                let v = CdnaFwdVariant {
+                    dtype,
+                    head_dim,
+                    used_dim: head_dim,
+                };
                 out.push((v.label(), v.source(vendor)?));
             }
+        }
+    }
+    // Head dims below the widths (the multiples of 8 the vendor-neutral kernel declines).
+    for used_dim in [40, 120] {
+        if arch_ok(arch, DType::BF16, used_dim) {
+            let v = CdnaFwdVariant {
+                dtype: DType::BF16,
+                head_dim: kernel_width(used_dim).unwrap_or(used_dim),
+                used_dim,
+            };
+            out.push((v.label(), v.source(vendor)?));
         }
     }
     Ok(out)
@@ -153,12 +184,17 @@ mod tests {
         assert!(arch_ok(&gfx942, DType::BF16, 128));
         assert!(arch_ok(&gfx90a, DType::F16, 64));
         assert!(arch_ok(&gfx942, DType::BF16, 256));
-        assert!(!arch_ok(&gfx942, DType::BF16, 96), "head dim 96");
+        assert!(
+            arch_ok(&gfx942, DType::BF16, 96),
+            "head dim 96, at width 128"
+        );
+        assert!(!arch_ok(&gfx942, DType::BF16, 100), "head dim 100");
+        assert!(!arch_ok(&gfx942, DType::BF16, 264), "head dim 264");
         assert!(!arch_ok(&gfx942, DType::F32, 128), "f32");
         assert!(!arch_ok(&sm90, DType::BF16, 128), "NVIDIA");
         assert!(!arch_ok(&rdna, DType::BF16, 128), "RDNA");
         let hip = calico_hip::hip_headers();
-        assert_eq!(catalog(&gfx942, hip).unwrap().len(), 6);
+        assert_eq!(catalog(&gfx942, hip).unwrap().len(), 8);
         assert!(catalog(&sm90, hip).unwrap().is_empty());
     }
 
@@ -168,6 +204,7 @@ mod tests {
             let v = CdnaFwdVariant {
                 dtype: DType::BF16,
                 head_dim: d,
+                used_dim: d,
             };
             assert_eq!(v.lds_bytes(), bytes, "d{d}");
         }

@@ -533,7 +533,10 @@ pub(crate) fn route_forward_with(
     }
     if f.cdna_operands {
         if let Some(v) = super::cdna::forward_variant(arch, p) {
-            return ForwardRoute::Cdna(v);
+            // The vendor-neutral kernel keeps the head dims it takes at their own width.
+            if v.used_dim == v.head_dim || tiles.is_none() {
+                return ForwardRoute::Cdna(v);
+            }
         }
     }
     if let Some(width) = tile_kernel_dim(arch, p.dtype, p.head_dim, false) {
