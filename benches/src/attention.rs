@@ -123,43 +123,27 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
     // Hopper kernels at width 128 on zero-filled columns) at two lengths; GQA with 4 query
     // heads per KV head (16:4 at d = 128) at 8192.
     if profile == Profile::Full {
-        for backward in [false, true] {
-            for causal in [false, true] {
-                out.push(AttnSpec {
-                    backward,
-                    head_dim: 128,
-                    seq: 8192,
-                    causal,
-                    varlen: false,
-                    group: 4,
-                });
-            }
-        }
-        for backward in [false, true] {
-            for seq in [2048, 8192] {
-                for causal in [false, true] {
-                    out.push(AttnSpec {
-                        backward,
-                        head_dim: 96,
-                        seq,
-                        causal,
-                        varlen: false,
-                        group: 1,
-                    });
-                }
-            }
-        }
-        for backward in [false, true] {
-            for head_dim in [64, 128] {
-                for causal in [false, true] {
-                    out.push(AttnSpec {
-                        backward,
-                        head_dim,
-                        seq: 2048,
-                        causal,
-                        varlen: true,
-                        group: 1,
-                    });
+        // (head dims, lengths, packed, query heads per KV head)
+        let extras: [(&[usize], &[usize], bool, usize); 3] = [
+            (&[128], &[8192], false, 4),
+            (&[96], &[2048, 8192], false, 1),
+            (&[64, 128], &[2048], true, 1),
+        ];
+        for (dims, lens, varlen, group) in extras {
+            for backward in [false, true] {
+                for &head_dim in dims {
+                    for &seq in lens {
+                        for causal in [false, true] {
+                            out.push(AttnSpec {
+                                backward,
+                                head_dim,
+                                seq,
+                                causal,
+                                varlen,
+                                group,
+                            });
+                        }
+                    }
                 }
             }
         }

@@ -317,12 +317,7 @@ pub fn plan_attention_decode(target: &str, case: &DecodeCase) -> Result<OpPlan> 
     if case.kv_heads == 0 || !case.q_heads.is_multiple_of(case.kv_heads) || case.context == 0 {
         return Err(Error::shape(format!("no decode problem: {case:?}")));
     }
-    if case.head_dim == 0 || case.head_dim > 256 || !case.head_dim.is_multiple_of(8) {
-        return Err(Error::unsupported(format!(
-            "attention_decode supports head dims that are multiples of 8 up to 256, got {}",
-            case.head_dim
-        )));
-    }
+    decode::head_dim_supported(case.head_dim)?;
     let kernels = decode::planned_kernels(
         &arch,
         case.dtype,

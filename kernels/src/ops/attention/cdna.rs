@@ -4,7 +4,7 @@
 //! forwards; problems it declines run the portable kernel. No AMD GPU has run it: it is
 //! checked by compilation and its ISA (compile_all), see docs/attention.md.
 
-use super::check::Problem;
+use super::check::{kernel_head_dim, Problem};
 use super::gpu as common;
 use crate::gpu::cdna_rows::is_cdna;
 use crate::Device;
@@ -81,11 +81,7 @@ fn arch_ok(arch: &Arch, dtype: DType, head_dim: usize) -> bool {
     is_cdna(arch)
         && matches!(dtype, DType::BF16 | DType::F16)
         && arch.has_mma(MmaKind::Mfma, dtype)
-        && kernel_width(head_dim).is_some()
-}
-
-fn kernel_width(head_dim: usize) -> Option<usize> {
-    super::check::kernel_head_dim(head_dim, &[64, 128, 256])
+        && kernel_head_dim(head_dim, 256).is_some()
 }
 
 /// Bytes from a tensor's first element to one past its last.
@@ -122,7 +118,7 @@ pub(crate) fn forward_variant(arch: &Arch, p: &Problem) -> Option<CdnaFwdVariant
         && p.k_len <= i32::MAX as usize;
     fits.then(|| CdnaFwdVariant {
         dtype: p.dtype,
-        head_dim: kernel_width(p.head_dim).unwrap_or(p.head_dim),
+        head_dim: kernel_head_dim(p.head_dim, 256).unwrap_or(p.head_dim),
         used_dim: p.head_dim,
     })
 }
@@ -162,7 +158,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, Ker
         if arch_ok(arch, DType::BF16, used_dim) {
             let v = CdnaFwdVariant {
                 dtype: DType::BF16,
-                head_dim: kernel_width(used_dim).unwrap_or(used_dim),
+                head_dim: kernel_head_dim(used_dim, 256).unwrap_or(used_dim),
                 used_dim,
             };
             out.push((v.label(), v.source(vendor)?));

@@ -24,15 +24,19 @@ pub(crate) struct Problem {
     pub head_dim: usize,
 }
 
-/// The head dim a GPU attention kernel runs a problem's `head_dim` at: the smallest of
-/// `dims` (ascending) that holds it, for head dims that are multiples of 8 (16-byte rows, so
-/// TMA, the 16-byte O chunks and the decode kernel's 16-byte lanes stop at the real columns).
-/// The columns in between are zeros: d = 96 runs the d = 128 kernel and costs what it costs.
-pub(crate) fn kernel_head_dim(head_dim: usize, dims: &[usize]) -> Option<usize> {
+/// The head dim a GPU attention kernel runs a problem's `head_dim` at: the smallest of 64,
+/// 128 and 256 that holds it, up to `widest`, for head dims that are multiples of 8 (16-byte
+/// rows, so TMA, the 16-byte O chunks and the decode kernel's 16-byte lanes stop at the real
+/// columns). The columns in between are zeros: d = 96 runs the d = 128 kernel and costs what
+/// it costs.
+pub(crate) fn kernel_head_dim(head_dim: usize, widest: usize) -> Option<usize> {
     if head_dim == 0 || !head_dim.is_multiple_of(8) {
         return None;
     }
-    dims.iter().copied().find(|&d| d >= head_dim)
+    [64, 128, 256]
+        .into_iter()
+        .find(|&d| d >= head_dim)
+        .filter(|&d| d <= widest)
 }
 
 /// bf16 or f16.

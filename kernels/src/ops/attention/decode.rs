@@ -115,11 +115,7 @@ impl Problem {
                 "attention_decode takes 1 to {MAX_DECODE_QUERIES} query tokens per sequence, got {nq}"
             )));
         }
-        if kernel_width(dim).is_none() {
-            return Err(Error::unsupported(format!(
-                "attention_decode supports head dims that are multiples of 8 up to 256, got {dim}"
-            )));
-        }
+        head_dim_supported(dim)?;
         let (k, v, table, seq_lens) = match *cache {
             KvCache::Paged {
                 k_pages,
@@ -503,6 +499,16 @@ pub(crate) enum MainKernel {
     Mma(DecodeMmaVariant),
 }
 
+impl MainKernel {
+    /// The kernel's head dim (64, 128 or 256, a padded head dim's too): the partials' width.
+    fn width(&self) -> usize {
+        match self {
+            MainKernel::Lanes(v) => v.head_dim,
+            MainKernel::Mma(v) => v.head_dim,
+        }
+    }
+}
+
 /// How one call is cut into blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Plan {
@@ -520,17 +526,22 @@ fn plan(arch: &Arch, p: &Problem, paged: bool) -> Plan {
     plan_with(arch, p, paged, tune())
 }
 
-/// The kernel width a head dim runs at (64, 128 or 256; `None`: not a multiple of 8, or
-/// above 256).
-fn kernel_width(dim: usize) -> Option<usize> {
-    kernel_head_dim(dim, &[64, 128, 256])
+/// Decode takes head dims that are multiples of 8 up to 256 (the kernels' widths 64, 128, 256
+/// and the dims below them); the call's check and `ops::plan`'s.
+pub(crate) fn head_dim_supported(dim: usize) -> Result<()> {
+    if kernel_head_dim(dim, 256).is_none() {
+        return Err(Error::unsupported(format!(
+            "attention_decode supports head dims that are multiples of 8 up to 256, got {dim}"
+        )));
+    }
+    Ok(())
 }
 
 /// The tensor-core kernel where it runs (unless tuned off), else the lane kernel; both take
 /// the head dims between 64, 128 and 256 at the next of those widths.
 fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let pages = paged.then_some(p.page_size);
-    let width = kernel_width(p.dim).unwrap_or(p.dim);
+    let width = kernel_head_dim(p.dim, 256).unwrap_or(p.dim);
     if tune.kernel == 2 && decode_mma::runs_here(arch, p.dtype, pages) {
         // Fewer warps where their rings do not fit (warps=8 at head_dim 256), rather than
         // the lane kernel.
@@ -586,7 +597,7 @@ fn plan_lanes(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let rows = rows_total.div_ceil(row_groups);
     let variant = DecodeVariant {
         dtype: p.dtype,
-        head_dim: kernel_width(p.dim).unwrap_or(p.dim),
+        head_dim: kernel_head_dim(p.dim, 256).unwrap_or(p.dim),
         used_dim: p.dim,
         rows,
         unroll: if rows <= 4 {
@@ -671,11 +682,7 @@ fn launch(
     }
     let os = o.strides();
     let rows = p.batch * p.hq * p.nq;
-    // The partials' width: the kernel's (a padded head dim's too).
-    let width = match plan.kernel {
-        MainKernel::Lanes(v) => v.head_dim,
-        MainKernel::Mma(v) => v.head_dim,
-    };
+    let width = plan.kernel.width();
     let ws_bytes = if plan.splits > 1 {
         rows * plan.splits * (width + 1) * 4
     } else {
@@ -880,10 +887,7 @@ pub(crate) fn planned_kernels(
         },
     };
     let plan = plan(arch, &p, page_size.is_some());
-    let width = match plan.kernel {
-        MainKernel::Lanes(v) => v.head_dim,
-        MainKernel::Mma(v) => v.head_dim,
-    };
+    let width = plan.kernel.width();
     let mut out = vec![match plan.kernel {
         MainKernel::Lanes(v) => (
             format!(

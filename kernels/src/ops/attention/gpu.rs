@@ -131,20 +131,17 @@ impl KernelVariant for AttentionVariant {
 /// 64, 128 or 256 (backward 64 or 128), the next one up for a multiple of 8 in between (its
 /// columns past the real ones load as zeros and are not stored); `None` where they do not run.
 fn tile_kernel_dim(arch: &Arch, dtype: DType, head_dim: usize, backward: bool) -> Option<usize> {
-    let dims: &[usize] = if backward {
-        &[64, 128]
-    } else {
-        &[64, 128, 256]
-    };
+    let widest = if backward { 128 } else { 256 };
     let runs = arch.vendor == Vendor::Nvidia
         && arch.has_mma(MmaKind::MmaSync, dtype)
         && arch.has_async_copy(AsyncCopy::CpAsync);
-    runs.then(|| super::check::kernel_head_dim(head_dim, dims))
+    runs.then(|| super::check::kernel_head_dim(head_dim, widest))
         .flatten()
 }
 
-/// A portable kernel's variant (any head dim).
-fn portable(kernel: Kernel, dtype: DType, head_dim: usize) -> AttentionVariant {
+/// A variant that runs the problem's head dim as it is (the portable kernels at any head dim,
+/// the tile kernels at their own widths).
+fn unpadded(kernel: Kernel, dtype: DType, head_dim: usize) -> AttentionVariant {
     AttentionVariant {
         kernel,
         dtype,
@@ -509,7 +506,7 @@ pub(crate) fn route_forward(
     f: &ForwardFacts,
 ) -> ForwardRoute {
     if super::tiles::portable_forced() {
-        return ForwardRoute::Tile(portable(Kernel::PortableForward, p.dtype, p.head_dim));
+        return ForwardRoute::Tile(unpadded(Kernel::PortableForward, p.dtype, p.head_dim));
     }
     route_forward_with(arch, p, params, f, super::tiles::forced())
 }
@@ -531,19 +528,15 @@ pub(crate) fn route_forward_with(
             return ForwardRoute::Hopper(v);
         }
     }
+    // A vendor kernel padded to a wider head dim only where the vendor-neutral kernel, which
+    // runs the head dim at its own width, declines it.
+    let takes = |width: usize| width == p.head_dim || tiles.is_none();
     if f.cdna_operands {
-        if let Some(v) = super::cdna::forward_variant(arch, p) {
-            // The vendor-neutral kernel keeps the head dims it takes at their own width.
-            if v.used_dim == v.head_dim || tiles.is_none() {
-                return ForwardRoute::Cdna(v);
-            }
+        if let Some(v) = super::cdna::forward_variant(arch, p).filter(|v| takes(v.head_dim)) {
+            return ForwardRoute::Cdna(v);
         }
     }
-    if let Some(width) = tile_kernel_dim(arch, p.dtype, p.head_dim, false) {
-        // The vendor-neutral kernel keeps the head dims it takes at their own width.
-        if let (true, Some(v)) = (width != p.head_dim, tiles) {
-            return ForwardRoute::Tiles(v);
-        }
+    if let Some(width) = tile_kernel_dim(arch, p.dtype, p.head_dim, false).filter(|&w| takes(w)) {
         return ForwardRoute::Tile(AttentionVariant {
             kernel: Kernel::Forward {
                 aligned: f.kv_rows_aligned,
@@ -556,7 +549,7 @@ pub(crate) fn route_forward_with(
     if let Some(v) = tiles {
         return ForwardRoute::Tiles(v);
     }
-    ForwardRoute::Tile(portable(Kernel::PortableForward, p.dtype, p.head_dim))
+    ForwardRoute::Tile(unpadded(Kernel::PortableForward, p.dtype, p.head_dim))
 }
 
 /// What the backward router needs to know besides the problem.
@@ -648,7 +641,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, Ker
                 }
             }
             for kernel in kernels {
-                let v = portable(kernel, dtype, head_dim);
+                let v = unpadded(kernel, dtype, head_dim);
                 out.push((v.label(), v.source(vendor)?));
             }
             // The tile kernels at a head dim below their width (96 on 128, 40 on 64).
@@ -662,7 +655,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<(String, Ker
                     if tile_kernel_dim(arch, dtype, used, true).is_some() {
                         let v = AttentionVariant {
                             used_dim: used,
-                            ..portable(kernel, dtype, head_dim)
+                            ..unpadded(kernel, dtype, head_dim)
                         };
                         out.push((v.label(), v.source(vendor)?));
                     }

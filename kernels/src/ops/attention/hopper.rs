@@ -601,7 +601,6 @@ pub(crate) fn forward_variant(
         && scale_positive
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
-        && kernel_head_dim(p.head_dim, &[64, 128, 256]).is_some()
         && p.q_len <= MAX_LEN
         && p.k_len <= MAX_LEN
         && p.batch * p.q_heads * p.q_len.div_ceil(ROWS_PER_CONSUMER * 2) <= i32::MAX as usize;
@@ -614,7 +613,7 @@ pub(crate) fn forward_variant(
     } else {
         p.k_len
     };
-    let d = kernel_head_dim(p.head_dim, &[64, 128, 256])?;
+    let d = kernel_head_dim(p.head_dim, 256)?;
     HopperFwdVariant::new(
         arch,
         p.dtype,
@@ -830,17 +829,17 @@ mod tests {
 
     #[test]
     fn head_dims_run_at_the_next_kernel_width() {
-        let fwd = [64, 128, 256];
         for (d, kernel) in [(8, 64), (32, 64), (64, 64), (72, 128), (80, 128), (96, 128)] {
-            assert_eq!(kernel_head_dim(d, &fwd), Some(kernel), "d = {d}");
+            assert_eq!(kernel_head_dim(d, 256), Some(kernel), "d = {d}");
         }
-        assert_eq!(kernel_head_dim(136, &fwd), Some(256));
-        assert_eq!(kernel_head_dim(256, &fwd), Some(256));
+        assert_eq!(kernel_head_dim(136, 256), Some(256));
+        assert_eq!(kernel_head_dim(256, 256), Some(256));
         // Not multiples of 8 (rows not 16-byte multiples), wider than the widest, zero.
         for d in [0, 1, 36, 100, 264] {
-            assert_eq!(kernel_head_dim(d, &fwd), None, "d = {d}");
+            assert_eq!(kernel_head_dim(d, 256), None, "d = {d}");
         }
-        assert_eq!(kernel_head_dim(136, &[64, 128]), None);
+        assert_eq!(kernel_head_dim(136, 128), None);
+        assert_eq!(kernel_head_dim(96, 128), Some(128));
     }
 
     #[test]

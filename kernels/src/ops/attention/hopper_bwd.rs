@@ -442,11 +442,10 @@ pub(crate) fn backward_variant(
         && enabled()
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
-        && kernel_head_dim(p.head_dim, &[64, 128]).is_some()
         && (1..=MAX_LEN).contains(&p.q_len)
         && (1..=MAX_LEN).contains(&p.k_len)
         && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize;
-    let d = kernel_head_dim(p.head_dim, &[64, 128])?;
+    let d = kernel_head_dim(p.head_dim, 128)?;
     // TMA coordinates of the LSE / delta rows are 32-bit.
     if !fits || Workspace::new(&Problem { head_dim: d, ..*p }).rows > i32::MAX as usize {
         return None;
@@ -498,8 +497,8 @@ pub(crate) fn try_backward(
         }
         None => (t, *p, None),
     };
-    // Workspace, blocks and helper kernels at the kernel's head dim; the real one is an argument.
-    let head_dim = p.head_dim;
+    // Workspace, blocks and helper kernels at the kernel's head dim (the tensors keep the real
+    // one, which launch reads from them).
     let p = &Problem {
         head_dim: main.head_dim,
         ..p
@@ -525,7 +524,7 @@ pub(crate) fn try_backward(
             t,
             ws,
             base,
-            (packed, head_dim),
+            packed,
         )
     }))
 }
@@ -540,8 +539,10 @@ fn launch(
     [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
     ws: Workspace,
     base: u64,
-    (packed, head_dim): (Option<Packed>, usize),
+    packed: Option<Packed>,
 ) -> Result<()> {
+    // The problem's head dim (`p.head_dim` is the kernel's width): the kernels' `head_dim`.
+    let head_dim = o.shape()[3];
     let ptr = |t: &Tensor| t.device_ptr().unwrap_or(0);
     let (lse_log2, delta, dq_acc) = (base, base + ws.delta as u64, base + ws.dq_acc as u64);
     let rows_config = |rows: usize| {
