@@ -31,13 +31,15 @@ DECODES += [(16, 8192, 96)]  # head_dim 96, as calico-bench's "... contiguous d9
 # FlashAttention-3's shapes: 16384 tokens in all, hidden 2048 (heads = 2048 / head_dim).
 ATTN_TOKENS, ATTN_HIDDEN = 16384, 2048
 ATTN_SEQS = [512, 1024, 2048, 4096, 8192, 16384]
+ATTN_ODD_SEQS = [1000, 4097]  # full profile, head_dim 128: batch 16384 // N
 ATTN_DIMS = [64, 128, 256]  # 256: forward only, as calico-bench (Calico's backward takes 64 and 128)
 
 
 def attention_cases(seqs):
     """(op, shape [B, H, N, D, causal], make, fn) for SDPA forward and backward through the
     cuDNN and flash backends (bf16, [B, H, N, D] contiguous): head dims 64, 128 and 256 at every
-    length, and 96 (21 heads) at 2048 and 8192, as calico-bench's full profile."""
+    length, 96 (21 heads) at 2048 and 8192, GQA and the odd lengths at 128, as calico-bench's
+    full profile."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     F = torch.nn.functional
@@ -46,7 +48,9 @@ def attention_cases(seqs):
     problems += [(96, n, 1) for n in (2048, 8192) if n in seqs]
     # GQA, 4 query heads per KV head: K and V are repeated to the query heads before the timed
     # call (SDPA then runs the same FLOPs as MHA; calico-bench's case reads the 4 KV heads).
-    problems += [(128, n, 4) for n in (8192,) if n in seqs]
+    problems += [(128, n, 4) for n in (2048, 8192) if n in seqs]
+    # Lengths off every tile (calico-bench's "attention fwd d128 N1000" and "... N4097").
+    problems += [(128, n, 1) for n in ATTN_ODD_SEQS if len(seqs) == len(ATTN_SEQS)]
     for d, n, group in problems:
         b, h = ATTN_TOKENS // n, ATTN_HIDDEN // d
         for causal in (False, True):

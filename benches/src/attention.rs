@@ -121,11 +121,13 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
     // Packed sequences at one length, beside the fixed-length cases of the same shape (the
     // cuDNN column is torch SDPA on that unpacked shape); head dim 96 (Phi-3's; 21 heads, the
     // Hopper kernels at width 128 on zero-filled columns) at two lengths; GQA with 4 query
-    // heads per KV head (16:4 at d = 128) at 8192.
+    // heads per KV head (16:4 at d = 128) at 2048 and 8192; lengths off every tile (1000: 16 sequences,
+    // 4097: 3) at d = 128.
     if profile == Profile::Full {
         // (head dims, lengths, packed, query heads per KV head)
-        let extras: [(&[usize], &[usize], bool, usize); 3] = [
-            (&[128], &[8192], false, 4),
+        let extras: [(&[usize], &[usize], bool, usize); 4] = [
+            (&[128], &[2048, 8192], false, 4),
+            (&[128], &[1000, 4097], false, 1),
             (&[96], &[2048, 8192], false, 1),
             (&[64, 128], &[2048], true, 1),
         ];
@@ -302,9 +304,10 @@ pub fn skipped_case(spec: &AttnSpec, why: Timed) -> AttnCase {
         flash_ms: None,
         flash_tflops: None,
         ratio_flash: None,
-        // The targets name head_dim 64 and 128; 96 and 256 are reported beside cuDNN
-        // without one.
+        // The targets name head_dim 64 and 128 at the paper's lengths (powers of two);
+        // 96, 256 and the odd lengths are reported beside cuDNN without one.
         target_ratio: (spec.seq >= 2048
+            && spec.seq.is_power_of_two()
             && matches!(spec.head_dim, 64 | 128)
             && !spec.varlen
             && spec.group == 1)

@@ -880,7 +880,8 @@ fn attention_varlen_matches_reference() {
 }
 
 /// Packed sequences the Hopper kernels take on sm_90a (aligned rows): forward units of 128 and
-/// 192 rows and backward key blocks of 128 that span sequences, several blocks per sequence
+/// 192 rows that hold several short sequences or the end of one and the start of the next,
+/// backward key blocks of 128 that span sequences, several blocks per sequence
 /// (176-key forward blocks at d = 128 and 80-key ones at d = 256 where the mean sequence is
 /// long enough), empty sequences on either side, causal and windowed. The backward is checked
 /// where its f64 reference stays quick (it takes head dims 64 and 128).
@@ -892,8 +893,11 @@ fn attention_hopper_varlen() {
         window: Some((300, 20)),
         ..Default::default()
     };
+    // More sequences than row blocks: 30 short ones and a long one in the same first block.
+    let mut short_then_long = vec![(5, 9); 30];
+    short_then_long.push((300, 280));
     type Packed<'a> = (DType, &'a [(usize, usize)], AttentionOptions, usize, bool);
-    let cases: [Packed; 6] = [
+    let cases: [Packed; 7] = [
         (
             DType::BF16,
             &[(300, 700), (1, 5), (0, 10), (513, 513)],
@@ -918,6 +922,7 @@ fn attention_hopper_varlen() {
         (DType::BF16, &[(200, 8300), (10, 8200)], causal, 128, false),
         (DType::BF16, &[(64, 2100), (200, 2100)], window, 256, false),
         (DType::F16, &[(3, 3); 40], causal, 128, true),
+        (DType::BF16, &short_then_long, causal, 64, true),
     ];
     for dev in calico_conformance::backends().0 {
         for (i, (dtype, lens, opts, head_dim, backward)) in cases.iter().enumerate() {

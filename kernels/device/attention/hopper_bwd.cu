@@ -339,7 +339,7 @@ struct barriers {
 
 struct params {
     int batch, q_heads, kv_heads, group, q_len, k_len, nq_pad, n_blocks;
-    int has_left, has_right, stagger;
+    int has_left, has_right, walk;  // walk: WALK_* bits
     long long left, right;
     // Packed sequences (VARLEN): offsets of n_seqs sequences in one batch of all the rows.
     const int* cu_q;
@@ -393,11 +393,25 @@ CALICO_DEVICE int block_at(const unit& u, int k) {
     return u.m_lo + (r >= count ? r - count : r);
 }
 
+// The order of the grid's units (the host's `walk` bits). By default a head's key blocks are
+// consecutive, first to last; WALK_LONGEST_FIRST deals every head's first key block, then
+// every head's second, ..: under a causal mask the first blocks see the most query blocks, so
+// the longest units start first across all heads, not only within each.
+constexpr int WALK_STAGGER = 1;
+constexpr int WALK_LONGEST_FIRST = 2;
+
 CALICO_DEVICE unit unit_at(const params& p, int w) {
     unit u;
     u.vis_lo = u.vis_hi = 0;
-    const int n = w % p.n_blocks;
-    const int bh = w / p.n_blocks;
+    int n, bh;
+    if (p.walk & WALK_LONGEST_FIRST) {
+        const int heads = p.batch * p.kv_heads;
+        n = w / heads;
+        bh = w - n * heads;
+    } else {
+        n = w % p.n_blocks;
+        bh = w / p.n_blocks;
+    }
     u.b = bh / p.kv_heads;
     u.hk = bh - u.b * p.kv_heads;
     u.n0 = n * BKV;
@@ -424,7 +438,7 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     u.m_hi = i_hi >= i_lo ? (int)(i_hi / BQ) + 1 : u.m_lo;
     // Staggered: key blocks of a head start on different query blocks, so their dQ reductions
     // do not all hit the same rows at the same time.
-    u.rot = p.stagger && u.m_hi > u.m_lo ? n % (u.m_hi - u.m_lo) : 0;
+    u.rot = (p.walk & WALK_STAGGER) && u.m_hi > u.m_lo ? n % (u.m_hi - u.m_lo) : 0;
     return u;
 }
 
@@ -561,7 +575,8 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 //  base and strides even (2-element stores).
 //  scale: the softmax scale (multiplies dK here, dQ in the finish kernel); score_scale and
 //  cap_log2 as the forward's. left/right: window sides (flags say whether each is bounded).
-//  stagger: 1 rotates each key block's walk over the query blocks (see unit_at).
+//  walk: WALK_STAGGER rotates each key block's walk over the query blocks, WALK_LONGEST_FIRST
+//  orders the units by key block across heads (see unit_at).
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     calico_attention_hopper_bwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,
@@ -569,7 +584,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                 attn_hopper_bwd::in_t* dv, int batch, int q_heads, int group, int q_len, int k_len, int nq_pad,
                                 long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
                                 int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
-                                int has_right, long long right, int stagger, const int* cu_q, const int* cu_k,
+                                int has_right, long long right, int walk, const int* cu_q, const int* cu_k,
                                 int n_seqs, int head_dim) {
     using namespace attn_hopper_bwd;
     namespace pl = calico::pipeline;
@@ -590,7 +605,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     p.has_right = has_right;
     p.left = left;
     p.right = right;
-    p.stagger = stagger;
+    p.walk = walk;
     p.cu_q = cu_q;
     p.cu_k = cu_k;
     p.n_seqs = n_seqs;

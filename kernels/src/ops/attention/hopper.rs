@@ -488,7 +488,7 @@ pub(crate) fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool
 
 /// The kernel's tuning switches, all on unless `CALICO_ATTN_HOPPER_TUNE` names some to turn
 /// off (comma-separated: `nokvfirst`, `nofold`, `novec`, `noqthread`,
-/// `nodecodeahead`, `nofastepi`, `noskip`), for A/B runs.
+/// `nodecodeahead`, `nofastepi`, `noskip`, `nofoldodd`), for A/B runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     /// The producer loads a unit's first K/V block before waiting for the Q slot.
@@ -506,6 +506,11 @@ struct Tune {
     /// A consumer passes over the key blocks none of its 64 rows sees (causal 192-row
     /// blocks, rows past Nq) without computing them.
     skip_unseen: bool,
+    /// With `fold`, odd row-block counts are folded too, each head's unpaired middle block
+    /// after all pairs. Measured with three consumers (192-row blocks: N = 2048 and 8192 have
+    /// 11 and 43) and, in session 19, with two (4097 tokens, 33 blocks, causal: +18%; plain
+    /// descending order had left the longest units of the last heads to the end).
+    fold_odd: bool,
 }
 
 impl Tune {
@@ -519,15 +524,14 @@ impl Tune {
             decode_ahead: !off("nodecodeahead"),
             fast_epilogue: !off("nofastepi"),
             skip_unseen: !off("noskip"),
+            fold_odd: !off("nofoldodd"),
         }
     }
-    /// hopper_fwd.cu's TUNE_* bits. `fold_odd`: fold odd row-block counts too (the middle
-    /// blocks last); on with three consumers (192-row blocks: N = 2048 and 8192 have 11 and
-    /// 43), off with two until measured there.
-    fn bits(&self, fold_odd: bool) -> i32 {
+    /// hopper_fwd.cu's TUNE_* bits.
+    fn bits(&self) -> i32 {
         i32::from(self.kv_first)
             | i32::from(self.fold) << 1
-            | i32::from(self.fold && fold_odd) << 2
+            | i32::from(self.fold && self.fold_odd) << 2
             | i32::from(self.q_thread) << 3
             | i32::from(self.decode_ahead) << 4
             | i32::from(self.fast_epilogue) << 5
@@ -586,6 +590,15 @@ fn heads_per_chunk(arch: &Arch, p: &Problem) -> usize {
     ((budget / kv_bytes).max(1) * group).clamp(1, p.batch * p.q_heads)
 }
 
+/// The most work units a forward launch of `p` can have (the narrowest row blocks). Packed
+/// sequences run as one batch of all the rows: `p.batch` counts the sequences there, and
+/// multiplying by it would refuse large packed batches that fit.
+fn max_units(p: &Problem, varlen: bool) -> usize {
+    let blocks = p.q_len.div_ceil(ROWS_PER_CONSUMER * 2);
+    let batches = if varlen { 1 } else { p.batch };
+    batches * p.q_heads * blocks
+}
+
 /// The Hopper variant for a problem on `arch`, or `None` when the kernel does not cover it
 /// (the router's rule; the operands must also be TMA views, see [`try_forward`]).
 pub(crate) fn forward_variant(
@@ -603,7 +616,7 @@ pub(crate) fn forward_variant(
         && matches!(p.dtype, DType::BF16 | DType::F16)
         && p.q_len <= MAX_LEN
         && p.k_len <= MAX_LEN
-        && p.batch * p.q_heads * p.q_len.div_ceil(ROWS_PER_CONSUMER * 2) <= i32::MAX as usize;
+        && max_units(p, varlen) <= i32::MAX as usize;
     if !fits {
         return None;
     }
@@ -777,7 +790,7 @@ fn launch(
         KernelArg::I64(left),
         KernelArg::I32(has_right),
         KernelArg::I64(right),
-        KernelArg::I32(tune().bits(variant.consumers == 3)),
+        KernelArg::I32(tune().bits()),
         KernelArg::Ptr(trace_ptr),
         cu_q,
         cu_k,
@@ -985,19 +998,18 @@ mod tests {
     #[test]
     fn tune_switches_turn_off_by_name() {
         let all = Tune::parse("");
-        assert_eq!(all.bits(false), 123);
-        assert_eq!(all.bits(true), 127);
+        assert_eq!(all.bits(), 127);
         assert!(all.vector_stores);
         let some = Tune::parse("nofold, novec");
-        assert_eq!(some.bits(true), 121);
+        assert_eq!(some.bits(), 121);
         assert!(!some.vector_stores);
         let none = "nokvfirst,nofold,noqthread,nodecodeahead,nofastepi,noskip";
-        assert_eq!(Tune::parse(none).bits(false), 0);
-        assert_eq!(Tune::parse("noqthread").bits(false), 115);
-        assert_eq!(
-            Tune::parse("nodecodeahead,nofastepi,noskip").bits(false),
-            11
-        );
+        assert_eq!(Tune::parse(none).bits(), 0);
+        assert_eq!(Tune::parse("noqthread").bits(), 119);
+        assert_eq!(Tune::parse("nodecodeahead,nofastepi,noskip").bits(), 15);
+        // The odd-count fold alone, and never without the fold itself.
+        assert_eq!(Tune::parse("nofoldodd").bits(), 123);
+        assert_eq!(Tune::parse("nofold").bits() & 4, 0);
     }
 
     #[test]

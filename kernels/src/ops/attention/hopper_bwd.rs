@@ -78,7 +78,9 @@ pub(crate) struct HopperBwdVariant {
 /// added by one bulk reduction each, from a warp of the producer warpgroup): on the H100 they
 /// made the backward 11-29% faster than the serial schedule with per-thread dQ atomics
 /// (docs/perf-log.md). `serial` and `nobulk` turn them off; `stagger` (each key block starts
-/// its walk over the query blocks at a different block) is off by default: it measured neutral.
+/// its walk over the query blocks at a different block) is off by default: it measured neutral;
+/// `longest` / `nolongest` force the order of units across heads either way (by default
+/// [`longest_first`] picks it).
 /// `wideregs` (with bulk dQ, 240 registers per consumer thread and 24 for the producer
 /// warpgroup instead of 232 and 40), `deferdq` (overlapped with bulk dQ only: each step's dQ
 /// tile is computed during the next step, and the two consumer warpgroups signal their dS^T
@@ -92,6 +94,9 @@ pub(crate) struct HopperBwdVariant {
 struct Tune {
     overlapped: bool,
     stagger: bool,
+    /// Units ordered by key block across heads, forced on (`longest`) or off (`nolongest`);
+    /// else [`longest_first`] decides.
+    longest_first: Option<bool>,
     bulk: bool,
     wide_regs: bool,
     /// `None`: by head dim (on at d = 64).
@@ -104,6 +109,7 @@ impl Default for Tune {
         Tune {
             overlapped: true,
             stagger: false,
+            longest_first: None,
             bulk: true,
             wide_regs: true,
             defer_dq: None,
@@ -120,6 +126,8 @@ impl Tune {
                 "overlapped" => t.overlapped = true,
                 "serial" => t.overlapped = false,
                 "stagger" => t.stagger = true,
+                "longest" => t.longest_first = Some(true),
+                "nolongest" => t.longest_first = Some(false),
                 "bulk" => t.bulk = true,
                 "nobulk" => t.bulk = false,
                 "wideregs" => t.wide_regs = true,
@@ -140,6 +148,31 @@ impl Tune {
             Tune::parse(&std::env::var("CALICO_ATTN_HOPPER_BWD_TUNE").unwrap_or_default())
         })
     }
+}
+
+/// Whether the main kernel's units go longest first across heads (hopper_bwd.cu's
+/// WALK_LONGEST_FIRST: every head's first key block, then every head's second, ..) rather than
+/// head by head. Under a causal (right-bounded) mask a head's first key block sees every query
+/// block, and its unit is the grid's longest: with few (batch, KV head) pairs and long units,
+/// as under GQA over long sequences, head by head leaves the last heads' longest units for the
+/// end of the grid. Dealt across heads they start first, while each pair still has about 8 or
+/// more units running together on its Q and dO rows (pairs <= SMs / 8): with more pairs the
+/// units running together share no rows and read them from DRAM (the H100, session 19: GQA 4
+/// at 8192 tokens, 8 pairs and 512 units, 466 -> 496 TFLOP/s; MHA at 2048, 128 pairs, 341 ->
+/// 215 at d = 64; MHA at 8192, 32 pairs, -2%; at 4097, 48 pairs, -8%).
+fn longest_first(arch: &Arch, p: &Problem, params: &AttentionParams) -> bool {
+    let sms = (arch.compute_units as usize).max(1);
+    let pairs = p.batch * p.kv_heads;
+    let units = pairs * p.k_len.div_ceil(BKV);
+    params.right.is_some() && params.left.is_none() && pairs <= sms / 8 && units <= 4 * sms
+}
+
+/// The kernel's `walk` bits: WALK_STAGGER (1) and WALK_LONGEST_FIRST (2).
+fn walk(tune: &Tune, arch: &Arch, p: &Problem, params: &AttentionParams) -> i32 {
+    let longest = tune
+        .longest_first
+        .unwrap_or_else(|| longest_first(arch, p, params));
+    i32::from(tune.stagger) | i32::from(longest) << 1
 }
 
 /// Query rows per streamed block: 128 at head dim 64, 64 at 128 (see hopper_bwd.cu).
@@ -310,6 +343,7 @@ pub(crate) fn catalog(
             let tune = |overlapped, bulk, wide_regs| Tune {
                 overlapped,
                 stagger: false,
+                longest_first: None,
                 bulk,
                 wide_regs,
                 defer_dq: Some(false),
@@ -519,7 +553,7 @@ pub(crate) fn try_backward(
             gpu,
             p,
             params,
-            (main, tune.stagger),
+            (main, walk(&tune, dev.arch(), p, params)),
             maps,
             t,
             ws,
@@ -534,7 +568,7 @@ fn launch(
     gpu: &dyn GpuBackend,
     p: &Problem,
     params: &AttentionParams,
-    (main, stagger): (HopperBwdVariant, bool),
+    (main, walk): (HopperBwdVariant, i32),
     maps: [OpaqueParam128; 4],
     [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
     ws: Workspace,
@@ -643,7 +677,7 @@ fn launch(
         KernelArg::I64(left),
         KernelArg::I32(has_right),
         KernelArg::I64(right),
-        KernelArg::I32(i32::from(stagger)),
+        KernelArg::I32(walk),
         cu_q,
         cu_k,
         n_seqs,
@@ -726,10 +760,63 @@ mod tests {
     }
 
     #[test]
+    fn units_go_longest_first_only_for_few_heads_under_a_causal_mask() {
+        let arch = Arch::for_target("sm_90a").unwrap();
+        let problem = |batch, q_heads, kv_heads, len| Problem {
+            dtype: DType::BF16,
+            batch,
+            q_heads,
+            kv_heads,
+            q_len: len,
+            k_len: len,
+            head_dim: 128,
+        };
+        let plain = AttentionParams {
+            scale: 0.1,
+            softcap: None,
+            left: None,
+            right: None,
+        };
+        let causal = AttentionParams {
+            right: Some(0),
+            ..plain
+        };
+        // GQA 4 at 8192 tokens: 8 (batch, KV head) pairs of 64 key blocks.
+        assert!(longest_first(&arch, &problem(2, 16, 4, 8192), &causal));
+        // MHA at the same shape (32 pairs), at 2048 (128 pairs), GQA 4 at 2048 (32 pairs).
+        assert!(!longest_first(&arch, &problem(2, 16, 16, 8192), &causal));
+        assert!(!longest_first(&arch, &problem(8, 16, 16, 2048), &causal));
+        assert!(!longest_first(&arch, &problem(8, 16, 4, 2048), &causal));
+        // Units of one length (no mask, or a window on both sides): the order is kept.
+        assert!(!longest_first(&arch, &problem(2, 16, 4, 8192), &plain));
+        let window = AttentionParams {
+            left: Some(256),
+            ..causal
+        };
+        assert!(!longest_first(&arch, &problem(2, 16, 4, 8192), &window));
+        let tune = |spec| Tune::parse(spec);
+        assert_eq!(walk(&tune(""), &arch, &problem(2, 16, 4, 8192), &causal), 2);
+        assert_eq!(
+            walk(
+                &tune("nolongest,stagger"),
+                &arch,
+                &problem(2, 16, 4, 8192),
+                &causal
+            ),
+            1
+        );
+        assert_eq!(
+            walk(&tune("longest"), &arch, &problem(8, 16, 16, 2048), &plain),
+            2
+        );
+    }
+
+    #[test]
     fn tune_knobs_parse_and_default_to_the_measured_winners() {
         let default = Tune {
             overlapped: true,
             stagger: false,
+            longest_first: None,
             bulk: true,
             wide_regs: true,
             defer_dq: None,
@@ -738,10 +825,11 @@ mod tests {
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
         assert_eq!(
-            Tune::parse("stagger, serial,nobulk,narrowregs,exp2f"),
+            Tune::parse("stagger, longest, serial,nobulk,narrowregs,exp2f"),
             Tune {
                 overlapped: false,
                 stagger: true,
+                longest_first: Some(true),
                 bulk: false,
                 wide_regs: false,
                 defer_dq: None,
