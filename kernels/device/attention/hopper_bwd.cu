@@ -339,7 +339,7 @@ struct barriers {
 
 struct params {
     int batch, q_heads, kv_heads, group, q_len, k_len, nq_pad, n_blocks;
-    int has_left, has_right, walk;  // walk: WALK_* bits
+    int has_left, has_right, walk;  // walk: WALK_STAGGER, and the chunk above it (unit_at)
     long long left, right;
     // Packed sequences (VARLEN): offsets of n_seqs sequences in one batch of all the rows.
     const int* cu_q;
@@ -393,25 +393,24 @@ CALICO_DEVICE int block_at(const unit& u, int k) {
     return u.m_lo + (r >= count ? r - count : r);
 }
 
-// The order of the grid's units (the host's `walk` bits). By default a head's key blocks are
-// consecutive, first to last; WALK_LONGEST_FIRST deals every head's first key block, then
-// every head's second, ..: under a causal mask the first blocks see the most query blocks, so
-// the longest units start first across all heads, not only within each.
+// The order of the grid's units: chunks of C (batch, KV head) pairs (C = walk >> 1, at least
+// 1), and inside a chunk every pair's first key block, then every pair's second, .. C = 1 is
+// head by head, each head's key blocks first to last; a larger C starts more heads' first key
+// blocks, which under a causal mask are their longest units (they see every query block), at
+// the start. WALK_STAGGER rotates each key block's walk over the query blocks.
 constexpr int WALK_STAGGER = 1;
-constexpr int WALK_LONGEST_FIRST = 2;
 
 CALICO_DEVICE unit unit_at(const params& p, int w) {
     unit u;
     u.vis_lo = u.vis_hi = 0;
-    int n, bh;
-    if (p.walk & WALK_LONGEST_FIRST) {
-        const int heads = p.batch * p.kv_heads;
-        n = w / heads;
-        bh = w - n * heads;
-    } else {
-        n = w % p.n_blocks;
-        bh = w / p.n_blocks;
-    }
+    const int pairs = p.batch * p.kv_heads;
+    const int chunk = max(1, min(p.walk >> 1, pairs));
+    const int per_chunk = chunk * p.n_blocks;
+    const int c = w / per_chunk;
+    const int r = w - c * per_chunk;
+    const int here = min(chunk, pairs - c * chunk);
+    const int n = r / here;
+    const int bh = c * chunk + (r - n * here);
     u.b = bh / p.kv_heads;
     u.hk = bh - u.b * p.kv_heads;
     u.n0 = n * BKV;
@@ -575,8 +574,8 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 //  base and strides even (2-element stores).
 //  scale: the softmax scale (multiplies dK here, dQ in the finish kernel); score_scale and
 //  cap_log2 as the forward's. left/right: window sides (flags say whether each is bounded).
-//  walk: WALK_STAGGER rotates each key block's walk over the query blocks, WALK_LONGEST_FIRST
-//  orders the units by key block across heads (see unit_at).
+//  walk: WALK_STAGGER (bit 0) rotates each key block's walk over the query blocks; walk >> 1
+//  pairs of (batch, KV head) per chunk of the unit order (see unit_at).
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     calico_attention_hopper_bwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,

@@ -79,8 +79,9 @@ pub(crate) struct HopperBwdVariant {
 /// made the backward 11-29% faster than the serial schedule with per-thread dQ atomics
 /// (docs/perf-log.md). `serial` and `nobulk` turn them off; `stagger` (each key block starts
 /// its walk over the query blocks at a different block) is off by default: it measured neutral;
-/// `longest` / `nolongest` force the order of units across heads either way (by default
-/// [`longest_first`] picks it).
+/// `chunk=N` deals the units in chunks of N (batch, KV head) pairs, each chunk's first key
+/// blocks first (`longest`: all pairs in one chunk, `nolongest`: 1, head by head; by default
+/// [`walk_chunk`] picks it: about one wave of units per chunk under a causal mask).
 /// `wideregs` (with bulk dQ, 240 registers per consumer thread and 24 for the producer
 /// warpgroup instead of 232 and 40), `deferdq` (overlapped with bulk dQ only: each step's dQ
 /// tile is computed during the next step, and the two consumer warpgroups signal their dS^T
@@ -94,9 +95,10 @@ pub(crate) struct HopperBwdVariant {
 struct Tune {
     overlapped: bool,
     stagger: bool,
-    /// Units ordered by key block across heads, forced on (`longest`) or off (`nolongest`);
-    /// else [`longest_first`] decides.
-    longest_first: Option<bool>,
+    /// (batch, KV head) pairs per chunk of the unit order (hopper_bwd.cu unit_at): `chunk=N`,
+    /// `longest` (all pairs) or `nolongest` (1, head by head); else [`walk_chunk`] decides.
+    /// `Some(0)` stands for all pairs.
+    chunk: Option<usize>,
     bulk: bool,
     wide_regs: bool,
     /// `None`: by head dim (on at d = 64).
@@ -109,7 +111,7 @@ impl Default for Tune {
         Tune {
             overlapped: true,
             stagger: false,
-            longest_first: None,
+            chunk: None,
             bulk: true,
             wide_regs: true,
             defer_dq: None,
@@ -126,8 +128,11 @@ impl Tune {
                 "overlapped" => t.overlapped = true,
                 "serial" => t.overlapped = false,
                 "stagger" => t.stagger = true,
-                "longest" => t.longest_first = Some(true),
-                "nolongest" => t.longest_first = Some(false),
+                "longest" => t.chunk = Some(0),
+                "nolongest" => t.chunk = Some(1),
+                _ if part.starts_with("chunk=") => {
+                    t.chunk = part["chunk=".len()..].parse().ok().or(t.chunk);
+                }
                 "bulk" => t.bulk = true,
                 "nobulk" => t.bulk = false,
                 "wideregs" => t.wide_regs = true,
@@ -150,29 +155,43 @@ impl Tune {
     }
 }
 
-/// Whether the main kernel's units go longest first across heads (hopper_bwd.cu's
-/// WALK_LONGEST_FIRST: every head's first key block, then every head's second, ..) rather than
-/// head by head. Under a causal (right-bounded) mask a head's first key block sees every query
-/// block, and its unit is the grid's longest: with few (batch, KV head) pairs and long units,
-/// as under GQA over long sequences, head by head leaves the last heads' longest units for the
-/// end of the grid. Dealt across heads they start first, while each pair still has about 8 or
-/// more units running together on its Q and dO rows (pairs <= SMs / 8): with more pairs the
-/// units running together share no rows and read them from DRAM (the H100, session 19: GQA 4
-/// at 8192 tokens, 8 pairs and 512 units, 466 -> 496 TFLOP/s; MHA at 2048, 128 pairs, 341 ->
-/// 215 at d = 64; MHA at 8192, 32 pairs, -2%; at 4097, 48 pairs, -8%).
-fn longest_first(arch: &Arch, p: &Problem, params: &AttentionParams) -> bool {
+/// Key blocks per head from which the unit order goes in chunks ([`walk_chunk`]).
+const MIN_CHUNKED_BLOCKS: usize = 16;
+
+/// (batch, KV head) pairs per chunk of the main kernel's unit order (hopper_bwd.cu unit_at:
+/// inside a chunk every pair's first key block, then every pair's second, ..). Under a causal
+/// (right-bounded) mask a head's first key block sees every query block and is its longest
+/// unit; head by head, each wave of CTAs starts with one head's longest units and ends with
+/// its shortest, and the last heads' longest units start late and run alone. A chunk of about
+/// one wave of units (SMs / key blocks pairs) runs the same heads together as head by head
+/// would, longest units first. Measured on the H100 (session 19, chunk 1 / 2 / 4 / 8 / 16,
+/// TFLOP/s): GQA 4 at 8192 tokens (64 key blocks) 478 / 536 / 522 / 506 / 505, GQA 4 at 2048
+/// (16) 356 / 369 / 385 / 396 / 376, MHA d128 at 8192 518 / 537 / 538 / 532 / 522, at 4097
+/// (33) 448 / 450 / 462 / 458 / 452, at 2048 381 / 383 / 387 / 388 / 386, MHA d64 at 2048
+/// within 1%; all pairs at once lost 40% on MHA at 2048 (128 heads' rows at once, none shared).
+/// Below 16 key blocks it measured slower (the full report of that session: 4 and 8 key blocks,
+/// N = 512 to 1024, causal, -4 to -11%; not understood), so short heads keep head by head, as
+/// do units of equal length (no mask, or a window on both sides).
+fn walk_chunk(arch: &Arch, p: &Problem, params: &AttentionParams) -> usize {
     let sms = (arch.compute_units as usize).max(1);
-    let pairs = p.batch * p.kv_heads;
-    let units = pairs * p.k_len.div_ceil(BKV);
-    params.right.is_some() && params.left.is_none() && pairs <= sms / 8 && units <= 4 * sms
+    let blocks = p.k_len.div_ceil(BKV).max(1);
+    let pairs = (p.batch * p.kv_heads).max(1);
+    if params.right.is_some() && params.left.is_none() && blocks >= MIN_CHUNKED_BLOCKS {
+        ((sms + blocks / 2) / blocks).clamp(1, pairs)
+    } else {
+        1
+    }
 }
 
-/// The kernel's `walk` bits: WALK_STAGGER (1) and WALK_LONGEST_FIRST (2).
+/// The kernel's `walk` argument: WALK_STAGGER (bit 0), the chunk above it.
 fn walk(tune: &Tune, arch: &Arch, p: &Problem, params: &AttentionParams) -> i32 {
-    let longest = tune
-        .longest_first
-        .unwrap_or_else(|| longest_first(arch, p, params));
-    i32::from(tune.stagger) | i32::from(longest) << 1
+    let pairs = (p.batch * p.kv_heads).max(1);
+    let chunk = match tune.chunk {
+        Some(0) => pairs,
+        Some(c) => c.min(pairs),
+        None => walk_chunk(arch, p, params),
+    };
+    i32::from(tune.stagger) | (chunk.min(i32::MAX as usize >> 1) as i32) << 1
 }
 
 /// Query rows per streamed block: 128 at head dim 64, 64 at 128 (see hopper_bwd.cu).
@@ -343,7 +362,7 @@ pub(crate) fn catalog(
             let tune = |overlapped, bulk, wide_regs| Tune {
                 overlapped,
                 stagger: false,
-                longest_first: None,
+                chunk: None,
                 bulk,
                 wide_regs,
                 defer_dq: Some(false),
@@ -760,8 +779,8 @@ mod tests {
     }
 
     #[test]
-    fn units_go_longest_first_only_for_few_heads_under_a_causal_mask() {
-        let arch = Arch::for_target("sm_90a").unwrap();
+    fn units_go_in_chunks_of_about_one_wave_under_a_causal_mask() {
+        let arch = Arch::for_target("sm_90a").unwrap(); // 132 SMs
         let problem = |batch, q_heads, kv_heads, len| Problem {
             dtype: DType::BF16,
             batch,
@@ -781,34 +800,38 @@ mod tests {
             right: Some(0),
             ..plain
         };
-        // GQA 4 at 8192 tokens: 8 (batch, KV head) pairs of 64 key blocks.
-        assert!(longest_first(&arch, &problem(2, 16, 4, 8192), &causal));
-        // MHA at the same shape (32 pairs), at 2048 (128 pairs), GQA 4 at 2048 (32 pairs).
-        assert!(!longest_first(&arch, &problem(2, 16, 16, 8192), &causal));
-        assert!(!longest_first(&arch, &problem(8, 16, 16, 2048), &causal));
-        assert!(!longest_first(&arch, &problem(8, 16, 4, 2048), &causal));
-        // Units of one length (no mask, or a window on both sides): the order is kept.
-        assert!(!longest_first(&arch, &problem(2, 16, 4, 8192), &plain));
+        let chunk = |p: Problem, params| walk_chunk(&arch, &p, &params);
+        // 64, 16 and 33 key blocks: 2, 8 and 4 pairs make about 132 units.
+        assert_eq!(chunk(problem(2, 16, 4, 8192), causal), 2);
+        assert_eq!(chunk(problem(8, 16, 4, 2048), causal), 8);
+        assert_eq!(chunk(problem(3, 16, 16, 4097), causal), 4);
+        // Longer than a wave per head: head by head; fewer pairs than the chunk: all of them.
+        assert_eq!(chunk(problem(1, 16, 16, 32768), causal), 1);
+        assert_eq!(chunk(problem(1, 4, 1, 2048), causal), 1);
+        assert_eq!(chunk(problem(1, 8, 2, 2048), causal), 2);
+        // Under 16 key blocks (N < 1921): head by head.
+        assert_eq!(chunk(problem(16, 16, 16, 1024), causal), 1);
+        assert_eq!(chunk(problem(32, 16, 16, 512), causal), 1);
+        // Units of one length (no mask, or a window on both sides): head by head.
+        assert_eq!(chunk(problem(8, 16, 4, 2048), plain), 1);
         let window = AttentionParams {
             left: Some(256),
             ..causal
         };
-        assert!(!longest_first(&arch, &problem(2, 16, 4, 8192), &window));
-        let tune = |spec| Tune::parse(spec);
-        assert_eq!(walk(&tune(""), &arch, &problem(2, 16, 4, 8192), &causal), 2);
+        assert_eq!(chunk(problem(8, 16, 4, 2048), window), 1);
+        // The walk argument: stagger in bit 0, pairs per chunk above it.
+        let walk_of = |spec, p: Problem, params| walk(&Tune::parse(spec), &arch, &p, &params);
+        assert_eq!(walk_of("", problem(2, 16, 4, 8192), causal), 2 << 1);
         assert_eq!(
-            walk(
-                &tune("nolongest,stagger"),
-                &arch,
-                &problem(2, 16, 4, 8192),
-                &causal
-            ),
-            1
+            walk_of("nolongest,stagger", problem(2, 16, 4, 8192), causal),
+            3
         );
         assert_eq!(
-            walk(&tune("longest"), &arch, &problem(8, 16, 16, 2048), &plain),
-            2
+            walk_of("longest", problem(8, 16, 16, 2048), plain),
+            128 << 1
         );
+        assert_eq!(walk_of("chunk=4", problem(8, 16, 4, 2048), causal), 4 << 1);
+        assert_eq!(walk_of("chunk=99", problem(2, 16, 4, 8192), causal), 8 << 1);
     }
 
     #[test]
@@ -816,7 +839,7 @@ mod tests {
         let default = Tune {
             overlapped: true,
             stagger: false,
-            longest_first: None,
+            chunk: None,
             bulk: true,
             wide_regs: true,
             defer_dq: None,
@@ -829,7 +852,7 @@ mod tests {
             Tune {
                 overlapped: false,
                 stagger: true,
-                longest_first: Some(true),
+                chunk: Some(0),
                 bulk: false,
                 wide_regs: false,
                 defer_dq: None,
