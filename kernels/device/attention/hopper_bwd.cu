@@ -8,6 +8,10 @@
 //  2  finish:   dQ = scale * accumulator, in the output dtype and strides.
 //
 // DESIGN (main)
+//  * One CTA per unit (key block, KV head, batch), the grid in the order of unit_at: chunks of
+//    (batch, KV head) pairs, each chunk's first key blocks first (the host picks about one
+//    wave of CTAs per chunk under a causal mask, where a head's first key blocks are its
+//    longest units; one pair, head by head, otherwise).
 //  * Warp-specialised (calico/pipeline.cuh): 384 threads = 3 warpgroups. Warpgroup 0 is the
 //    producer: one thread loads the CTA's K and V tiles once (kv_full / kv_empty), then streams
 //    the query blocks of every query head of the KV head's group through two rings of STAGES
