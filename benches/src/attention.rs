@@ -85,6 +85,32 @@ impl AttnSpec {
     }
 }
 
+/// Forward or backward cases at every head dim and length, each without and with a causal
+/// mask, in that order.
+fn push_grid(
+    out: &mut Vec<AttnSpec>,
+    backward: bool,
+    dims: &[usize],
+    lens: &[usize],
+    varlen: bool,
+    group: usize,
+) {
+    for &head_dim in dims {
+        for &seq in lens {
+            for causal in [false, true] {
+                out.push(AttnSpec {
+                    backward,
+                    head_dim,
+                    seq,
+                    causal,
+                    varlen,
+                    group,
+                });
+            }
+        }
+    }
+}
+
 /// The cases of a profile (GPU only: on the CPU these shapes take minutes each).
 pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
     if !gpu || profile == Profile::Tiny {
@@ -96,33 +122,14 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
         &[1024, 4096]
     };
     let mut out = Vec::new();
-    for backward in [false, true] {
-        // head_dim 256 (Gemma-style models) forward only: the backward takes 64 and 128.
-        let dims: &[usize] = if backward {
-            &[64, 128]
-        } else {
-            &[64, 128, 256]
-        };
-        for &head_dim in dims {
-            for &seq in seqs {
-                for causal in [false, true] {
-                    out.push(AttnSpec {
-                        backward,
-                        head_dim,
-                        seq,
-                        causal,
-                        varlen: false,
-                        group: 1,
-                    });
-                }
-            }
-        }
-    }
+    // head_dim 256 (Gemma-style models) forward only: the backward takes 64 and 128.
+    push_grid(&mut out, false, &[64, 128, 256], seqs, false, 1);
+    push_grid(&mut out, true, &[64, 128], seqs, false, 1);
     // Packed sequences at one length, beside the fixed-length cases of the same shape (the
     // cuDNN column is torch SDPA on that unpacked shape); head dim 96 (Phi-3's; 21 heads, the
     // Hopper kernels at width 128 on zero-filled columns) at two lengths; GQA with 4 query
-    // heads per KV head (16:4 at d = 128) at 2048 and 8192; lengths off every tile (1000: 16 sequences,
-    // 4097: 3) at d = 128.
+    // heads per KV head (16:4 at d = 128) at 2048 and 8192; lengths off every tile (1000: 16
+    // sequences, 4097: 3) at d = 128.
     if profile == Profile::Full {
         // (head dims, lengths, packed, query heads per KV head)
         let extras: [(&[usize], &[usize], bool, usize); 4] = [
@@ -133,20 +140,7 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
         ];
         for (dims, lens, varlen, group) in extras {
             for backward in [false, true] {
-                for &head_dim in dims {
-                    for &seq in lens {
-                        for causal in [false, true] {
-                            out.push(AttnSpec {
-                                backward,
-                                head_dim,
-                                seq,
-                                causal,
-                                varlen,
-                                group,
-                            });
-                        }
-                    }
-                }
+                push_grid(&mut out, backward, dims, lens, varlen, group);
             }
         }
     }

@@ -116,9 +116,9 @@ pub(crate) fn forward_variant(arch: &Arch, p: &Problem) -> Option<CdnaFwdVariant
     let fits = arch_ok(arch, p.dtype, p.head_dim)
         && p.q_len <= i32::MAX as usize
         && p.k_len <= i32::MAX as usize;
-    fits.then(|| CdnaFwdVariant {
+    fits.then_some(CdnaFwdVariant {
         dtype: p.dtype,
-        head_dim: kernel_head_dim(p.head_dim, 256).unwrap_or(p.head_dim),
+        head_dim: kernel_head_dim(p.head_dim, 256)?,
         used_dim: p.head_dim,
     })
 }

@@ -94,6 +94,12 @@ struct Problem {
 }
 
 impl Problem {
+    /// The kernels' head dim: 64, 128 or 256, the next one up for a head dim between them
+    /// (`head_dim_supported` has admitted `dim`, so the fallback is never taken).
+    fn width(&self) -> usize {
+        kernel_head_dim(self.dim, 256).unwrap_or(self.dim)
+    }
+
     fn new(
         dev: &Device,
         q: &Tensor,
@@ -541,7 +547,7 @@ pub(crate) fn head_dim_supported(dim: usize) -> Result<()> {
 /// the head dims between 64, 128 and 256 at the next of those widths.
 fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let pages = paged.then_some(p.page_size);
-    let width = kernel_head_dim(p.dim, 256).unwrap_or(p.dim);
+    let width = p.width();
     if tune.kernel == 2 && decode_mma::runs_here(arch, p.dtype, pages) {
         // Fewer warps where their rings do not fit (warps=8 at head_dim 256), rather than
         // the lane kernel.
@@ -597,7 +603,7 @@ fn plan_lanes(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     let rows = rows_total.div_ceil(row_groups);
     let variant = DecodeVariant {
         dtype: p.dtype,
-        head_dim: kernel_head_dim(p.dim, 256).unwrap_or(p.dim),
+        head_dim: p.width(),
         used_dim: p.dim,
         rows,
         unroll: if rows <= 4 {

@@ -1,11 +1,12 @@
 //! GPU launches of the attention kernels (kernels/device/attention/).
 //!
-//! sm_90a runs the Hopper kernels (hopper.rs, hopper_bwd.rs: head dims that are multiples of 8,
-//! at the next width of 64, 128 or 256); NVIDIA GPUs with mma.sync and cp.async (sm_80 and
-//! later) run the tile kernels at head dims 64, 128 and 256; CDNA GPUs run the CDNA forward (cdna.rs) where it applies; the forwards
-//! those decline run the vendor-neutral tile forward (tiles.rs) where the head dim is a
-//! multiple of 16; every other case (the backward on AMD, other head dims) runs the portable
-//! kernels, one warp per row.
+//! sm_90a runs the Hopper kernels (hopper.rs, hopper_bwd.rs). The other NVIDIA GPUs with
+//! mma.sync and cp.async (sm_80 and later) run the tile kernels here, and CDNA GPUs run the
+//! CDNA forward (cdna.rs) where it applies; all of these take head dims that are multiples
+//! of 8 at the next width of 64, 128 or 256 (the backward up to 128). A forward whose head dim
+//! is a multiple of 16 that only a padded vendor kernel would take runs the vendor-neutral
+//! tile forward (tiles.rs) instead; every other case (the backward on AMD, head dims off
+//! multiples of 8) runs the portable kernels, one warp per row.
 
 use super::check::Problem;
 use crate::Device;
