@@ -154,12 +154,20 @@ fn forced_block_n(
 
 /// Keys per K/V block at d = 128 for `k_len` keys: 176 from [`WIDE_BLOCKS_FROM`] keys, else 128
 /// (H100, session 9: 176 gains 2-3% at N >= 8192 and loses up to 5% on short causal
-/// problems, whose last 176-key block is mostly masked). `CALICO_ATTN_HOPPER_BN` = 128 | 160 |
-/// 176 | 192 forces one (A/B runs).
-fn block_n_chosen(k_len: usize) -> usize {
+/// problems, whose last 176-key block is mostly masked). With a logit soft-cap (`softcap`)
+/// always 128: the soft-capped 176-key variant spills in its key loop (NVRTC sm_90a SASS:
+/// 180 STL/LDL in all, 28 of them in the innermost HGMMA loop; none at 128 keys), tanh's
+/// temporaries on top of the wider S tile. `CALICO_ATTN_HOPPER_BN` = 128 | 160 | 176 | 192
+/// forces one either way (A/B runs).
+fn block_n_chosen(k_len: usize, softcap: bool) -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    forced_block_n(&FORCED, "CALICO_ATTN_HOPPER_BN", &[128, 160, 176, 192])
-        .unwrap_or(if k_len >= WIDE_BLOCKS_FROM { 176 } else { 128 })
+    forced_block_n(&FORCED, "CALICO_ATTN_HOPPER_BN", &[128, 160, 176, 192]).unwrap_or(
+        if k_len >= WIDE_BLOCKS_FROM && !softcap {
+            176
+        } else {
+            128
+        },
+    )
 }
 
 /// Keys per K/V block at d = 256 for `k_len` keys: 80 from [`WIDE_BLOCKS_D256_FROM`] keys,
@@ -180,7 +188,7 @@ fn block_n_d256_chosen(k_len: usize) -> usize {
 /// Key count from which d = 256 takes 80-key blocks by default.
 const WIDE_BLOCKS_D256_FROM: usize = 2048;
 
-/// Key count from which d = 128 takes 176-key blocks by default.
+/// Key count from which d = 128 takes 176-key blocks by default (without a soft-cap).
 const WIDE_BLOCKS_FROM: usize = 8192;
 
 /// Consumer warpgroups at `head_dim`: three at d = 64 by default (192-row units; H100,
@@ -228,13 +236,15 @@ impl Default for Choices {
 }
 
 impl Choices {
-    fn chosen(head_dim: usize, k_len: usize) -> Choices {
+    /// The knobs' choices for `head_dim` and `k_len` keys; `softcap`: whether the problem has
+    /// a logit soft-cap (d = 128 then keeps 128-key blocks, see [`block_n_chosen`]).
+    fn chosen(head_dim: usize, k_len: usize, softcap: bool) -> Choices {
         Choices {
             schedule: Schedule::chosen(),
             consumers: consumers_chosen(head_dim),
             softmax: SoftmaxForm::chosen(),
             q_buffers: q_buffers_chosen(),
-            block_n_d128: block_n_chosen(k_len),
+            block_n_d128: block_n_chosen(k_len, softcap),
             block_n_d256: block_n_d256_chosen(k_len),
         }
     }
@@ -403,6 +413,7 @@ pub(crate) fn catalog(
         (bf, 128, false, choices(se, 2, plain, 1, 128)),
         (hf, 128, true, choices(pp, 2, plain, 1, 128)),
         (hf, 128, true, choices(pp, 2, lean, 2, 128)),
+        (bf, 128, true, choices(pp, 2, lean, 2, 128)),
         (bf, 128, false, choices(pp, 2, lean, 2, 160)),
         (bf, 128, false, choices(pp, 2, lean, 2, 176)),
         (hf, 128, true, choices(pp, 2, lean, 2, 176)),
@@ -627,17 +638,13 @@ pub(crate) fn forward_variant(
         p.k_len
     };
     let d = kernel_head_dim(p.head_dim, 256)?;
-    HopperFwdVariant::new(
-        arch,
-        p.dtype,
-        d,
-        params.softcap.is_some(),
-        Choices::chosen(d, keys),
-    )
-    .map(|v| HopperFwdVariant {
-        varlen,
-        padded: d != p.head_dim,
-        ..v
+    let softcap = params.softcap.is_some();
+    HopperFwdVariant::new(arch, p.dtype, d, softcap, Choices::chosen(d, keys, softcap)).map(|v| {
+        HopperFwdVariant {
+            varlen,
+            padded: d != p.head_dim,
+            ..v
+        }
     })
 }
 
@@ -932,8 +939,15 @@ mod tests {
             assert_eq!((d64.block_n, d64.consumers), (128, 3));
         }
         if std::env::var_os("CALICO_ATTN_HOPPER_BN").is_none() {
-            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1), 128);
-            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM), 176);
+            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1, false), 128);
+            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM, false), 176);
+            // A soft-cap keeps 128-key blocks (the 176-key variant spills).
+            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1, true), 128);
+            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM, true), 128);
+            assert_eq!(
+                Choices::chosen(128, WIDE_BLOCKS_FROM, true).block_n_d128,
+                128
+            );
         }
     }
 
