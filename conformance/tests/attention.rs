@@ -1234,6 +1234,7 @@ fn routed_to_tiles(dev: &Device, c: &Case) -> Result<(), String> {
         causal: c.opts.causal,
         backward: false,
         varlen: false,
+        softcap: c.opts.softcap,
     };
     let plan = ops::plan_attention(&dev.arch().target, &case).ctx("plan_attention")?;
     match plan.kernels.first() {

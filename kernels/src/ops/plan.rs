@@ -38,7 +38,7 @@ pub enum RowOp {
 }
 
 /// One attention forward or backward: Q `[B, Hq, N, D]`, K and V `[B, Hkv, N, D]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionCase {
     pub dtype: DType,
     pub batch: usize,
@@ -50,6 +50,8 @@ pub struct AttentionCase {
     pub backward: bool,
     /// Packed sequences (`attention_varlen`): `batch` sequences of `seq` tokens each.
     pub varlen: bool,
+    /// Logit soft-cap (`AttentionOptions::softcap`): the kernels' soft-capped variants.
+    pub softcap: Option<f32>,
 }
 
 /// One decode call: one query token per sequence over a cache of `context` tokens each.
@@ -273,6 +275,7 @@ pub(crate) fn attention_choice(arch: &Arch, c: &AttentionCase) -> Result<Attenti
     let (p, forward, backward) = attention_facts(c)?;
     let opts = AttentionOptions {
         causal: c.causal,
+        softcap: c.softcap,
         ..Default::default()
     };
     let params = super::attention::check::params(&opts, c.head_dim)?;
@@ -423,6 +426,7 @@ mod tests {
             causal: true,
             backward,
             varlen: false,
+            softcap: None,
         }
     }
 
@@ -490,6 +494,40 @@ mod tests {
             };
             assert_eq!(dq.kernel, Kernel::PortableDq, "{t} d100");
         }
+    }
+
+    /// A soft-capped d = 128 forward keeps 128-key blocks where the uncapped one takes 176
+    /// (hopper.rs, block_n_chosen: the soft-capped 176-key variant spills).
+    #[test]
+    fn soft_capped_forwards_keep_128_key_blocks_at_d128() {
+        if std::env::var_os("CALICO_ATTN_HOPPER_BN").is_some() {
+            return;
+        }
+        let a = arch("sm_90a");
+        let label = |softcap: Option<f32>| {
+            let c = AttentionCase {
+                batch: 2,
+                seq: 8192,
+                softcap,
+                ..case(false, 128)
+            };
+            let AttentionChoice::Forward(ForwardRoute::Hopper(v)) =
+                attention_choice(&a, &c).unwrap()
+            else {
+                panic!("not the Hopper forward");
+            };
+            v.label()
+        };
+        let plain = label(None);
+        assert!(
+            plain.contains("bn=176 ") && plain.contains("softcap=false"),
+            "{plain}"
+        );
+        let capped = label(Some(30.0));
+        assert!(
+            capped.contains("bn=128 ") && capped.contains("softcap=true"),
+            "{capped}"
+        );
     }
 
     /// Packed sequences: the Hopper forward and backward take them on sm_90a (one batch of all
