@@ -1,7 +1,8 @@
 //! Attention forward and backward in TFLOP/s at FlashAttention-3's shapes (16384 tokens in
 //! all, hidden 2048, head dims 64 and 128, N from 512 to 16384, causal and not), next to torch
 //! SDPA through cuDNN and flash (merged from peers.py). Forward FLOPs 4 B H N^2 D, halved when
-//! causal; backward 2.5x the forward.
+//! causal; backward 2.5x the forward. The soft-capped cases (`s = cap * tanh(s / cap)`) have no
+//! peer (SDPA has no soft-cap) and no target.
 
 use crate::accounting::tflops;
 use crate::cases::Profile;
@@ -17,7 +18,7 @@ const TOKENS: usize = 16384;
 const HIDDEN: usize = 2048;
 
 /// One attention problem.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnSpec {
     pub backward: bool,
     pub head_dim: usize,
@@ -28,6 +29,8 @@ pub struct AttnSpec {
     pub varlen: bool,
     /// Query heads per KV head: 1, or 4 (GQA, as Llama-3's 32:8).
     pub group: usize,
+    /// Logit soft-cap (`AttentionOptions::softcap`): 30 as Grok-1's, 50 as Gemma-2's.
+    pub softcap: Option<f32>,
 }
 
 impl AttnSpec {
@@ -42,7 +45,7 @@ impl AttnSpec {
     }
     pub fn name(&self) -> String {
         format!(
-            "attention {}{} d{} N{}{}{}",
+            "attention {}{} d{} N{}{}{}{}",
             if self.varlen { "varlen " } else { "" },
             if self.backward { "bwd" } else { "fwd" },
             self.head_dim,
@@ -52,10 +55,13 @@ impl AttnSpec {
                 format!(" gqa{}", self.group)
             } else {
                 String::new()
-            }
+            },
+            self.softcap
+                .map_or_else(String::new, |cap| format!(" softcap{cap}")),
         )
     }
-    /// `[B, H, N, D, causal]`, and the KV heads after it under GQA, as peers.py records it.
+    /// `[B, H, N, D, causal]`, and the KV heads after it under GQA, as peers.py records it
+    /// (a soft-capped case has the shape of its uncapped twin: [`merge_peer`] tells them apart).
     pub fn shape(&self) -> Vec<usize> {
         let mut shape = vec![
             self.batch(),
@@ -94,6 +100,7 @@ fn push_grid(
     lens: &[usize],
     varlen: bool,
     group: usize,
+    softcap: Option<f32>,
 ) {
     for &head_dim in dims {
         for &seq in lens {
@@ -105,6 +112,7 @@ fn push_grid(
                     causal,
                     varlen,
                     group,
+                    softcap,
                 });
             }
         }
@@ -123,13 +131,14 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
     };
     let mut out = Vec::new();
     // head_dim 256 (Gemma-style models) forward only: the backward takes 64 and 128.
-    push_grid(&mut out, false, &[64, 128, 256], seqs, false, 1);
-    push_grid(&mut out, true, &[64, 128], seqs, false, 1);
+    push_grid(&mut out, false, &[64, 128, 256], seqs, false, 1, None);
+    push_grid(&mut out, true, &[64, 128], seqs, false, 1, None);
     // Packed sequences at one length, beside the fixed-length cases of the same shape (the
     // cuDNN column is torch SDPA on that unpacked shape); head dim 96 (Phi-3's; 21 heads, the
     // Hopper kernels at width 128 on zero-filled columns) at two lengths; GQA with 4 query
     // heads per KV head (16:4 at d = 128) at 2048 and 8192; lengths off every tile (1000: 16
-    // sequences, 4097: 3) at d = 128.
+    // sequences, 4097: 3) at d = 128; soft-capped scores (no peer, no target), as Grok-1 (cap
+    // 30 at d = 128, forward and backward) and Gemma-2 (cap 50 at d = 256, forward only).
     if profile == Profile::Full {
         // (head dims, lengths, packed, query heads per KV head)
         let extras: [(&[usize], &[usize], bool, usize); 4] = [
@@ -140,8 +149,17 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
         ];
         for (dims, lens, varlen, group) in extras {
             for backward in [false, true] {
-                push_grid(&mut out, backward, dims, lens, varlen, group);
+                push_grid(&mut out, backward, dims, lens, varlen, group, None);
             }
+        }
+        // (backward, head dim, length, cap)
+        let capped: [(bool, usize, usize, f32); 3] = [
+            (false, 128, 8192, 30.0),
+            (true, 128, 8192, 30.0),
+            (false, 256, 4096, 50.0),
+        ];
+        for (backward, dim, len, cap) in capped {
+            push_grid(&mut out, backward, &[dim], &[len], false, 1, Some(cap));
         }
     }
     out
@@ -169,6 +187,10 @@ pub struct AttnCase {
     pub ratio_flash: Option<f64>,
     /// Ratio to cuDNN the issue asks for (N >= 2048), else None.
     pub target_ratio: Option<f64>,
+    /// The logit soft-cap of the case, if any: no peer figures (torch SDPA has no soft-cap) and
+    /// no target. Absent in reports written before these cases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softcap: Option<f32>,
 }
 
 struct Inputs {
@@ -222,6 +244,7 @@ fn inputs(dev: &Device, s: &AttnSpec, rng: &mut XorShift) -> Result<Inputs> {
 fn call(dev: &Device, s: &AttnSpec, x: &mut Inputs) -> Result<()> {
     let opts = AttentionOptions {
         causal: s.causal,
+        softcap: s.softcap,
         ..Default::default()
     };
     match (&x.cu, s.backward) {
@@ -299,13 +322,16 @@ pub fn skipped_case(spec: &AttnSpec, why: Timed) -> AttnCase {
         flash_tflops: None,
         ratio_flash: None,
         // The issue's targets name head_dim 64 and 128 at the paper's lengths (powers of two);
-        // 96, 256 and the odd lengths are reported beside cuDNN without one.
+        // 96, 256 and the odd lengths are reported beside cuDNN without one, the soft-capped
+        // cases with neither.
         target_ratio: (spec.seq >= 2048
             && spec.seq.is_power_of_two()
             && matches!(spec.head_dim, 64 | 128)
             && !spec.varlen
-            && spec.group == 1)
-            .then_some(if spec.backward { 1.10 } else { 1.05 }),
+            && spec.group == 1
+            && spec.softcap.is_none())
+        .then_some(if spec.backward { 1.10 } else { 1.05 }),
+        softcap: spec.softcap,
     }
 }
 
@@ -391,11 +417,12 @@ pub fn merge_peer(cases: &mut [AttnCase], op: &str, shape: &[usize], ms: f64) ->
         return false;
     };
     let backward = dir == "bwd";
-    // Every case of the shape: the fixed-length one and its packed (varlen) twin.
+    // Every case of the shape: the fixed-length one and its packed (varlen) twin; not the
+    // soft-capped one (SDPA computes no soft-cap: its time is another problem's).
     let mut matched = false;
     for c in cases
         .iter_mut()
-        .filter(|c| c.backward == backward && c.shape == shape)
+        .filter(|c| c.backward == backward && c.shape == shape && c.softcap.is_none())
     {
         match backend {
             "cudnn" => c.cudnn_ms = Some(ms),
@@ -405,4 +432,94 @@ pub fn merge_peer(cases: &mut [AttnCase], op: &str, shape: &[usize], ms: f64) ->
         matched = true;
     }
     matched
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn soft_capped_cases_are_in_the_full_profile_only_with_names_of_their_own() {
+        let full = specs(true, Profile::Full);
+        let capped: Vec<String> = full
+            .iter()
+            .filter(|s| s.softcap.is_some())
+            .map(AttnSpec::name)
+            .collect();
+        assert_eq!(
+            capped,
+            [
+                "attention fwd d128 N8192 softcap30",
+                "attention fwd d128 N8192 causal softcap30",
+                "attention bwd d128 N8192 softcap30",
+                "attention bwd d128 N8192 causal softcap30",
+                "attention fwd d256 N4096 softcap50",
+                "attention fwd d256 N4096 causal softcap50",
+            ]
+        );
+        let mut names: Vec<String> = full.iter().map(AttnSpec::name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), full.len(), "two cases share a name");
+        for profile in [Profile::Quick, Profile::Tiny] {
+            assert!(specs(true, profile).iter().all(|s| s.softcap.is_none()));
+        }
+    }
+
+    #[test]
+    fn soft_capped_cases_take_no_peer_and_no_target() {
+        let specs = specs(true, Profile::Full);
+        let twins: Vec<AttnSpec> = specs
+            .iter()
+            .filter(|s| s.head_dim == 128 && s.seq == 8192 && s.group == 1 && !s.varlen)
+            .copied()
+            .collect();
+        let mut cases: Vec<AttnCase> = twins
+            .iter()
+            .map(|s| skipped_case(s, Timed::not_available("not run")))
+            .collect();
+        for c in &cases {
+            assert_eq!(c.target_ratio.is_some(), c.softcap.is_none(), "{}", c.name);
+        }
+        let shape = AttnSpec {
+            softcap: None,
+            ..twins[0]
+        }
+        .shape();
+        assert!(merge_peer(&mut cases, "attention fwd cudnn", &shape, 1.0));
+        assert!(merge_peer(&mut cases, "attention fwd flash", &shape, 2.0));
+        for c in &cases {
+            let merged = !c.backward && c.shape == shape && c.softcap.is_none();
+            assert_eq!(c.cudnn_ms, merged.then_some(1.0), "{}", c.name);
+            assert_eq!(c.flash_ms, merged.then_some(2.0), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn reports_without_the_softcap_field_still_parse() {
+        let spec = AttnSpec {
+            backward: false,
+            head_dim: 128,
+            seq: 2048,
+            causal: true,
+            varlen: false,
+            group: 1,
+            softcap: None,
+        };
+        let case = skipped_case(&spec, Timed::not_available("not run"));
+        let json = serde_json::to_value(&case).unwrap();
+        assert!(json.get("softcap").is_none(), "{json}");
+        let back: AttnCase = serde_json::from_value(json).unwrap();
+        assert_eq!(back, case);
+        let capped = skipped_case(
+            &AttnSpec {
+                softcap: Some(30.0),
+                ..spec
+            },
+            Timed::not_available("not run"),
+        );
+        let back: AttnCase =
+            serde_json::from_str(&serde_json::to_string(&capped).unwrap()).unwrap();
+        assert_eq!(back.softcap, Some(30.0));
+    }
 }

@@ -97,7 +97,7 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
             causal: spec.causal,
             backward: spec.backward,
             varlen: spec.varlen,
-            softcap: None,
+            softcap: spec.softcap,
         };
         list(spec.name(), ops::plan_attention(target, &case)?.kernels)?;
     }
