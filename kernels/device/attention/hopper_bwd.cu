@@ -745,9 +745,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
 #if CALICO_ATTN_DEFER_DQ
     pl::cursor<2> dsc;  // dS^T buffers used, across units
 #endif
-    pl::cursor<JOBS> jobs;  // FUSED_FINISH: job slots used (the dQ warp posts, the finish warp takes)
-    uint32_t fin_loads = 0;  // FUSED_FINISH: accumulator tiles loaded by the finish warp
-    (void)fin_loads;
+#if CALICO_ATTN_FUSED_FINISH
+    pl::cursor<JOBS> jobs;   // job slots used (the dQ warp posts, the finish warp takes)
+    uint32_t fin_loads = 0;  // accumulator tiles loaded by the finish warp
+#endif
 
     auto produce = [&](int w) {
         const unit u = unit_at(p, w);
@@ -1167,6 +1168,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len, head_dim);
     };
 
+#if CALICO_ATTN_FUSED_FINISH
     // FUSED_FINISH (lane 0 of the dQ warp): hands query block `idx` (or -1, the unit's end) to
     // the finish warp.
     auto post_job = [&](long long idx) {
@@ -1187,7 +1189,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         }
         __syncwarp();
     };
-    (void)count_off;
+#endif
 
     // BULK_DQ: warp 1 adds each staged tile to the accumulator, whose query block of BQ x D
     // floats holds the two consumers' tiles back to back (4096 floats each, staging order).
@@ -1195,10 +1197,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         const unit u = unit_at(p, w);
         const int lane = threadIdx.x % 32;
         if (u.m_hi <= u.m_lo) {
-            if constexpr (FUSED_FINISH) {
-                if (lane == 0) post_job(-1);
-                __syncwarp();
-            }
+#if CALICO_ATTN_FUSED_FINISH
+            if (lane == 0) post_job(-1);
+            __syncwarp();
+#endif
             return;
         }
         const int steps = p.group * (u.m_hi - u.m_lo);
@@ -1227,27 +1229,30 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                 if (lane == 0) calico::tma::store_wait_read<0>();
                 __syncwarp();
                 if (step + 1 < steps) calico::named_barrier_arrive(DQ_EMPTY_BARRIER + 1, DQ_BARRIER_THREADS);
-                if constexpr (FUSED_FINISH) {
-                    // All but this step's two groups have completed: the previous step is in.
-                    if (pending >= 0) {
-                        if (lane == 0) calico::tma::store_wait<2>();
-                        __syncwarp();
-                        count_off(pending);
-                    }
-                    pending = ((long long)u.b * p.q_heads + h) * (p.nq_pad / BQ) + block_at(u, k);
+#if CALICO_ATTN_FUSED_FINISH
+                // All but this step's two groups have completed: the previous step is in.
+                if (pending >= 0) {
+                    if (lane == 0) calico::tma::store_wait<2>();
+                    __syncwarp();
+                    count_off(pending);
                 }
+                pending = ((long long)u.b * p.q_heads + h) * (p.nq_pad / BQ) + block_at(u, k);
+#endif
             }
         }
         // The reductions finish before the CTA (and its shared memory) goes away.
         if (lane == 0) calico::tma::store_wait<0>();
         __syncwarp();
-        if constexpr (FUSED_FINISH) {
-            count_off(pending);
-            if (lane == 0) post_job(-1);
-            __syncwarp();
-        }
+#if CALICO_ATTN_FUSED_FINISH
+        count_off(pending);
+        if (lane == 0) post_job(-1);
+        __syncwarp();
+#else
+        (void)pending;
+#endif
     };
 
+#if CALICO_ATTN_FUSED_FINISH
     // FUSED_FINISH (warp 2 of the producer warpgroup): converts each query block handed over,
     // tile by tile: TMA-load the f32 tile, zero it in global memory (the op's buffer is zero
     // between ops), dQ = scale * acc in the dtype into the swizzled staging rows, TMA-store the
@@ -1320,14 +1325,16 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         if (lane == 0) calico::tma::store_wait<0>();
         __syncwarp();
     };
-    (void)finish_dq;
-
-    if constexpr (FUSED_FINISH) {
-        pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, reduce_dq, finish_dq);
-    } else if constexpr (BULK_DQ) {
+    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, reduce_dq, finish_dq);
+#else
+    (void)map_dq;
+    (void)map_acc;
+    (void)walk_counts;
+    if constexpr (BULK_DQ) {
         pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, reduce_dq);
     } else {
         pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
     }
+#endif
 }
 #endif
