@@ -11,8 +11,8 @@
 //  * split_roles<PRODUCER_REGS, CONSUMER_REGS>(producer, consumer): the role split.
 //    Warpgroup 0 gives registers back (setmaxnreg.dec) and its thread 0 runs producer();
 //    warpgroups 1.. take registers (setmaxnreg.inc) and run consumer(consumer_index). Needs
-//    __launch_bounds__(threads, 1) on the kernel. Optional assist() and assist2() run on warps
-//    1 and 2 of warpgroup 0. The Hopper GEMM uses it with its own tile walk.
+//    __launch_bounds__(threads, 1) on the kernel. An optional assist() runs on warp 1 of
+//    warpgroup 0. The Hopper GEMM uses it with its own tile walk.
 //  * warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume): split_roles over
 //    the CTA-strided unit walk, calling produce(unit) and consume(consumer_index, unit) for
 //    each of the CTA's units (the attention kernels).
@@ -84,26 +84,19 @@ struct ring {
 // GEMM: cluster-strided tiles, consumers alternating tiles in ping-pong mode): warpgroup 0
 // gives registers back, its thread 0 runs producer() and all 32 lanes of its warp 1 run
 // assist(); warpgroups 1.. take registers and run consumer(consumer_index).
-template <int PRODUCER_REGS, int CONSUMER_REGS, class Producer, class Consumer, class Assist, class Assist2>
-CALICO_DEVICE void split_roles(Producer&& producer, Consumer&& consumer, Assist&& assist, Assist2&& assist2) {
+template <int PRODUCER_REGS, int CONSUMER_REGS, class Producer, class Consumer, class Assist>
+CALICO_DEVICE void split_roles(Producer&& producer, Consumer&& consumer, Assist&& assist) {
     if (warpgroup_id() == 0) {
         setmaxnreg_dec<PRODUCER_REGS>();
         if (threadIdx.x == 0) {
             producer();
         } else if (threadIdx.x / 32 == 1) {
             assist();
-        } else if (threadIdx.x / 32 == 2) {
-            assist2();
         }
     } else {
         setmaxnreg_inc<CONSUMER_REGS>();
         consumer(warpgroup_id() - 1);
     }
-}
-
-template <int PRODUCER_REGS, int CONSUMER_REGS, class Producer, class Consumer, class Assist>
-CALICO_DEVICE void split_roles(Producer&& producer, Consumer&& consumer, Assist&& assist) {
-    split_roles<PRODUCER_REGS, CONSUMER_REGS>(producer, consumer, assist, [] {});
 }
 
 template <int PRODUCER_REGS, int CONSUMER_REGS, class Producer, class Consumer>
@@ -114,8 +107,8 @@ CALICO_DEVICE void split_roles(Producer&& producer, Consumer&& consumer) {
 // The role split over the CTA-strided unit walk (unit = blockIdx.x, += gridDim.x): produce(unit),
 // consume(consumer_index, unit) and, on warp 1 of warpgroup 0, assist(unit) for each unit,
 // e.g. to store what the consumers staged in shared memory.
-template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume, class Assist, class Assist2>
-CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume, Assist&& assist, Assist2&& assist2) {
+template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume, class Assist>
+CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume, Assist&& assist) {
     split_roles<PRODUCER_REGS, CONSUMER_REGS>(
         [&] {
             for (int unit = blockIdx.x; unit < work; unit += gridDim.x) produce(unit);
@@ -125,15 +118,7 @@ CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consu
         },
         [&] {
             for (int unit = blockIdx.x; unit < work; unit += gridDim.x) assist(unit);
-        },
-        [&] {
-            for (int unit = blockIdx.x; unit < work; unit += gridDim.x) assist2(unit);
         });
-}
-
-template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume, class Assist>
-CALICO_DEVICE void warp_specialised(int work, Produce&& produce, Consume&& consume, Assist&& assist) {
-    warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, assist, [](int) {});
 }
 
 template <int PRODUCER_REGS, int CONSUMER_REGS, class Produce, class Consume>

@@ -3,11 +3,9 @@
 //
 //  0  prepare:  per query row, delta = rowsum(dO * O) and LSE in base 2 (+inf where the row
 //               saw no key, so P = exp2(s - lse) is 0 there), into a workspace padded to whole
-//               query blocks; the f32 dQ accumulator of the row set to 0 (FUSED_FINISH: the
-//               walk counts instead, see FUSED FINISH).
+//               query blocks; the f32 dQ accumulator of the row set to 0.
 //  1  main:     one CTA per (key block of 128, KV head, batch); see DESIGN.
-//  2  finish:   dQ = scale * accumulator, in the output dtype and strides (not launched with
-//               FUSED_FINISH).
+//  2  finish:   dQ = scale * accumulator, in the output dtype and strides.
 //
 // DESIGN (main)
 //  * One CTA per unit (key block, KV head, batch), the grid in the order of unit_at: chunks of
@@ -35,22 +33,6 @@
 //    which the other warpgroup reaches only after its dQ product of step i-2 completed.
 //  * dK, dV stay in registers over all query heads of the group (the GQA sum, no atomics) and
 //    are stored once: dK * scale, dV; keys >= Nkv are not stored.
-// FUSED FINISH (CALICO_ATTN_FUSED_FINISH, bulk dQ, one sequence per batch)
-//  * The separate passes cost 13-15% of a call at 16384 tokens and N = 2048 (session 16: the
-//    zeroing of the accumulator and the finish kernel move ~270 MB through DRAM). Here the
-//    accumulator lives in the op's zeroed buffer (GpuBackend::with_counters) and each query
-//    block is converted by the main kernel as soon as its last reduction is in, while it is
-//    still in L2, and zeroed again for the next op.
-//  * The prepare kernel sets walk_counts[b, h, m] = the key blocks whose CTAs walk query block m
-//    (key_block_walk, the same function unit_at uses), and writes dQ = 0 for rows that see no
-//    key (their blocks may be walked by none).
-//  * The dQ warp waits for each step's bulk reductions to complete (wait_group, one step
-//    behind), then counts them off with an acq_rel atomic after a proxy fence; the CTA whose
-//    count ends at 0 hands the block to warp 2 of the producer warpgroup through a ring of JOBS
-//    slots in shared memory (mbarriers).
-//  * Warp 2 loads each of the block's two staged f32 tiles by TMA, zeroes it in global memory,
-//    writes scale * acc in the dtype as 128B-swizzled rows and stores the 64 x 64 box by TMA
-//    (the map clips rows >= Nq and columns >= head_dim).
 // EDGES
 //  * Nq, Nkv not multiples of the blocks: TMA zero-fills Q/dO rows and K/V keys past the end;
 //    padded rows have LSE = +inf (P = 0) and land in the padded part of the accumulator; keys
@@ -105,54 +87,6 @@ static_assert(D == 64 || D == 128, "head dim 64 or 128");
 #define ATTN_POS_INF __int_as_float(0x7f800000u)
 #define ATTN_NEG_INF __int_as_float(0xff800000u)
 
-constexpr int BQ = D == 64 ? 128 : 64;  // query rows per streamed block
-constexpr int BKV = 128;                 // keys per CTA, 64 per consumer warpgroup
-
-#ifndef CALICO_ATTN_FUSED_FINISH
-#define CALICO_ATTN_FUSED_FINISH 0
-#endif
-// dQ converted by the main kernel itself (see FUSED FINISH): no finish kernel, no zeroing pass.
-constexpr bool FUSED_FINISH = CALICO_ATTN_FUSED_FINISH != 0;
-
-// The query blocks [m_lo, m_hi) (none when m_hi <= m_lo) with a row that sees a key of key
-// block n, for problems of one sequence per batch: the blocks a main-kernel CTA walks, and
-// (FUSED_FINISH) what the prepare kernel counts per query block. Rows that see a key of
-// [n0, n1): c + right >= n0 and c - left <= n1 - 1, with c = i + Nkv - Nq.
-CALICO_DEVICE void key_block_walk(int q_len, int k_len, int has_left, long long left, int has_right, long long right, int n,
-                                  int& m_lo, int& m_hi) {
-    const long long n0 = (long long)n * BKV;
-    const long long n1 = min(n0 + BKV, (long long)k_len);
-    const long long off = (long long)k_len - q_len;
-    long long i_lo = has_right ? n0 - off - right : 0;
-    long long i_hi = has_left ? n1 - 1 - off + left : q_len - 1;
-    i_lo = i_lo < 0 ? 0 : i_lo;
-    i_hi = i_hi > q_len - 1 ? q_len - 1 : i_hi;
-    m_lo = (int)(i_lo / BQ);
-    m_hi = i_hi >= i_lo ? (int)(i_hi / BQ) + 1 : m_lo;
-}
-
-// FUSED_FINISH: the key blocks whose CTAs add to query block m, i.e. how many bulk reductions
-// its accumulator rows receive (the walks only widen with the key block: stop past m).
-CALICO_DEVICE int walks_through(int q_len, int k_len, int has_left, long long left, int has_right, long long right, int m) {
-    const int n_blocks = (k_len + BKV - 1) / BKV;
-    int count = 0;
-    for (int n = 0; n < n_blocks; ++n) {
-        int lo, hi;
-        key_block_walk(q_len, k_len, has_left, left, has_right, right, n, lo, hi);
-        if (lo > m) break;
-        count += m < hi;
-    }
-    return count;
-}
-
-// Row i sees at least one key (the mask of EDGES).
-CALICO_DEVICE bool row_sees_a_key(int q_len, int k_len, int has_left, long long left, int has_right, long long right, int i) {
-    const long long c = (long long)i + k_len - q_len;
-    const long long lo = has_left ? (c - left < 0 ? 0 : c - left) : 0;
-    const long long hi = has_right ? (c + right + 1 > k_len ? (long long)k_len : c + right + 1) : (long long)k_len;
-    return hi > lo;
-}
-
 }  // namespace attn_hopper_bwd
 
 #if CALICO_ATTN_KERNEL == 0
@@ -166,25 +100,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     calico_attention_hopper_bwd_prepare(const attn_hopper_bwd::in_t* o, long long o_sb, long long o_sh, long long o_sn,
                                         const attn_hopper_bwd::in_t* d_o, long long do_sb, long long do_sh, long long do_sn,
                                         const float* lse, float* lse_log2, float* delta, float* dq_acc, int q_heads, int q_len,
-                                        int nq_pad, long long rows, int vec, int head_dim, int* walk_counts,
-                                        attn_hopper_bwd::in_t* dq, long long dq_sb, long long dq_sh, long long dq_sn, int k_len,
-                                        int has_left, long long left, int has_right, long long right) {
+                                        int nq_pad, long long rows, int vec, int head_dim) {
     using namespace attn_hopper_bwd;
-    // FUSED_FINISH: the accumulator is already zero (the op's zeroed buffer). Instead, each
-    // query block's first row sets the block's count of reductions to wait for, and rows that
-    // see no key get dQ = 0 here: the main kernel converts only blocks that some key block walks.
-    auto fused_row = [&](long long bh, long long b, long long h, int i, int col0, int cols, bool first) {
-        if (!row_sees_a_key(q_len, k_len, has_left, left, has_right, right, i)) {
-            in_t* row = dq + b * dq_sb + h * dq_sh + i * dq_sn;
-            for (int e = col0; e < col0 + cols; ++e) {
-                if (e < head_dim) row[e] = calico::from_float<in_t>(0.0f);
-            }
-        }
-        if (first && i % BQ == 0) {
-            walk_counts[bh * (nq_pad / BQ) + i / BQ] = walks_through(q_len, k_len, has_left, left, has_right, right, i / BQ);
-        }
-    };
-    (void)fused_row;
     constexpr float LOG2E = 1.4426950408889634f;
     const int lane = threadIdx.x % 32;
     if (vec) {
@@ -199,13 +116,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
             const long long bh = r / nq_pad;
             const int i = (int)(r - bh * nq_pad);
             const long long b = bh / q_heads, h = bh - b * q_heads;
-            if constexpr (!FUSED_FINISH) {
-                float4* acc = reinterpret_cast<float4*>(dq_acc + r * D + 8 * sub);
-                acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+            float4* acc = reinterpret_cast<float4*>(dq_acc + r * D + 8 * sub);
+            acc[0] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            acc[1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (i < q_len) {
-                if constexpr (FUSED_FINISH) fused_row(bh, b, h, i, 8 * sub, 8, sub == 0);
                 // Padded head dims: the lanes past the real columns add nothing.
                 if (!PADDED || 8 * sub < head_dim) {
                     const uint4 ov = *reinterpret_cast<const uint4*>(o + b * o_sb + h * o_sh + i * o_sn + 8 * sub);
@@ -238,17 +152,11 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
     const long long bh = r / nq_pad;
     const int i = (int)(r - bh * nq_pad);
     const long long b = bh / q_heads, h = bh - b * q_heads;
-    if constexpr (!FUSED_FINISH) {
-        float* acc = dq_acc + r * D;
+    float* acc = dq_acc + r * D;
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) acc[lane + 32 * k] = 0.0f;
-    }
+    for (int k = 0; k < D / 32; ++k) acc[lane + 32 * k] = 0.0f;
     float sum = 0.0f, l2 = ATTN_POS_INF;
     if (i < q_len) {
-        if constexpr (FUSED_FINISH) {
-#pragma unroll
-            for (int k = 0; k < D / 32; ++k) fused_row(bh, b, h, i, lane + 32 * k, 1, lane == 0 && k == 0);
-        }
         const attn_hopper_bwd::in_t* orow = o + b * o_sb + h * o_sh + i * o_sn;
         const attn_hopper_bwd::in_t* grow = d_o + b * do_sb + h * do_sh + i * do_sn;
 #pragma unroll
@@ -283,6 +191,7 @@ CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
                                        long long dq_sn, float scale, int q_heads, int q_len, int nq_pad, long long count,
                                        int store, int head_dim) {
     using namespace attn_hopper_bwd;
+    constexpr int BQ = D == 64 ? 128 : 64;
     static_assert(BQ * D == 2 * 64 * 64, "two 64 x 64 tiles per query block");
     const long long tile = blockIdx.x;
     if (tile >= count) return;
@@ -345,6 +254,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 #if CALICO_ATTN_KERNEL == 1
 namespace attn_hopper_bwd {
 
+constexpr int BQ = D == 64 ? 128 : 64;  // query rows per streamed block
+constexpr int BKV = 128;                 // keys per CTA, 64 per consumer warpgroup
 constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
 constexpr bool BULK_DQ = CALICO_ATTN_BULK_DQ != 0;
@@ -410,17 +321,9 @@ constexpr int LSE_OFFSET = DS_OFFSET + 2 * DS_BYTES;
 constexpr int DELTA_OFFSET = LSE_OFFSET + STAGES * ROW_BYTES;
 constexpr int DQ_TILE_BYTES = 64 * 64 * 4;
 constexpr int DQ_STAGE_OFFSET = DELTA_OFFSET + STAGES * ROW_BYTES;
-static_assert(!FUSED_FINISH || BULK_DQ, "the fused finish converts the bulk reductions' tiles");
-// FUSED_FINISH: one accumulator tile (f32, as staged) loaded for conversion and its 64 x 64
-// dQ tile in the dtype (128B-swizzled rows, a TMA store box), from a 1024-byte boundary.
-constexpr int FIN_OFFSET = (DQ_STAGE_OFFSET + (BULK_DQ ? CONSUMERS * DQ_TILE_BYTES : 0) + 1023) / 1024 * 1024;
-constexpr int FIN_OUT_OFFSET = FIN_OFFSET + DQ_TILE_BYTES;
-constexpr int FIN_OUT_BYTES = 64 * 64 * 2;
-constexpr int BAR_OFFSET = FUSED_FINISH ? FIN_OUT_OFFSET + FIN_OUT_BYTES : DQ_STAGE_OFFSET + (BULK_DQ ? CONSUMERS * DQ_TILE_BYTES : 0);
-constexpr int JOBS = 4;  // FUSED_FINISH: query blocks handed from the dQ warp to the finish warp
-// Barriers: the Q ring, the dO ring, kv_full, kv_empty (DEFER_DQ: and ds_full, ds_empty;
-// FUSED_FINISH: the job ring, fin_full and the job slots). The host allocates SMEM_BYTES =
-// 1024 + BAR_OFFSET + (4 * STAGES + 2 + (DEFER_DQ ? 4 : 0) + (FUSED_FINISH ? 3 * JOBS + 1 : 0)) * 8.
+constexpr int BAR_OFFSET = DQ_STAGE_OFFSET + (BULK_DQ ? CONSUMERS * DQ_TILE_BYTES : 0);
+// Barriers: the Q ring, the dO ring, kv_full, kv_empty (DEFER_DQ: and ds_full, ds_empty). The
+// host allocates SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 + (DEFER_DQ ? 4 : 0)) * 8.
 // Named barriers of a consumer warpgroup (128 threads) and the dQ warp (32): staging tile full,
 // staging tile empty.
 constexpr int DQ_FULL_BARRIER = 2;   // + consumer
@@ -435,12 +338,6 @@ struct barriers {
 #if CALICO_ATTN_DEFER_DQ
     calico::mbarrier ds_full[2];   // both consumers' halves of a dS^T buffer written
     calico::mbarrier ds_empty[2];  // both consumers' dQ MMAs reading it completed
-#endif
-#if CALICO_ATTN_FUSED_FINISH
-    calico::mbarrier job_full[JOBS];
-    calico::mbarrier job_empty[JOBS];
-    calico::mbarrier fin_full;  // an accumulator tile landed for conversion
-    long long job[JOBS];        // a query block's counter index; -1 ends the unit's jobs
 #endif
 };
 
@@ -521,22 +418,27 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     u.b = bh / p.kv_heads;
     u.hk = bh - u.b * p.kv_heads;
     u.n0 = n * BKV;
+    const long long n1 = min(u.n0 + BKV, p.k_len);
+    long long i_lo, i_hi;
     if constexpr (VARLEN) {
         // The first key's rows start lowest and the last key's end highest.
-        const long long n1 = min(u.n0 + BKV, p.k_len);
         int lo_first, hi_first, lo_last, hi_last;
         packed_key_rows(p, u.n0, lo_first, hi_first);
         packed_key_rows(p, n1 - 1, lo_last, hi_last);
-        long long i_lo = lo_first, i_hi = hi_last;
+        i_lo = lo_first;
+        i_hi = hi_last;
         u.vis_lo = lo_last;
         u.vis_hi = hi_first;
-        i_lo = i_lo < 0 ? 0 : i_lo;
-        i_hi = i_hi > p.q_len - 1 ? p.q_len - 1 : i_hi;
-        u.m_lo = (int)(i_lo / BQ);
-        u.m_hi = i_hi >= i_lo ? (int)(i_hi / BQ) + 1 : u.m_lo;
     } else {
-        key_block_walk(p.q_len, p.k_len, p.has_left, p.left, p.has_right, p.right, n, u.m_lo, u.m_hi);
+        // Rows that see a key of [n0, n1): c + right >= n0 and c - left <= n1 - 1, c = i + off.
+        const long long off = (long long)p.k_len - p.q_len;
+        i_lo = p.has_right ? u.n0 - off - p.right : 0;
+        i_hi = p.has_left ? n1 - 1 - off + p.left : p.q_len - 1;
     }
+    i_lo = i_lo < 0 ? 0 : i_lo;
+    i_hi = i_hi > p.q_len - 1 ? p.q_len - 1 : i_hi;
+    u.m_lo = (int)(i_lo / BQ);
+    u.m_hi = i_hi >= i_lo ? (int)(i_hi / BQ) + 1 : u.m_lo;
     // Staggered: key blocks of a head start on different query blocks, so their dQ reductions
     // do not all hit the same rows at the same time.
     u.rot = (p.walk & WALK_STAGGER) && u.m_hi > u.m_lo ? n % (u.m_hi - u.m_lo) : 0;
@@ -678,10 +580,6 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 //  cap_log2 as the forward's. left/right: window sides (flags say whether each is bounded).
 //  walk: WALK_STAGGER (bit 0) rotates each key block's walk over the query blocks; walk >> 1
 //  pairs of (batch, KV head) per chunk of the unit order (see unit_at).
-//  FUSED_FINISH: map_dq {D, Nq, Hq, B} over dQ (real strides), box {64, 64, 1, 1}, 128B
-//  swizzle; map_acc {256, B * Hq * nq_pad * D / 256} over the accumulator (f32, no swizzle),
-//  box {256, 16} (one staged 64 x 64 tile); walk_counts: int [B * Hq, nq_pad / BQ] from the
-//  prepare kernel. dq_acc and walk_counts lie in the op's zeroed buffer, left zero again.
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     calico_attention_hopper_bwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,
@@ -690,8 +588,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                 long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
                                 int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
                                 int has_right, long long right, int walk, const int* cu_q, const int* cu_k,
-                                int n_seqs, int head_dim, const __grid_constant__ calico::tensor_map map_dq,
-                                const __grid_constant__ calico::tensor_map map_acc, int* walk_counts) {
+                                int n_seqs, int head_dim) {
     using namespace attn_hopper_bwd;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -728,13 +625,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             calico::init(bars.ds_empty[b], RELEASES);
         }
 #endif
-#if CALICO_ATTN_FUSED_FINISH
-        for (int j = 0; j < JOBS; ++j) {
-            calico::init(bars.job_full[j], 1);
-            calico::init(bars.job_empty[j], 1);
-        }
-        calico::init(bars.fin_full, 1);
-#endif
         calico::fence_barrier_init();
     }
     __syncthreads();
@@ -744,10 +634,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     uint32_t kv_loads = 0;
 #if CALICO_ATTN_DEFER_DQ
     pl::cursor<2> dsc;  // dS^T buffers used, across units
-#endif
-#if CALICO_ATTN_FUSED_FINISH
-    pl::cursor<JOBS> jobs;   // job slots used (the dQ warp posts, the finish warp takes)
-    uint32_t fin_loads = 0;  // accumulator tiles loaded by the finish warp
 #endif
 
     auto produce = [&](int w) {
@@ -1168,44 +1054,13 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len, head_dim);
     };
 
-#if CALICO_ATTN_FUSED_FINISH
-    // FUSED_FINISH (lane 0 of the dQ warp): hands query block `idx` (or -1, the unit's end) to
-    // the finish warp.
-    auto post_job = [&](long long idx) {
-        calico::wait(bars.job_empty[jobs.slot()], jobs.parity() ^ 1u);
-        bars.job[jobs.slot()] = idx;
-        calico::arrive(bars.job_full[jobs.slot()]);
-        jobs.advance();
-    };
-    // FUSED_FINISH: this CTA's reductions into query block `idx` are complete (wait_group);
-    // count them off the block's walk count, and if they were the last, hand the block over.
-    // The reductions ran in the async proxy: the proxy fence orders them before the release.
-    auto count_off = [&](long long idx) {
-        if (threadIdx.x % 32 == 0) {
-            asm volatile("fence.proxy.async.global;\n" ::: "memory");
-            int before;
-            asm volatile("atom.add.acq_rel.gpu.global.s32 %0, [%1], -1;\n" : "=r"(before) : "l"(walk_counts + idx) : "memory");
-            if (before == 1) post_job(idx);
-        }
-        __syncwarp();
-    };
-#endif
-
     // BULK_DQ: warp 1 adds each staged tile to the accumulator, whose query block of BQ x D
     // floats holds the two consumers' tiles back to back (4096 floats each, staging order).
     auto reduce_dq = [&](int w) {
         const unit u = unit_at(p, w);
+        if (u.m_hi <= u.m_lo) return;
         const int lane = threadIdx.x % 32;
-        if (u.m_hi <= u.m_lo) {
-#if CALICO_ATTN_FUSED_FINISH
-            if (lane == 0) post_job(-1);
-            __syncwarp();
-#endif
-            return;
-        }
         const int steps = p.group * (u.m_hi - u.m_lo);
-        // FUSED_FINISH: the counter of the previous step, whose reductions may be in flight.
-        long long pending = -1;
         // The staging tiles start empty.
         for (int c = 0; c < CONSUMERS; ++c) calico::named_barrier_arrive(DQ_EMPTY_BARRIER + c, DQ_BARRIER_THREADS);
         int step = 0;
@@ -1229,112 +1084,17 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                 if (lane == 0) calico::tma::store_wait_read<0>();
                 __syncwarp();
                 if (step + 1 < steps) calico::named_barrier_arrive(DQ_EMPTY_BARRIER + 1, DQ_BARRIER_THREADS);
-#if CALICO_ATTN_FUSED_FINISH
-                // All but this step's two groups have completed: the previous step is in.
-                if (pending >= 0) {
-                    if (lane == 0) calico::tma::store_wait<2>();
-                    __syncwarp();
-                    count_off(pending);
-                }
-                pending = ((long long)u.b * p.q_heads + h) * (p.nq_pad / BQ) + block_at(u, k);
-#endif
             }
         }
         // The reductions finish before the CTA (and its shared memory) goes away.
         if (lane == 0) calico::tma::store_wait<0>();
         __syncwarp();
-#if CALICO_ATTN_FUSED_FINISH
-        count_off(pending);
-        if (lane == 0) post_job(-1);
-        __syncwarp();
-#else
-        (void)pending;
-#endif
     };
 
-#if CALICO_ATTN_FUSED_FINISH
-    // FUSED_FINISH (warp 2 of the producer warpgroup): converts each query block handed over,
-    // tile by tile: TMA-load the f32 tile, zero it in global memory (the op's buffer is zero
-    // between ops), dQ = scale * acc in the dtype into the swizzled staging rows, TMA-store the
-    // 64 x 64 box (rows >= Nq and columns >= head_dim are clipped by the map).
-    auto finish_dq = [&](int w) {
-        (void)w;
-        const int lane = threadIdx.x % 32;
-        const int blocks = p.nq_pad / BQ;
-        for (;;) {
-            calico::wait(bars.job_full[jobs.slot()], jobs.parity());
-            const long long idx = *reinterpret_cast<volatile long long*>(&bars.job[jobs.slot()]);
-            __syncwarp();
-            if (lane == 0) calico::arrive(bars.job_empty[jobs.slot()]);
-            jobs.advance();
-            if (idx < 0) break;
-            const long long bh = idx / blocks;
-            const int m = (int)(idx - bh * blocks);
-            const int b = (int)(bh / p.q_heads), h = (int)(bh - (long long)b * p.q_heads);
-            float* acc = dq_acc + (bh * p.nq_pad + (long long)m * BQ) * D;
-            const long long first_tile = (bh * p.nq_pad + (long long)m * BQ) * D / (64 * 64);
-#pragma unroll 1
-            for (int c = 0; c < CONSUMERS; ++c) {
-                if (lane == 0) {
-                    // The counter's acquire (generic proxy) before the tensor load (async proxy).
-                    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-                    calico::arrive_expect_tx(bars.fin_full, DQ_TILE_BYTES);
-                    calico::tma::load_2d(smem + FIN_OFFSET, map_acc, 0, (int)((first_tile + c) * 16), bars.fin_full);
-                }
-                calico::wait(bars.fin_full, fin_loads & 1u);
-                ++fin_loads;
-                float4* zero = reinterpret_cast<float4*>(acc + c * 64 * 64);
-#pragma unroll 4
-                for (int q = lane; q < 64 * 64 / 4; q += 32) __stcg(zero + q, make_float4(0.0f, 0.0f, 0.0f, 0.0f));
-                // The previous box's store has read the staging rows.
-                if (lane == 0) calico::tma::store_wait_read<0>();
-                __syncwarp();
-                const float4* in = reinterpret_cast<const float4*>(smem + FIN_OFFSET);
-                unsigned char* out = smem + FIN_OUT_OFFSET;
-#pragma unroll 1
-                for (int k = 0; k < 4; ++k) {
-                    // Staging thread T's floats (stage_dq_tile): piece q of rows g and g + 8 of
-                    // its warp's 16, columns 8q + 2t, +1; pieces rotated by T % 8.
-                    const int T = lane + 32 * k;
-                    const int g = (T % 32) / 4, t = T % 4;
-                    const int row = 16 * (T / 32) + g;
-#pragma unroll
-                    for (int q = 0; q < 8; ++q) {
-                        const float4 f = in[T * 8 + (q ^ (T % 8))];
-                        // 128B swizzle: 16-byte chunk q of a 128-byte row sits at q ^ (row % 8).
-                        const int word = 4 * t;
-                        *reinterpret_cast<uint32_t*>(out + row * 128 + ((q ^ (row % 8)) * 16) + word) =
-                            calico::pack_word<in_t>(scale * f.x, scale * f.y);
-                        *reinterpret_cast<uint32_t*>(out + (row + 8) * 128 + ((q ^ ((row + 8) % 8)) * 16) + word) =
-                            calico::pack_word<in_t>(scale * f.z, scale * f.w);
-                    }
-                }
-                // Generic reads of the loaded tile and writes of the staging rows, before the
-                // async proxy's next load and this store.
-                calico::fence_proxy_async();
-                __syncwarp();
-                if (lane == 0) {
-                    const int col0 = D == 128 ? 64 * c : 0;
-                    const int row0 = m * BQ + (D == 64 ? 64 * c : 0);
-                    calico::tma::store_4d(map_dq, out, col0, row0, h, b);
-                    calico::tma::store_commit();
-                }
-            }
-        }
-        // The stores have read the staging rows before the CTA's shared memory goes away.
-        if (lane == 0) calico::tma::store_wait<0>();
-        __syncwarp();
-    };
-    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, reduce_dq, finish_dq);
-#else
-    (void)map_dq;
-    (void)map_acc;
-    (void)walk_counts;
     if constexpr (BULK_DQ) {
         pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, reduce_dq);
     } else {
         pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
     }
-#endif
 }
 #endif
