@@ -17,6 +17,8 @@ LOOPS = [
     ("matmul", [16, 4096, 4096]),
     ("attention_decode", [1, 32, 8, 4096, 128]),  # B, Hq, Hkv, context, D; one query
     ("attention", [1, 32, 8, 128, 128]),  # B, Hq, Hkv, N, D; causal
+    # host_loop.rs's "attention_varlen" and "attention_backward" loops have no torch peer on
+    # purpose: the report shows them with Calico's time only.
 ]
 DECODE_STEP = [16, 4096, 8]  # tokens, hidden, kv heads (head_dim 128)
 

@@ -71,7 +71,7 @@ pub(crate) fn markdown(s: &mut String, cases: &[HostCase]) {
         return;
     }
     let _ = writeln!(s, "\n## What a user's loop sees (host time)\n");
-    let _ = writeln!(s, "Host wall clock, not device events: launch overhead is the median time of one call among calls queued back to back without synchronising; graph replay is the time per decode step of a loop synchronised at its end, eager and replayed from one CUDA graph. torch: the same loop in PyTorch eager (and torch.cuda.graphs for the graph row).\n");
+    let _ = writeln!(s, "Host wall clock, not device events: launch overhead is the median time of one call among calls queued back to back without synchronising; graph replay is the time per decode step of a loop synchronised at its end, eager and replayed from one CUDA graph. torch: the same loop in PyTorch eager (and torch.cuda.graphs for the graph row); `-` where none is run (attention_varlen and attention_backward have no torch loop).\n");
     let _ = writeln!(
         s,
         "| case | calico us | torch us | speedup vs torch | target | met | method |"

@@ -27,8 +27,8 @@ impl LoopSpec {
         format!("launch overhead {} bf16 {}", self.op, dims.join("x"))
     }
 
-    /// The issue's targets cover row ops and matmul; the attention loops are reported beside
-    /// torch without one.
+    /// The issue's targets cover row ops and matmul; the attention loops have none (decode and
+    /// the prefill chunk are reported beside torch, varlen and backward on their own).
     fn target_us(&self) -> Option<f64> {
         match self.op {
             "matmul" => Some(MATMUL_TARGET_US),
@@ -40,8 +40,11 @@ impl LoopSpec {
 
 /// The launch-overhead cases: the decode-sized shapes of a model's forward pass, the small
 /// matmuls of issue 8 (host-bound in every library), and attention at a decode step
-/// ([B, Hq, Hkv, context, D], one query per sequence, contiguous cache) and over a short
-/// causal prefill chunk ([B, Hq, Hkv, N, D]).
+/// ([B, Hq, Hkv, context, D], one query per sequence, contiguous cache), over a short
+/// causal prefill chunk ([B, Hq, Hkv, N, D]), over causal sequences packed as
+/// flash_attn_varlen_func packs them ([n_seqs, Hq, Hkv, N, D]: n_seqs sequences of N tokens),
+/// and the causal backward of the prefill chunk. torch has no peer for the last two
+/// (benches/peers/host_loops.py leaves them out).
 pub fn loop_specs(tiny: bool) -> Vec<LoopSpec> {
     let s = |op, shape: &[usize]| LoopSpec {
         op,
@@ -59,6 +62,8 @@ pub fn loop_specs(tiny: bool) -> Vec<LoopSpec> {
         s("matmul", &[16, 4096, 4096]),
         s("attention_decode", &[1, 32, 8, 4096, 128]),
         s("attention", &[1, 32, 8, 128, 128]),
+        s("attention_varlen", &[4, 32, 8, 128, 128]),
+        s("attention_backward", &[1, 32, 8, 128, 128]),
     ]
 }
 
@@ -131,6 +136,49 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
                 ..AttentionOptions::default()
             };
             Box::new(move || ops::attention(&d, &q, &k, &v, &opts, &mut o, &mut lse))
+        }
+        "attention_varlen" => {
+            let [seqs, hq, hkv, n, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
+                .map_err(|_| calico::Error::unsupported("attention_varlen loop: 5 dims"))?;
+            // `seqs` causal sequences of `n` tokens packed into [total, heads, D]; the offsets
+            // (I32 [seqs + 1]) are made once, as a user's batch would hold them.
+            let total = seqs * n;
+            let offsets: Vec<i32> = (0..=seqs).map(|i| (i * n) as i32).collect();
+            let cu = dev.tensor(&offsets, &[seqs + 1])?;
+            let q = t(rng, &[total, hq, hd])?;
+            let (k, v) = (t(rng, &[total, hkv, hd])?, t(rng, &[total, hkv, hd])?);
+            let mut o = dev.zeros(&[total, hq, hd], DType::BF16)?;
+            let mut lse = dev.zeros(&[hq, total], DType::F32)?;
+            let opts = AttentionOptions {
+                causal: true,
+                ..AttentionOptions::default()
+            };
+            Box::new(move || {
+                ops::attention_varlen(&d, &q, &k, &v, &cu, &cu, &opts, &mut o, &mut lse)
+            })
+        }
+        "attention_backward" => {
+            let [b, hq, hkv, n, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
+                .map_err(|_| calico::Error::unsupported("attention_backward loop: 5 dims"))?;
+            let q = t(rng, &[b, hq, n, hd])?;
+            let (k, v) = (t(rng, &[b, hkv, n, hd])?, t(rng, &[b, hkv, n, hd])?);
+            let d_o = t(rng, &[b, hq, n, hd])?;
+            let opts = AttentionOptions {
+                causal: true,
+                ..AttentionOptions::default()
+            };
+            // The backward reads the forward's O and LSE: one forward here, outside the loop.
+            let mut o = dev.zeros(&[b, hq, n, hd], DType::BF16)?;
+            let mut lse = dev.zeros(&[b, hq, n], DType::F32)?;
+            ops::attention(dev, &q, &k, &v, &opts, &mut o, &mut lse)?;
+            let mut dq = dev.zeros(&[b, hq, n, hd], DType::BF16)?;
+            let mut dk = dev.zeros(&[b, hkv, n, hd], DType::BF16)?;
+            let mut dv = dev.zeros(&[b, hkv, n, hd], DType::BF16)?;
+            Box::new(move || {
+                ops::attention_backward(
+                    &d, &q, &k, &v, &o, &lse, &d_o, &opts, &mut dq, &mut dk, &mut dv,
+                )
+            })
         }
         other => {
             return Err(calico::Error::unsupported(format!(
@@ -277,4 +325,36 @@ pub fn run_graph(dev: &Device, steps: usize, tiny: bool, rng: &mut XorShift) -> 
         replay.message = Some(e.to_string());
     }
     vec![eager, replay]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attention_varlen_and_backward_loops_have_no_target() {
+        let full = loop_specs(false);
+        for op in ["attention_varlen", "attention_backward"] {
+            let spec = full.iter().find(|s| s.op == op).expect(op);
+            assert_eq!(spec.target_us(), None);
+        }
+        assert!(loop_specs(true)
+            .iter()
+            .all(|s| !s.op.starts_with("attention")));
+    }
+
+    #[test]
+    fn attention_varlen_and_backward_loops_run_on_cpu() {
+        let dev = Device::cpu();
+        let mut rng = XorShift::new(7);
+        for op in ["attention_varlen", "attention_backward"] {
+            let spec = LoopSpec {
+                op,
+                shape: vec![2, 4, 2, 16, 32],
+            };
+            let mut call = prepare(&dev, &spec, &mut rng).expect(op);
+            call().expect(op);
+            call().expect(op);
+        }
+    }
 }
