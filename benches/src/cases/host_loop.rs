@@ -75,6 +75,15 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
         random_tensor(dev, rng, shape, DType::BF16, -1.0, 1.0)
     };
     let d = dev.clone();
+    // The attention loops' [B or sequences, Hq, Hkv, N or context, D], and their causal mask.
+    let attention_dims = || {
+        <[usize; 5]>::try_from(spec.shape.as_slice())
+            .map_err(|_| calico::Error::unsupported(format!("{} loop: 5 dims", spec.op)))
+    };
+    let causal = AttentionOptions {
+        causal: true,
+        ..AttentionOptions::default()
+    };
     Ok(match spec.op {
         "rms_norm" => {
             let cols = spec.shape[1];
@@ -107,8 +116,7 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
             Box::new(move || ops::matmul(&d, &a, &b, &mut out))
         }
         "attention_decode" => {
-            let [b, hq, hkv, ctx, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
-                .map_err(|_| calico::Error::unsupported("attention_decode loop: 5 dims"))?;
+            let [b, hq, hkv, ctx, hd] = attention_dims()?;
             let q = t(rng, &[b, hq, 1, hd])?;
             let (k, v) = (t(rng, &[b, hkv, ctx, hd])?, t(rng, &[b, hkv, ctx, hd])?);
             let seq_lens = dev.tensor(&vec![ctx as i32; b], &[b])?;
@@ -125,21 +133,15 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
             })
         }
         "attention" => {
-            let [b, hq, hkv, n, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
-                .map_err(|_| calico::Error::unsupported("attention loop: 5 dims"))?;
+            let [b, hq, hkv, n, hd] = attention_dims()?;
             let q = t(rng, &[b, hq, n, hd])?;
             let (k, v) = (t(rng, &[b, hkv, n, hd])?, t(rng, &[b, hkv, n, hd])?);
             let mut o = dev.zeros(&[b, hq, n, hd], DType::BF16)?;
             let mut lse = dev.zeros(&[b, hq, n], DType::F32)?;
-            let opts = AttentionOptions {
-                causal: true,
-                ..AttentionOptions::default()
-            };
-            Box::new(move || ops::attention(&d, &q, &k, &v, &opts, &mut o, &mut lse))
+            Box::new(move || ops::attention(&d, &q, &k, &v, &causal, &mut o, &mut lse))
         }
         "attention_varlen" => {
-            let [seqs, hq, hkv, n, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
-                .map_err(|_| calico::Error::unsupported("attention_varlen loop: 5 dims"))?;
+            let [seqs, hq, hkv, n, hd] = attention_dims()?;
             // `seqs` causal sequences of `n` tokens packed into [total, heads, D]; the offsets
             // (I32 [seqs + 1]) are made once, as a user's batch would hold them.
             let total = seqs * n;
@@ -149,34 +151,25 @@ fn prepare(dev: &Device, spec: &LoopSpec, rng: &mut XorShift) -> Result<Call> {
             let (k, v) = (t(rng, &[total, hkv, hd])?, t(rng, &[total, hkv, hd])?);
             let mut o = dev.zeros(&[total, hq, hd], DType::BF16)?;
             let mut lse = dev.zeros(&[hq, total], DType::F32)?;
-            let opts = AttentionOptions {
-                causal: true,
-                ..AttentionOptions::default()
-            };
             Box::new(move || {
-                ops::attention_varlen(&d, &q, &k, &v, &cu, &cu, &opts, &mut o, &mut lse)
+                ops::attention_varlen(&d, &q, &k, &v, &cu, &cu, &causal, &mut o, &mut lse)
             })
         }
         "attention_backward" => {
-            let [b, hq, hkv, n, hd] = <[usize; 5]>::try_from(spec.shape.as_slice())
-                .map_err(|_| calico::Error::unsupported("attention_backward loop: 5 dims"))?;
+            let [b, hq, hkv, n, hd] = attention_dims()?;
             let q = t(rng, &[b, hq, n, hd])?;
             let (k, v) = (t(rng, &[b, hkv, n, hd])?, t(rng, &[b, hkv, n, hd])?);
             let d_o = t(rng, &[b, hq, n, hd])?;
-            let opts = AttentionOptions {
-                causal: true,
-                ..AttentionOptions::default()
-            };
             // The backward reads the forward's O and LSE: one forward here, outside the loop.
             let mut o = dev.zeros(&[b, hq, n, hd], DType::BF16)?;
             let mut lse = dev.zeros(&[b, hq, n], DType::F32)?;
-            ops::attention(dev, &q, &k, &v, &opts, &mut o, &mut lse)?;
+            ops::attention(dev, &q, &k, &v, &causal, &mut o, &mut lse)?;
             let mut dq = dev.zeros(&[b, hq, n, hd], DType::BF16)?;
             let mut dk = dev.zeros(&[b, hkv, n, hd], DType::BF16)?;
             let mut dv = dev.zeros(&[b, hkv, n, hd], DType::BF16)?;
             Box::new(move || {
                 ops::attention_backward(
-                    &d, &q, &k, &v, &o, &lse, &d_o, &opts, &mut dq, &mut dk, &mut dv,
+                    &d, &q, &k, &v, &o, &lse, &d_o, &causal, &mut dq, &mut dk, &mut dv,
                 )
             })
         }
