@@ -27,6 +27,10 @@ pub struct AttnSpec {
     /// The same tokens as `batch()` sequences of `seq` packed into one `[tokens, heads, D]`
     /// tensor with offsets (`ops::attention_varlen`, as flash_attn_varlen_func).
     pub varlen: bool,
+    /// Fixed-length tensors stored `[B, N, H, D]` (flash_attn_func's and most models' layout)
+    /// and passed as their `[B, H, N, D]` views, so a row of one head is `H * D` elements from
+    /// the next; otherwise `[B, H, N, D]` contiguous, as torch SDPA's peers take them.
+    pub seq_major: bool,
     /// Query heads per KV head: 1, or 4 (GQA, as Llama-3's 32:8).
     pub group: usize,
     /// Logit soft-cap (`AttentionOptions::softcap`): 30 as Grok-1's, 50 as Gemma-2's.
@@ -45,7 +49,7 @@ impl AttnSpec {
     }
     pub fn name(&self) -> String {
         format!(
-            "attention {}{} d{} N{}{}{}{}",
+            "attention {}{} d{} N{}{}{}{}{}",
             if self.varlen { "varlen " } else { "" },
             if self.backward { "bwd" } else { "fwd" },
             self.head_dim,
@@ -58,6 +62,7 @@ impl AttnSpec {
             },
             self.softcap
                 .map_or_else(String::new, |cap| format!(" softcap{cap}")),
+            if self.seq_major { " bshd" } else { "" },
         )
     }
     /// `[B, H, N, D, causal]`, and the KV heads after it under GQA, as peers.py records it
@@ -91,28 +96,17 @@ impl AttnSpec {
     }
 }
 
-/// Forward or backward cases at every head dim and length, each without and with a causal
-/// mask, in that order.
-fn push_grid(
-    out: &mut Vec<AttnSpec>,
-    backward: bool,
-    dims: &[usize],
-    lens: &[usize],
-    varlen: bool,
-    group: usize,
-    softcap: Option<f32>,
-) {
+/// Cases like `like` (direction, layout, GQA group, soft-cap) at every head dim and length,
+/// each without and with a causal mask, in that order.
+fn push_grid(out: &mut Vec<AttnSpec>, dims: &[usize], lens: &[usize], like: AttnSpec) {
     for &head_dim in dims {
         for &seq in lens {
             for causal in [false, true] {
                 out.push(AttnSpec {
-                    backward,
                     head_dim,
                     seq,
                     causal,
-                    varlen,
-                    group,
-                    softcap,
+                    ..like
                 });
             }
         }
@@ -129,27 +123,52 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
     } else {
         &[1024, 4096]
     };
+    let plain = AttnSpec {
+        backward: false,
+        head_dim: 0,
+        seq: 0,
+        causal: false,
+        varlen: false,
+        seq_major: false,
+        group: 1,
+        softcap: None,
+    };
+    let bwd = AttnSpec {
+        backward: true,
+        ..plain
+    };
     let mut out = Vec::new();
     // head_dim 256 (Gemma-style models) forward only: the backward takes 64 and 128.
-    push_grid(&mut out, false, &[64, 128, 256], seqs, false, 1, None);
-    push_grid(&mut out, true, &[64, 128], seqs, false, 1, None);
+    push_grid(&mut out, &[64, 128, 256], seqs, plain);
+    push_grid(&mut out, &[64, 128], seqs, bwd);
     // Packed sequences at one length, beside the fixed-length cases of the same shape (the
-    // cuDNN column is torch SDPA on that unpacked shape); head dim 96 (Phi-3's; 21 heads, the
-    // Hopper kernels at width 128 on zero-filled columns) at two lengths; GQA with 4 query
-    // heads per KV head (16:4 at d = 128) at 2048 and 8192; lengths off every tile (1000: 16
-    // sequences, 4097: 3) at d = 128; soft-capped scores (no peer, no target), as Grok-1 (cap
-    // 30 at d = 128, forward and backward) and Gemma-2 (cap 50 at d = 256, forward only).
+    // cuDNN column is torch SDPA on that unpacked shape); the same shape stored [B, N, H, D]
+    // (the layout models and flash_attn_func hand over; cuDNN column as for packed); head dim
+    // 96 (Phi-3's; 21 heads, the Hopper kernels at width 128 on zero-filled columns) at two
+    // lengths; GQA with 4 query heads per KV head (16:4 at d = 128) at 2048 and 8192; lengths
+    // off every tile (1000: 16 sequences, 4097: 3) at d = 128; soft-capped scores (no peer,
+    // no target), as Grok-1 (cap 30 at d = 128, forward and backward) and Gemma-2 (cap 50 at
+    // d = 256, forward only).
     if profile == Profile::Full {
-        // (head dims, lengths, packed, query heads per KV head)
-        let extras: [(&[usize], &[usize], bool, usize); 4] = [
-            (&[128], &[2048, 8192], false, 4),
-            (&[128], &[1000, 4097], false, 1),
-            (&[96], &[2048, 8192], false, 1),
-            (&[64, 128], &[2048], true, 1),
+        let gqa4 = AttnSpec { group: 4, ..plain };
+        let packed = AttnSpec {
+            varlen: true,
+            ..plain
+        };
+        let bshd = AttnSpec {
+            seq_major: true,
+            ..plain
+        };
+        let extras: [(&[usize], &[usize], AttnSpec); 5] = [
+            (&[128], &[2048, 8192], gqa4),
+            (&[128], &[1000, 4097], plain),
+            (&[96], &[2048, 8192], plain),
+            (&[64, 128], &[2048], packed),
+            (&[64, 128], &[2048], bshd),
         ];
-        for (dims, lens, varlen, group) in extras {
+        for (dims, lens, like) in extras {
             for backward in [false, true] {
-                push_grid(&mut out, backward, dims, lens, varlen, group, None);
+                push_grid(&mut out, dims, lens, AttnSpec { backward, ..like });
             }
         }
         // (backward, head dim, length, cap)
@@ -159,7 +178,12 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
             (false, 256, 4096, 50.0),
         ];
         for (backward, dim, len, cap) in capped {
-            push_grid(&mut out, backward, &[dim], &[len], false, 1, Some(cap));
+            let like = AttnSpec {
+                backward,
+                softcap: Some(cap),
+                ..plain
+            };
+            push_grid(&mut out, &[dim], &[len], like);
         }
     }
     out
@@ -208,36 +232,52 @@ struct Inputs {
 }
 
 fn inputs(dev: &Device, s: &AttnSpec, rng: &mut XorShift) -> Result<Inputs> {
-    let (shape, lse_shape, cu) = if s.varlen {
+    // The stored shape, the index of its heads axis, the LSE's shape and the offsets.
+    let (shape, heads_axis, lse_shape, cu) = if s.varlen {
         let offsets: Vec<i32> = (0..=s.batch()).map(|b| (b * s.seq) as i32).collect();
         let tokens = s.batch() * s.seq;
         (
             vec![tokens, s.heads(), s.head_dim],
+            1,
             vec![s.heads(), tokens],
             Some(dev.tensor(&offsets, &[offsets.len()])?),
         )
     } else {
-        let shape = vec![s.batch(), s.heads(), s.seq, s.head_dim];
-        let lse_shape = shape[..3].to_vec();
-        (shape, lse_shape, None)
+        let lse_shape = vec![s.batch(), s.heads(), s.seq];
+        if s.seq_major {
+            let shape = vec![s.batch(), s.seq, s.heads(), s.head_dim];
+            (shape, 2, lse_shape, None)
+        } else {
+            let shape = vec![s.batch(), s.heads(), s.seq, s.head_dim];
+            (shape, 1, lse_shape, None)
+        }
     };
-    // K and V (and their gradients) with the KV heads: the heads axis is 1 in both layouts.
+    // K and V (and their gradients) with the KV heads.
     let mut kv_shape = shape.clone();
-    kv_shape[1] = s.kv_heads();
-    let t = |rng: &mut XorShift, shape: &[usize]| {
-        random_tensor(dev, rng, shape, DType::BF16, -1.0, 1.0)
+    kv_shape[heads_axis] = s.kv_heads();
+    // [B, N, H, D] storage is handed over as its [B, H, N, D] view.
+    let view = |t: Tensor| {
+        if s.seq_major {
+            t.transpose(1, 2)
+        } else {
+            Ok(t)
+        }
     };
+    let random = |rng: &mut XorShift, shape: &[usize]| {
+        view(random_tensor(dev, rng, shape, DType::BF16, -1.0, 1.0)?)
+    };
+    let zeros = |shape: &[usize]| view(dev.zeros(shape, DType::BF16)?);
     Ok(Inputs {
         cu,
-        q: t(rng, &shape)?,
-        k: t(rng, &kv_shape)?,
-        v: t(rng, &kv_shape)?,
-        o: dev.zeros(&shape, DType::BF16)?,
+        q: random(rng, &shape)?,
+        k: random(rng, &kv_shape)?,
+        v: random(rng, &kv_shape)?,
+        o: zeros(&shape)?,
         lse: dev.zeros(&lse_shape, DType::F32)?,
-        d_o: t(rng, &shape)?,
-        dq: dev.zeros(&shape, DType::BF16)?,
-        dk: dev.zeros(&kv_shape, DType::BF16)?,
-        dv: dev.zeros(&kv_shape, DType::BF16)?,
+        d_o: random(rng, &shape)?,
+        dq: zeros(&shape)?,
+        dk: zeros(&kv_shape)?,
+        dv: zeros(&kv_shape)?,
     })
 }
 
@@ -328,6 +368,7 @@ pub fn skipped_case(spec: &AttnSpec, why: Timed) -> AttnCase {
             && spec.seq.is_power_of_two()
             && matches!(spec.head_dim, 64 | 128)
             && !spec.varlen
+            && !spec.seq_major
             && spec.group == 1
             && spec.softcap.is_none())
         .then_some(if spec.backward { 1.10 } else { 1.05 }),
@@ -417,8 +458,9 @@ pub fn merge_peer(cases: &mut [AttnCase], op: &str, shape: &[usize], ms: f64) ->
         return false;
     };
     let backward = dir == "bwd";
-    // Every case of the shape: the fixed-length one and its packed (varlen) twin; not the
-    // soft-capped one (SDPA computes no soft-cap: its time is another problem's).
+    // Every case of the shape: the fixed-length one and its packed (varlen) and [B, N, H, D]
+    // twins; not the soft-capped one (SDPA computes no soft-cap: its time is another
+    // problem's).
     let mut matched = false;
     for c in cases
         .iter_mut()
@@ -496,6 +538,38 @@ mod tests {
     }
 
     #[test]
+    fn seq_major_cases_share_their_twins_peers_but_take_no_target() {
+        let specs = specs(true, Profile::Full);
+        let bshd: Vec<AttnSpec> = specs.iter().filter(|s| s.seq_major).copied().collect();
+        assert_eq!(
+            bshd.len(),
+            8,
+            "d64 and d128, N2048, fwd and bwd, causal and not"
+        );
+        let mut cases: Vec<AttnCase> = bshd
+            .iter()
+            .map(|s| skipped_case(s, Timed::not_available("not run")))
+            .collect();
+        let twin = AttnSpec {
+            seq_major: false,
+            ..bshd[0]
+        };
+        assert!(
+            specs.contains(&twin),
+            "the [B, H, N, D] case of the same shape"
+        );
+        assert!(merge_peer(
+            &mut cases,
+            "attention fwd cudnn",
+            &twin.shape(),
+            1.0
+        ));
+        assert!(cases[0].name.ends_with(" bshd"), "{}", cases[0].name);
+        assert_eq!(cases[0].cudnn_ms, Some(1.0));
+        assert!(cases.iter().all(|c| c.target_ratio.is_none()));
+    }
+
+    #[test]
     fn reports_without_the_softcap_field_still_parse() {
         let spec = AttnSpec {
             backward: false,
@@ -503,6 +577,7 @@ mod tests {
             seq: 2048,
             causal: true,
             varlen: false,
+            seq_major: false,
             group: 1,
             softcap: None,
         };
