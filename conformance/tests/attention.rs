@@ -896,8 +896,11 @@ fn attention_hopper_varlen() {
     // More sequences than row blocks: 30 short ones and a long one in the same first block.
     let mut short_then_long = vec![(5, 9); 30];
     short_then_long.push((300, 280));
+    // More offsets than fit beside d = 256's 80-key stages (the 3000 keys choose them): the
+    // forward reads them from global memory, where it otherwise stages them in shared memory.
+    let unstaged: Vec<(usize, usize)> = (0..150).map(|i| (1 + i % 5, 14 + i % 13)).collect();
     type Packed<'a> = (DType, &'a [(usize, usize)], AttentionOptions, usize, bool);
-    let cases: [Packed; 7] = [
+    let cases: [Packed; 8] = [
         (
             DType::BF16,
             &[(300, 700), (1, 5), (0, 10), (513, 513)],
@@ -923,6 +926,7 @@ fn attention_hopper_varlen() {
         (DType::BF16, &[(64, 2100), (200, 2100)], window, 256, false),
         (DType::F16, &[(3, 3); 40], causal, 128, true),
         (DType::BF16, &short_then_long, causal, 64, true),
+        (DType::BF16, &unstaged, causal, 256, false),
     ];
     for dev in calico_conformance::backends().0 {
         for (i, (dtype, lens, opts, head_dim, backward)) in cases.iter().enumerate() {

@@ -146,13 +146,16 @@ constexpr int K_OFFSET = Q_OFFSET + QBUF * Q_BYTES;
 constexpr int V_OFFSET = K_OFFSET + STAGES * KV_BYTES;
 constexpr int BAR_OFFSET = V_OFFSET + STAGES * KV_BYTES;
 // Barriers: the K ring, the V ring, the Q ring. The host allocates
-// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 * QBUF) * 8.
+// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 * QBUF) * 8, plus 8 * (n_seqs + 1) for
+// packed sequences whose offsets it has the kernel stage at OFFSETS_OFFSET.
 
 struct barriers {
     calico::pipeline::ring<STAGES> k;
     calico::pipeline::ring<STAGES> v;
     calico::pipeline::ring<QBUF> q;
 };
+static_assert(sizeof(barriers) == (4 * STAGES + 2 * QBUF) * 8, "the host's shared-memory size");
+constexpr int OFFSETS_OFFSET = BAR_OFFSET + (int)sizeof(barriers);
 
 struct params {
     int batch, q_heads, group, q_len, k_len, m_blocks, heads_per_chunk;
@@ -162,8 +165,8 @@ struct params {
     int tune;        // TUNE_* bits
     // Packed sequences (VARLEN): n_seqs sequences, query rows cu_q[b]..cu_q[b + 1] and key rows
     // cu_k[b]..cu_k[b + 1] of one packed batch (batch = 1, q_len / k_len the totals).
-    const int* cu_q;
-    const int* cu_k;
+    calico::attention::packed_side cu_q;
+    calico::attention::packed_side cu_k;
     int n_seqs;
 };
 
@@ -205,21 +208,20 @@ struct seq_cache {
 // past the last none at the end of the keys, so the bounds still grow with the row, as the
 // unit's key-block range and the mask tests need.
 CALICO_DEVICE void packed_row_keys(const params& p, long long i, int& lo, int& hi, seq_cache& c) {
-    using calico::attention::packed_offset;
     if (!(c.valid && i >= c.q0 && i < c.q1)) {
-        if (i < packed_offset(p.cu_q, 0, p.q_len)) {
+        if (i < p.cu_q.at(0)) {
             lo = hi = 0;
             return;
         }
-        if (i >= packed_offset(p.cu_q, p.n_seqs, p.q_len)) {
-            lo = hi = packed_offset(p.cu_k, p.n_seqs, p.k_len);
+        if (i >= p.cu_q.at(p.n_seqs)) {
+            lo = hi = p.cu_k.at(p.n_seqs);
             return;
         }
-        const int a = calico::attention::packed_sequence(p.cu_q, p.n_seqs, p.q_len, i);
-        c.q0 = packed_offset(p.cu_q, a, p.q_len);
-        c.q1 = max(c.q0, packed_offset(p.cu_q, a + 1, p.q_len));
-        c.k0 = packed_offset(p.cu_k, a, p.k_len);
-        c.k1 = max(c.k0, packed_offset(p.cu_k, a + 1, p.k_len));
+        const int a = p.cu_q.sequence(p.n_seqs, i);
+        c.q0 = p.cu_q.at(a);
+        c.q1 = max(c.q0, p.cu_q.at(a + 1));
+        c.k0 = p.cu_k.at(a);
+        c.k1 = max(c.k0, p.cu_k.at(a + 1));
         c.valid = true;
     }
     seq_row_keys(p, i - c.q0, c.q1 - c.q0, c.k1 - c.k0, c.k0, lo, hi);
@@ -240,8 +242,7 @@ CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi, seq_
 // sequence (left as they are).
 CALICO_DEVICE bool row_stored(const params& p, long long i) {
     if (i >= p.q_len) return false;
-    using calico::attention::packed_offset;
-    return !VARLEN || (i >= packed_offset(p.cu_q, 0, p.q_len) && i < packed_offset(p.cu_q, p.n_seqs, p.q_len));
+    return !VARLEN || (i >= p.cu_q.at(0) && i < p.cu_q.at(p.n_seqs));
 }
 
 // Head bh and row block m of the p-th (row block j, row block m_blocks - 1 - j) pair, walking a
@@ -389,13 +390,15 @@ CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "
 //  cu_q, cu_k, n_seqs: packed sequences (CALICO_ATTN_VARLEN; batch 1, q_len / k_len the packed
 //  totals, O and LSE [Hq, total_q] as one batch); unused (null, 0) by the fixed-length kernel.
 //  head_dim: the real head dim (the maps' inner extent); below D only with CALICO_ATTN_PADDED.
+//  offsets_staged: VARLEN only, nonzero when the host sized shared memory for both offset
+//  arrays (2 * (n_seqs + 1) ints at OFFSETS_OFFSET); else the offsets are read from global.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
                                 int q_heads, int group, int q_len, int k_len, int heads_per_chunk, long long o_sb, long long o_sh,
                                 long long o_sn, int o_store, float score_scale, float cap_log2, int has_left, long long left,
                                 int has_right, long long right, int tune, unsigned long long* trace, const int* cu_q,
-                                const int* cu_k, int n_seqs, int head_dim) {
+                                const int* cu_k, int n_seqs, int head_dim, int offsets_staged) {
     using namespace attn_hopper;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -418,8 +421,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.work = work;
     p.ctas = gridDim.x;
     p.tune = tune;
-    p.cu_q = cu_q;
-    p.cu_k = cu_k;
+    p.cu_q = {cu_q, q_len, false};
+    p.cu_k = {cu_k, k_len, false};
     p.n_seqs = n_seqs;
     const float sc = SOFTCAP ? cap_log2 : score_scale;  // > 0: base-2 units per score unit
     // The trace record of unit w for `consumer`: this CTA's units are w = blockIdx.x + j * gridDim.x.
@@ -441,6 +444,15 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         bars.v.init(RELEASES);
         bars.q.init(RELEASES);
         calico::fence_barrier_init();
+    }
+    // Packed sequences: the offsets copied once past the barriers when the host made room
+    // (offsets_staged), so that each unit's sequence search (producer, Q thread, consumers
+    // and the epilogue's row tests) reads shared memory, not a chain of L2 round trips
+    // (the trace put ~0.8 us of a unit's entry on them).
+    if (VARLEN && offsets_staged) {
+        int* staged = reinterpret_cast<int*>(smem + OFFSETS_OFFSET);
+        calico::attention::stage_packed_offsets(p.cu_q, n_seqs, staged);
+        calico::attention::stage_packed_offsets(p.cu_k, n_seqs, staged + n_seqs + 1);
     }
     __syncthreads();
 

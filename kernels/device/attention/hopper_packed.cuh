@@ -10,16 +10,46 @@ namespace attention {
 // tensors, whatever the offsets hold.
 CALICO_DEVICE int packed_offset(const int* cu, int b, int total) { return min(max(__ldg(cu + b), 0), total); }
 
-// The sequence b with cu[b] <= x < cu[b + 1] (clamped offsets) for an x between the first
-// and the last of the n + 1 offsets: a binary search.
-CALICO_DEVICE int packed_sequence(const int* cu, int n, int total, long long x) {
-    int a = 0, z = n;  // cu[a] <= x < cu[z]
+// The sequence b with at(b) <= x < at(b + 1) for an x between the first and the last of the
+// n + 1 offsets that `at` returns (clamped, so non-decreasing or not, the search ends): a
+// binary search.
+template <class Offset>
+CALICO_DEVICE int packed_sequence_by(const Offset& at, int n, long long x) {
+    int a = 0, z = n;  // at(a) <= x < at(z)
     while (z - a > 1) {
         const int mid = (a + z) / 2;
-        if (packed_offset(cu, mid, total) <= x) a = mid;
+        if (at(mid) <= x) a = mid;
         else z = mid;
     }
     return a;
+}
+
+// packed_sequence_by over the offsets in global memory.
+CALICO_DEVICE int packed_sequence(const int* cu, int n, int total, long long x) {
+    return packed_sequence_by([&](int b) { return packed_offset(cu, b, total); }, n, x);
+}
+
+// One side's offsets (query rows or keys) as a kernel reads them: from global memory, clamped
+// on every read, or from the clamped copy the kernel made in shared memory
+// (stage_packed_offsets), where a unit's sequence search costs a few shared loads instead of
+// a chain of dependent L2 round trips.
+struct packed_side {
+    const int* cu;  // global offsets, or their shared copy when `shared`
+    int total;
+    bool shared;
+    CALICO_DEVICE int at(int b) const { return shared ? cu[b] : packed_offset(cu, b, total); }
+    // The sequence holding row (or key) x, as packed_sequence.
+    CALICO_DEVICE int sequence(int n, long long x) const {
+        return packed_sequence_by([&](int b) { return at(b); }, n, x);
+    }
+};
+
+// The block's threads copy the n + 1 offsets of `side`, clamped, to `dst` in shared memory and
+// point `side` at them. The caller synchronises the block before anyone reads them.
+CALICO_DEVICE void stage_packed_offsets(packed_side& side, int n, int* dst) {
+    for (int i = threadIdx.x; i <= n; i += blockDim.x) dst[i] = packed_offset(side.cu, i, side.total);
+    side.cu = dst;
+    side.shared = true;
 }
 
 }  // namespace attention

@@ -499,7 +499,7 @@ pub(crate) fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool
 
 /// The kernel's tuning switches, all on unless `CALICO_ATTN_HOPPER_TUNE` names some to turn
 /// off (comma-separated: `nokvfirst`, `nofold`, `novec`, `noqthread`,
-/// `nodecodeahead`, `nofastepi`, `noskip`, `nofoldodd`), for A/B runs.
+/// `nodecodeahead`, `nofastepi`, `noskip`, `nofoldodd`, `nostage`), for A/B runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     /// The producer loads a unit's first K/V block before waiting for the Q slot.
@@ -522,6 +522,9 @@ struct Tune {
     /// 11 and 43) and, in session 19, with two (4097 tokens, 33 blocks, causal: +18%; plain
     /// descending order had left the longest units of the last heads to the end).
     fold_odd: bool,
+    /// Packed sequences: the offsets staged in shared memory where they fit (host only: the
+    /// kernel argument `offsets_staged`).
+    stage_offsets: bool,
 }
 
 impl Tune {
@@ -536,6 +539,7 @@ impl Tune {
             fast_epilogue: !off("nofastepi"),
             skip_unseen: !off("noskip"),
             fold_odd: !off("nofoldodd"),
+            stage_offsets: !off("nostage"),
         }
     }
     /// hopper_fwd.cu's TUNE_* bits.
@@ -728,6 +732,11 @@ impl Packed {
         })
     }
 
+    /// Shared memory for both offset arrays (`n_seqs + 1` i32 each), where a kernel stages them.
+    pub(super) fn staged_bytes(&self) -> usize {
+        2 * (self.seqs + 1) * std::mem::size_of::<i32>()
+    }
+
     /// The kernels' last three arguments: `cu_q`, `cu_k`, `n_seqs` (null and 0 for
     /// fixed-length calls).
     pub(super) fn args(packed: Option<Packed>) -> [KernelArg; 3] {
@@ -737,6 +746,19 @@ impl Packed {
             KernelArg::I32(packed.map_or(0, |x| x.seqs as i32)),
         ]
     }
+}
+
+/// Bytes of shared memory past the barriers where the forward stages the packed offsets:
+/// where they fit beside `variant`, with the same 1024 bytes of slack the variant was chosen
+/// with. `None`: the kernel reads them from global memory.
+fn staged_offsets(
+    arch: &Arch,
+    variant: &HopperFwdVariant,
+    packed: Option<Packed>,
+) -> Option<usize> {
+    packed
+        .map(|x| x.staged_bytes())
+        .filter(|&bytes| variant.smem_bytes() + bytes + 1024 <= arch.shared_mem_per_block)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -775,6 +797,8 @@ fn launch(
     };
     let trace_ptr = trace.as_ref().and_then(|t| t.device_address()).unwrap_or(0);
     let [cu_q, cu_k, n_seqs] = Packed::args(packed);
+    let staged = staged_offsets(arch, &variant, packed.filter(|_| tune().stage_offsets));
+    let smem_bytes = variant.smem_bytes() + staged.unwrap_or(0);
     let args = [
         KernelArg::Opaque128(map_q),
         KernelArg::Opaque128(map_k),
@@ -803,8 +827,9 @@ fn launch(
         cu_k,
         n_seqs,
         KernelArg::I32(p.head_dim as i32),
+        KernelArg::I32(i32::from(staged.is_some())),
     ];
-    let config = LaunchConfig::linear(grid, variant.threads(), variant.smem_bytes() as u32);
+    let config = LaunchConfig::linear(grid, variant.threads(), smem_bytes as u32);
     gpu.launch_variant(&variant, &config, &args)?;
     if let Some(storage) = trace {
         let stamps = stamps::read(gpu, storage.as_ref())?;
@@ -969,6 +994,30 @@ mod tests {
             assert_eq!(block_n_d256_chosen(WIDE_BLOCKS_D256_FROM - 1), 64);
             assert_eq!(block_n_d256_chosen(WIDE_BLOCKS_D256_FROM), 80);
         }
+    }
+
+    #[test]
+    fn packed_offsets_are_staged_where_they_fit_beside_the_variant() {
+        let arch = h100();
+        let packed = |seqs| {
+            Some(Packed {
+                cu_q: 0,
+                cu_k: 0,
+                seqs,
+            })
+        };
+        let d128 = HopperFwdVariant::new(&arch, DType::BF16, 128, false, Choices::default());
+        let d128 = d128.unwrap();
+        assert_eq!(staged_offsets(&arch, &d128, packed(8)), Some(72));
+        assert_eq!(staged_offsets(&arch, &d128, None), None);
+        // Two 80-key stages at d = 256 leave under 1 KiB: 117 sequences fit, 118 do not.
+        let asked = Choices {
+            block_n_d256: 80,
+            ..Choices::default()
+        };
+        let d256 = HopperFwdVariant::new(&arch, DType::BF16, 256, false, asked).unwrap();
+        assert_eq!(staged_offsets(&arch, &d256, packed(117)), Some(944));
+        assert_eq!(staged_offsets(&arch, &d256, packed(118)), None);
     }
 
     #[test]
