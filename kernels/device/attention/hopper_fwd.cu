@@ -44,10 +44,15 @@
 //    they add nothing to S = Q K^T, give O zeros there, and the epilogue stores only the
 //    real columns. The MMAs run at D: d = 96 costs what d = 128 does.
 //  * Packed sequences (varlen): one batch of all the rows; row i of sequence b sees the keys of
-//    that sequence only, the mask aligned per sequence (packed_row_keys). A unit's rows may
-//    span sequences: it walks the key blocks from its first row's lower bound to its last row's
-//    upper bound, and the per-row mask drops the other sequences' keys. Key rows past a
-//    sequence's end are the next sequence's (or TMA's zeros at the end), always masked.
+//    that sequence only, the mask aligned per sequence (packed_row_keys). Where the host sized
+//    shared memory for them (offsets_staged), the offsets and each sequence's row-block counts
+//    are staged there and the units are (head, sequence, row block of that sequence), ordered
+//    and folded per sequence as fixed-length heads are (seq_unit_at): a unit's rows past its
+//    sequence's end are computed on its keys but not stored. Otherwise units are BM-row blocks
+//    of the packed rows and may span sequences: such a unit walks the key blocks from its
+//    first row's lower bound to its last row's upper bound, and the per-row mask drops the
+//    other sequences' keys. Key rows past a sequence's end are the next sequence's (or TMA's
+//    zeros at the end), always masked.
 //
 // DEFINES (kernels/src/ops/attention/hopper.rs): CALICO_ATTN_T bf16|f16, CALICO_ATTN_D
 // 64|128|256, CALICO_ATTN_BN 64|80|128|160|176|192 (wider blocks at d = 128 and 256: fewer
@@ -168,6 +173,14 @@ struct params {
     calico::attention::packed_side cu_q;
     calico::attention::packed_side cu_k;
     int n_seqs;
+    // Units per sequence (VARLEN with staged offsets, seq_unit_at): seq_blocks[s] row blocks
+    // and seq_odd[s] odd block counts in the sequences before s (shared memory, n_seqs + 1
+    // each); per head: blocks_per_head row blocks, pairs_per_head folded pairs and
+    // odd_per_head unpaired middle blocks.
+    bool seq_units;
+    const int* seq_blocks;
+    const int* seq_odd;
+    int blocks_per_head, pairs_per_head, odd_per_head;
 };
 
 // Tuning bits (the host sets all by default; CALICO_ATTN_HOPPER_TUNE clears them for A/B runs).
@@ -181,6 +194,8 @@ constexpr int TUNE_SKIP_UNSEEN = 64;    // a consumer passes over the unit's key
 
 struct unit {
     int b, h, m0;
+    int m_end;       // rows from m_end on are not stored (Nq, or the end of the unit's sequence)
+    int seq;         // per-sequence units: the sequence (else 0)
     int n_lo, n_hi;  // key blocks [n_lo, n_hi); empty when n_hi <= n_lo
 };
 
@@ -208,6 +223,16 @@ struct seq_cache {
 // past the last none at the end of the keys, so the bounds still grow with the row, as the
 // unit's key-block range and the mask tests need.
 CALICO_DEVICE void packed_row_keys(const params& p, long long i, int& lo, int& hi, seq_cache& c) {
+    if (p.seq_units) {
+        // `c` holds the unit's sequence (seeded, no search); its rows past the sequence's end
+        // see no key (bounds at the sequence's last key, still growing with the row).
+        if (i >= c.q1) {
+            lo = hi = c.k1;
+            return;
+        }
+        seq_row_keys(p, i - c.q0, c.q1 - c.q0, c.k1 - c.k0, c.k0, lo, hi);
+        return;
+    }
     if (!(c.valid && i >= c.q0 && i < c.q1)) {
         if (i < p.cu_q.at(0)) {
             lo = hi = 0;
@@ -238,18 +263,29 @@ CALICO_DEVICE void row_keys(const params& p, long long i, int& lo, int& hi, seq_
     }
 }
 
-// Whether row i's O and LSE are written: rows past Nq are not, nor packed rows outside every
-// sequence (left as they are).
-CALICO_DEVICE bool row_stored(const params& p, long long i) {
-    if (i >= p.q_len) return false;
-    return !VARLEN || (i >= p.cu_q.at(0) && i < p.cu_q.at(p.n_seqs));
+// Whether row i of unit u has its O and LSE written: rows from u.m_end on are not (past Nq,
+// or past the sequence of a per-sequence unit), nor packed rows outside every sequence (left
+// as they are).
+CALICO_DEVICE bool row_stored(const params& p, const unit& u, long long i) {
+    if (i >= u.m_end) return false;
+    return !VARLEN || p.seq_units || (i >= p.cu_q.at(0) && i < p.cu_q.at(p.n_seqs));
 }
 
-// Head bh and row block m of the p-th (row block j, row block m_blocks - 1 - j) pair, walking a
-// chunk of heads_per_chunk heads (whose K/V fit in L2) before the next.
-CALICO_DEVICE void pair_at(const params& p, int pair, int& bh, int& j) {
+// The sequence cache for unit u's rows: per-sequence units seed it with their sequence (no
+// search); otherwise it fills on the first lookup.
+CALICO_DEVICE seq_cache unit_seq_cache(const params& p, const unit& u) {
+    if (VARLEN && p.seq_units) {
+        const int q0 = p.cu_q.at(u.seq);
+        const int k0 = p.cu_k.at(u.seq);
+        return seq_cache{q0, max(q0, p.cu_q.at(u.seq + 1)), k0, max(k0, p.cu_k.at(u.seq + 1)), true};
+    }
+    return seq_cache{0, 0, 0, 0, false};
+}
+
+// Head bh and pair j (of per_head pairs in each head) of the pair-th pair, walking a chunk
+// of heads_per_chunk heads (whose K/V fit in L2) before the next.
+CALICO_DEVICE void pair_at(const params& p, int pair, int per_head, int& bh, int& j) {
     const int heads = p.batch * p.q_heads;
-    const int per_head = p.m_blocks / 2;
     const int per_chunk = p.heads_per_chunk * per_head;
     const int chunk = pair / per_chunk;
     const int r = pair - chunk * per_chunk;
@@ -259,15 +295,13 @@ CALICO_DEVICE void pair_at(const params& p, int pair, int& bh, int& j) {
 }
 
 // The folded order: when a row block's key count grows with the row (causal, windows), the
-// blocks j and m_blocks - 1 - j together cost the same for every j. Rounds 2k and 2k + 1 give
-// each CTA both halves of one pair (its slots are w and w + ctas); the last, partial pairs
-// go whole to the CTAs with two slots left and as halves to those with one.
-CALICO_DEVICE void folded_at(const params& p, int w, int& bh, int& m_block) {
+// blocks j and m - 1 - j of a head (or of a packed sequence) of m blocks together cost the
+// same for every j. Rounds 2k and 2k + 1 give each CTA both halves of one pair (its slots are
+// w and w + ctas); the last, partial pairs go whole to the CTAs with two slots left and as
+// halves to those with one. Slot w of `pairs` pairs in all: which pair, and which half.
+CALICO_DEVICE void fold_slot(const params& p, int w, int pairs, int& pair, bool& long_half) {
     const int G = p.ctas;
-    const int pairs = p.batch * p.q_heads * (p.m_blocks / 2);
     const int full = pairs / G * G;  // pairs dealt in whole double rounds
-    int pair;
-    bool long_half;
     if (w < 2 * full) {
         const int round = w / G;
         pair = round / 2 * G + (w - round * G);
@@ -289,17 +323,87 @@ CALICO_DEVICE void folded_at(const params& p, int w, int& bh, int& m_block) {
             pair = full + two + (long_half ? i : i - left);
         }
     }
-    int j;
-    pair_at(p, pair, bh, j);
+}
+
+// Head bh and row block m of slot w in the folded order of fixed-length heads (or packed rows).
+CALICO_DEVICE void folded_at(const params& p, int w, int& bh, int& m_block) {
+    const int per_head = p.m_blocks / 2;
+    int pair, j;
+    bool long_half;
+    fold_slot(p, w, p.batch * p.q_heads * per_head, pair, long_half);
+    pair_at(p, pair, per_head, bh, j);
     m_block = long_half ? p.m_blocks - 1 - j : j;
 }
 
 CALICO_DEVICE bool folded(const params& p) {
-    const bool blocks_pair = p.m_blocks % 2 == 0 || (p.tune & TUNE_FOLD_ODD);
-    return (p.tune & TUNE_FOLD) && (p.has_left || p.has_right) && blocks_pair;
+    const bool odd = (VARLEN && p.seq_units) ? p.odd_per_head > 0 : p.m_blocks % 2 != 0;
+    return (p.tune & TUNE_FOLD) && (p.has_left || p.has_right) && (!odd || (p.tune & TUNE_FOLD_ODD));
+}
+
+// The key blocks of unit u (its rows from u.m0 to u.m_end): from the first row's lower bound
+// to the last stored row's upper bound, both growing with the row. `c` may hold the rows'
+// sequence.
+CALICO_DEVICE void unit_keys(const params& p, unit& u, seq_cache& c) {
+    int lo, hi, lo_last, hi_last;
+    row_keys(p, u.m0, lo, hi, c);
+    row_keys(p, min(u.m0 + BM, u.m_end) - 1, lo_last, hi_last, c);
+    u.n_lo = lo / BN;
+    u.n_hi = hi_last > lo ? (hi_last + BN - 1) / BN : u.n_lo;
+}
+
+// Slot w of the per-sequence units (VARLEN with staged offsets): (head, sequence s, row block
+// l of s), in the fixed-length orders with each sequence's blocks in place of a head's. Folded:
+// the pairs (l, m_s - 1 - l) of every sequence, then the odd sequences' middle blocks, heads
+// interleaved; otherwise each chunk of heads from its last block to its first.
+CALICO_DEVICE unit seq_unit_at(const params& p, int w) {
+    using calico::attention::packed_sequence_by;
+    const int heads = p.q_heads;  // one batch of all the rows
+    const int n = p.n_seqs;
+    int bh, seq, l;
+    if (folded(p)) {
+        const int paired = 2 * heads * p.pairs_per_head;
+        if (w < paired) {
+            int pair, j;
+            bool long_half;
+            fold_slot(p, w, heads * p.pairs_per_head, pair, long_half);
+            pair_at(p, pair, p.pairs_per_head, bh, j);
+            // Pairs before sequence i: half its even block counts.
+            auto pairs_before = [&](int i) { return (p.seq_blocks[i] - p.seq_odd[i]) / 2; };
+            seq = packed_sequence_by(pairs_before, n, j);
+            const int m = p.seq_blocks[seq + 1] - p.seq_blocks[seq];
+            const int lj = j - pairs_before(seq);
+            l = long_half ? m - 1 - lj : lj;
+        } else {
+            const int mid = w - paired;
+            bh = mid % heads;
+            seq = packed_sequence_by([&](int i) { return p.seq_odd[i]; }, n, mid / heads);
+            l = (p.seq_blocks[seq + 1] - p.seq_blocks[seq]) / 2;
+        }
+    } else {
+        const int per_chunk = p.heads_per_chunk * p.blocks_per_head;
+        const int chunk = w / per_chunk;
+        const int r = w - chunk * per_chunk;
+        const int here = min(p.heads_per_chunk, heads - chunk * p.heads_per_chunk);
+        const int g = p.blocks_per_head - 1 - r / here;
+        bh = chunk * p.heads_per_chunk + r % here;
+        seq = packed_sequence_by([&](int i) { return p.seq_blocks[i]; }, n, g);
+        l = g - p.seq_blocks[seq];
+    }
+    unit u;
+    u.b = 0;
+    u.h = bh;
+    u.seq = seq;
+    seq_cache c = unit_seq_cache(p, u);
+    u.m0 = c.q0 + l * BM;
+    u.m_end = min(u.m0 + BM, c.q1);
+    unit_keys(p, u, c);
+    return u;
 }
 
 CALICO_DEVICE unit unit_at(const params& p, int w) {
+    if constexpr (VARLEN) {
+        if (p.seq_units) return seq_unit_at(p, w);
+    }
     int bh, m_block;
     const int paired = 2 * p.batch * p.q_heads * (p.m_blocks / 2);  // units in folded pairs
     if (folded(p) && w < paired) {
@@ -321,14 +425,10 @@ CALICO_DEVICE unit unit_at(const params& p, int w) {
     u.b = bh / p.q_heads;
     u.h = bh - u.b * p.q_heads;
     u.m0 = m_block * BM;
-    // Keys of the first row's lower bound and the last stored row's upper bound: both bounds
-    // grow with the row.
-    int lo, hi, lo_last, hi_last;
+    u.m_end = p.q_len;
+    u.seq = 0;
     seq_cache c{0, 0, 0, 0, false};
-    row_keys(p, u.m0, lo, hi, c);
-    row_keys(p, min(u.m0 + BM, p.q_len) - 1, lo_last, hi_last, c);
-    u.n_lo = lo / BN;
-    u.n_hi = hi_last > lo ? (hi_last + BN - 1) / BN : u.n_lo;
+    unit_keys(p, u, c);
     return u;
 }
 
@@ -377,6 +477,40 @@ CALICO_DEVICE void fence_words(uint32_t (&a)[N][4]) {
 // Makes values computed before this point count as used here (no instructions).
 CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "+f"(v[1])::"memory"); }
 
+// Per-sequence units (seq_unit_at): warp 0 writes blocks[s] = the row blocks of BM rows in
+// sequences 0..s-1 and odd[s] = how many of them have an odd count, s = 0..n, 32 sequences a
+// step (shuffle scans with a running carry). The caller synchronises the block after it.
+CALICO_DEVICE void scan_sequence_blocks(const calico::attention::packed_side& cu_q, int n, int* blocks, int* odd) {
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x;
+    int carry_blocks = 0, carry_odd = 0;
+    for (int base = 0; base < n; base += 32) {
+        const int s = base + lane;
+        int b = 0;
+        if (s < n) b = (max(0, cu_q.at(s + 1) - cu_q.at(s)) + BM - 1) / BM;
+        int o = b & 1;
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+            const int up_b = __shfl_up_sync(0xffffffffu, b, d);
+            const int up_o = __shfl_up_sync(0xffffffffu, o, d);
+            if (lane >= d) {
+                b += up_b;
+                o += up_o;
+            }
+        }
+        if (s < n) {
+            blocks[s + 1] = carry_blocks + b;
+            odd[s + 1] = carry_odd + o;
+        }
+        carry_blocks += __shfl_sync(0xffffffffu, b, 31);
+        carry_odd += __shfl_sync(0xffffffffu, o, 31);
+    }
+    if (lane == 0) {
+        blocks[0] = 0;
+        odd[0] = 0;
+    }
+}
+
 }  // namespace attn_hopper
 
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
@@ -390,8 +524,10 @@ CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "
 //  cu_q, cu_k, n_seqs: packed sequences (CALICO_ATTN_VARLEN; batch 1, q_len / k_len the packed
 //  totals, O and LSE [Hq, total_q] as one batch); unused (null, 0) by the fixed-length kernel.
 //  head_dim: the real head dim (the maps' inner extent); below D only with CALICO_ATTN_PADDED.
-//  offsets_staged: VARLEN only, nonzero when the host sized shared memory for both offset
-//  arrays (2 * (n_seqs + 1) ints at OFFSETS_OFFSET); else the offsets are read from global.
+//  offsets_staged: VARLEN only, nonzero when the host sized shared memory for the staged
+//  offsets and block counts (4 * (n_seqs + 1) ints at OFFSETS_OFFSET): then the units are
+//  per sequence (seq_unit_at); else the offsets are read from global memory and the units
+//  are blocks of the packed rows.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
@@ -417,18 +553,23 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.has_right = has_right;
     p.left = left;
     p.right = right;
-    const int work = batch * q_heads * p.m_blocks;
-    p.work = work;
     p.ctas = gridDim.x;
     p.tune = tune;
     p.cu_q = {cu_q, q_len, false};
     p.cu_k = {cu_k, k_len, false};
     p.n_seqs = n_seqs;
+    p.seq_units = VARLEN && offsets_staged;
+    p.seq_blocks = nullptr;
+    p.seq_odd = nullptr;
+    p.blocks_per_head = p.pairs_per_head = p.odd_per_head = 0;
     const float sc = SOFTCAP ? cap_log2 : score_scale;  // > 0: base-2 units per score unit
+    // The host's bound on the units (per-sequence units add at most one partial block per
+    // sequence), which also sizes the trace.
+    const int work_bound = batch * q_heads * (p.m_blocks + (p.seq_units ? n_seqs : 0));
     // The trace record of unit w for `consumer`: this CTA's units are w = blockIdx.x + j * gridDim.x.
     auto stamp = [&](int w, int consumer, int slot) {
         if constexpr (TRACE) {
-            const int per_cta = (work + (int)gridDim.x - 1) / (int)gridDim.x;
+            const int per_cta = (work_bound + (int)gridDim.x - 1) / (int)gridDim.x;
             const int j = (w - (int)blockIdx.x) / (int)gridDim.x;
             trace[(((long long)blockIdx.x * per_cta + j) * CONSUMERS + consumer) * TRACE_SLOTS + slot] = global_ns();
         } else {
@@ -445,16 +586,28 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         bars.q.init(RELEASES);
         calico::fence_barrier_init();
     }
-    // Packed sequences: the offsets copied once past the barriers when the host made room
-    // (offsets_staged), so that each unit's sequence search (producer, Q thread, consumers
-    // and the epilogue's row tests) reads shared memory, not a chain of L2 round trips
-    // (the trace put ~0.8 us of a unit's entry on them).
-    if (VARLEN && offsets_staged) {
-        int* staged = reinterpret_cast<int*>(smem + OFFSETS_OFFSET);
+    // Packed sequences, where the host made room past the barriers (offsets_staged): the
+    // offsets, clamped, and then each sequence's row-block counts as prefix sums, so that
+    // units follow sequences (seq_unit_at) and every sequence search reads shared memory.
+    int* staged = reinterpret_cast<int*>(smem + OFFSETS_OFFSET);
+    if (p.seq_units) {
         calico::attention::stage_packed_offsets(p.cu_q, n_seqs, staged);
         calico::attention::stage_packed_offsets(p.cu_k, n_seqs, staged + n_seqs + 1);
     }
     __syncthreads();
+    if (p.seq_units) {
+        int* blocks = staged + 2 * (n_seqs + 1);
+        int* odd = blocks + n_seqs + 1;
+        scan_sequence_blocks(p.cu_q, n_seqs, blocks, odd);
+        __syncthreads();
+        p.seq_blocks = blocks;
+        p.seq_odd = odd;
+        p.blocks_per_head = blocks[n_seqs];
+        p.odd_per_head = odd[n_seqs];
+        p.pairs_per_head = (p.blocks_per_head - p.odd_per_head) / 2;
+    }
+    const int work = p.seq_units ? q_heads * p.blocks_per_head : batch * q_heads * p.m_blocks;
+    p.work = work;
 
     // Each thread keeps only its role's copies of these.
     pl::cursor<STAGES> kc, vc;
@@ -556,7 +709,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         rows[0] = wg_row0 + 16 * warp + g;
         rows[1] = rows[0] + 8;
         int lo[2], hi[2];
-        seq_cache seq{0, 0, 0, 0, false};  // packed sequences: found once for most units
+        seq_cache seq = unit_seq_cache(p, u);  // packed sequences: found once for most units
         int wg_lo_max, wg_hi_min, unused;
         row_keys(p, wg_row0, unused, wg_hi_min, seq);
         row_keys(p, rows[0], lo[0], hi[0], seq);
@@ -574,7 +727,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         int c_hi = u.n_hi;
         if (p.tune & TUNE_SKIP_UNSEEN) {
             int last_hi = 0;
-            if (wg_row0 < p.q_len) row_keys(p, min(wg_row0 + 63, p.q_len - 1), unused, last_hi, seq);
+            if (wg_row0 < u.m_end) row_keys(p, min(wg_row0 + 63, u.m_end - 1), unused, last_hi, seq);
             c_hi = max(u.n_lo, min(u.n_hi, (last_hi + BN - 1) / BN));
         }
 
@@ -855,7 +1008,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             l += calico::shfl_xor(l, 1);
             l += calico::shfl_xor(l, 2);
             const long long row = rows[h];
-            const bool stored = row_stored(p, row);
+            const bool stored = row_stored(p, u, row);
             const bool seen = l > 0.0f;
             const bool fast = (p.tune & TUNE_FAST_EPILOGUE) != 0;
             // l lies in [1, Nkv * 2^LAZY_SLACK]: far from where the approximations lose range.

@@ -593,8 +593,18 @@ pub(crate) fn view_map(t: &Tensor, rows: usize) -> Option<OpaqueParam128> {
     .ok()
 }
 
-/// Heads (of the work order) whose K and V together take about half the L2.
+/// Heads (of the work order) whose K and V together take about half the L2, or
+/// `CALICO_ATTN_HOPPER_CHUNK` heads (an A/B switch).
 fn heads_per_chunk(arch: &Arch, p: &Problem) -> usize {
+    static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let forced = *FORCED.get_or_init(|| {
+        std::env::var("CALICO_ATTN_HOPPER_CHUNK")
+            .ok()
+            .and_then(|v| v.parse().ok())
+    });
+    if let Some(heads) = forced {
+        return heads.clamp(1, (p.batch * p.q_heads).max(1));
+    }
     let kv_bytes = (2 * p.k_len * p.head_dim * 2).max(1);
     let budget = if arch.l2_bytes == 0 {
         25 << 20
@@ -607,11 +617,15 @@ fn heads_per_chunk(arch: &Arch, p: &Problem) -> usize {
 
 /// The most work units a forward launch of `p` can have (the narrowest row blocks). Packed
 /// sequences run as one batch of all the rows: `p.batch` counts the sequences there, and
-/// multiplying by it would refuse large packed batches that fit.
+/// multiplying by it would refuse large packed batches that fit; their per-sequence units add
+/// at most one partial block per sequence.
 fn max_units(p: &Problem, varlen: bool) -> usize {
     let blocks = p.q_len.div_ceil(ROWS_PER_CONSUMER * 2);
-    let batches = if varlen { 1 } else { p.batch };
-    batches * p.q_heads * blocks
+    if varlen {
+        p.q_heads * (blocks + p.batch)
+    } else {
+        p.batch * p.q_heads * blocks
+    }
 }
 
 /// The Hopper variant for a problem on `arch`, or `None` when the kernel does not cover it
@@ -732,9 +746,10 @@ impl Packed {
         })
     }
 
-    /// Shared memory for both offset arrays (`n_seqs + 1` i32 each), where a kernel stages them.
+    /// Shared memory for what the forward stages per sequence: the query and key offsets and
+    /// the prefix sums of row blocks and of odd block counts (`n_seqs + 1` i32 each).
     pub(super) fn staged_bytes(&self) -> usize {
-        2 * (self.seqs + 1) * std::mem::size_of::<i32>()
+        4 * (self.seqs + 1) * std::mem::size_of::<i32>()
     }
 
     /// The kernels' last three arguments: `cu_q`, `cu_k`, `n_seqs` (null and 0 for
@@ -784,7 +799,14 @@ fn launch(
     let side = |s: Option<usize>| (i32::from(s.is_some()), s.unwrap_or(0) as i64);
     let (has_left, left) = side(params.left);
     let (has_right, right) = side(params.right);
-    let work = p.batch * p.q_heads * p.q_len.div_ceil(variant.block_m());
+    let staged = staged_offsets(arch, &variant, packed.filter(|_| tune().stage_offsets));
+    // Units: per-sequence units (staged offsets) add at most a partial block per sequence; the
+    // kernel counts them itself and the host sizes the grid and the trace by this bound.
+    let extra = match (packed, staged) {
+        (Some(x), Some(_)) => x.seqs,
+        _ => 0,
+    };
+    let work = p.batch * p.q_heads * (p.q_len.div_ceil(variant.block_m()) + extra);
     let grid = work.min(arch.compute_units.max(1) as usize).max(1) as u32;
     let [map_q, map_k, map_v] = maps;
     // trace: a zeroed buffer for the stamps (milestones not reached stay 0).
@@ -797,7 +819,6 @@ fn launch(
     };
     let trace_ptr = trace.as_ref().and_then(|t| t.device_address()).unwrap_or(0);
     let [cu_q, cu_k, n_seqs] = Packed::args(packed);
-    let staged = staged_offsets(arch, &variant, packed.filter(|_| tune().stage_offsets));
     let smem_bytes = variant.smem_bytes() + staged.unwrap_or(0);
     let args = [
         KernelArg::Opaque128(map_q),
@@ -1008,16 +1029,16 @@ mod tests {
         };
         let d128 = HopperFwdVariant::new(&arch, DType::BF16, 128, false, Choices::default());
         let d128 = d128.unwrap();
-        assert_eq!(staged_offsets(&arch, &d128, packed(8)), Some(72));
+        assert_eq!(staged_offsets(&arch, &d128, packed(8)), Some(144));
         assert_eq!(staged_offsets(&arch, &d128, None), None);
-        // Two 80-key stages at d = 256 leave under 1 KiB: 117 sequences fit, 118 do not.
+        // Two 80-key stages at d = 256 leave under 1 KiB: 58 sequences fit, 59 do not.
         let asked = Choices {
             block_n_d256: 80,
             ..Choices::default()
         };
         let d256 = HopperFwdVariant::new(&arch, DType::BF16, 256, false, asked).unwrap();
-        assert_eq!(staged_offsets(&arch, &d256, packed(117)), Some(944));
-        assert_eq!(staged_offsets(&arch, &d256, packed(118)), None);
+        assert_eq!(staged_offsets(&arch, &d256, packed(58)), Some(944));
+        assert_eq!(staged_offsets(&arch, &d256, packed(59)), None);
     }
 
     #[test]
