@@ -16,6 +16,10 @@ use std::time::Instant;
 
 const TOKENS: usize = 16384;
 const HIDDEN: usize = 2048;
+/// The packed case of mixed lengths (`AttnSpec::mixed`): 10 sequences of 300 to 4000 tokens,
+/// none a multiple of a row block, 16384 in all, in no particular order (as a data loader
+/// packs them).
+const MIXED_LENS: [usize; 10] = [4000, 300, 2100, 500, 3100, 1000, 1500, 800, 2600, 484];
 
 /// One attention problem.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -31,6 +35,9 @@ pub struct AttnSpec {
     /// and passed as their `[B, H, N, D]` views, so a row of one head is `H * D` elements from
     /// the next; otherwise `[B, H, N, D]` contiguous, as torch SDPA's peers take them.
     pub seq_major: bool,
+    /// Packed (with `varlen`) as the sequences of [`MIXED_LENS`] instead of `batch()` of `seq`
+    /// tokens; `seq` is then the longest.
+    pub mixed: bool,
     /// Query heads per KV head: 1, or 4 (GQA, as Llama-3's 32:8).
     pub group: usize,
     /// Logit soft-cap (`AttentionOptions::softcap`): 30 as Grok-1's, 50 as Gemma-2's.
@@ -39,7 +46,19 @@ pub struct AttnSpec {
 
 impl AttnSpec {
     pub fn batch(&self) -> usize {
-        (TOKENS / self.seq).max(1)
+        if self.mixed {
+            MIXED_LENS.len()
+        } else {
+            (TOKENS / self.seq).max(1)
+        }
+    }
+    /// Each sequence's length.
+    fn lens(&self) -> Vec<usize> {
+        if self.mixed {
+            MIXED_LENS.to_vec()
+        } else {
+            vec![self.seq; self.batch()]
+        }
     }
     pub fn heads(&self) -> usize {
         HIDDEN / self.head_dim
@@ -49,11 +68,15 @@ impl AttnSpec {
     }
     pub fn name(&self) -> String {
         format!(
-            "attention {}{} d{} N{}{}{}{}{}",
+            "attention {}{} d{} {}{}{}{}{}",
             if self.varlen { "varlen " } else { "" },
             if self.backward { "bwd" } else { "fwd" },
             self.head_dim,
-            self.seq,
+            if self.mixed {
+                format!("mixed{}", MIXED_LENS.len())
+            } else {
+                format!("N{}", self.seq)
+            },
             if self.causal { " causal" } else { "" },
             if self.group > 1 {
                 format!(" gqa{}", self.group)
@@ -81,13 +104,9 @@ impl AttnSpec {
         shape
     }
     pub fn flops(&self) -> f64 {
-        let (b, h, n, d) = (
-            self.batch() as f64,
-            self.heads() as f64,
-            self.seq as f64,
-            self.head_dim as f64,
-        );
-        let fwd = 4.0 * b * h * n * n * d / if self.causal { 2.0 } else { 1.0 };
+        let (h, d) = (self.heads() as f64, self.head_dim as f64);
+        let squares: f64 = self.lens().iter().map(|&n| (n * n) as f64).sum();
+        let fwd = 4.0 * h * squares * d / if self.causal { 2.0 } else { 1.0 };
         if self.backward {
             2.5 * fwd
         } else {
@@ -130,6 +149,7 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
         causal: false,
         varlen: false,
         seq_major: false,
+        mixed: false,
         group: 1,
         softcap: None,
     };
@@ -159,11 +179,17 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
             seq_major: true,
             ..plain
         };
-        let extras: [(&[usize], &[usize], AttnSpec); 5] = [
+        let mixed = AttnSpec {
+            mixed: true,
+            ..packed
+        };
+        let longest = MIXED_LENS.iter().copied().max().unwrap_or(1);
+        let extras: [(&[usize], &[usize], AttnSpec); 6] = [
             (&[128], &[2048, 8192], gqa4),
             (&[128], &[1000, 4097], plain),
             (&[96], &[2048, 8192], plain),
             (&[64, 128], &[2048], packed),
+            (&[128], &[longest], mixed),
             (&[64, 128], &[2048], bshd),
         ];
         for (dims, lens, like) in extras {
@@ -234,8 +260,13 @@ struct Inputs {
 fn inputs(dev: &Device, s: &AttnSpec, rng: &mut XorShift) -> Result<Inputs> {
     // The stored shape, the index of its heads axis, the LSE's shape and the offsets.
     let (shape, heads_axis, lse_shape, cu) = if s.varlen {
-        let offsets: Vec<i32> = (0..=s.batch()).map(|b| (b * s.seq) as i32).collect();
-        let tokens = s.batch() * s.seq;
+        let offsets: Vec<i32> = std::iter::once(0)
+            .chain(s.lens().iter().scan(0, |end, &n| {
+                *end += n;
+                Some(*end as i32)
+            }))
+            .collect();
+        let tokens: usize = s.lens().iter().sum();
         (
             vec![tokens, s.heads(), s.head_dim],
             1,
@@ -578,6 +609,7 @@ mod tests {
             causal: true,
             varlen: false,
             seq_major: false,
+            mixed: false,
             group: 1,
             softcap: None,
         };
