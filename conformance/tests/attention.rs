@@ -899,8 +899,14 @@ fn attention_hopper_varlen() {
     // More offsets than fit beside d = 256's 80-key stages (the 3000 keys choose them): the
     // forward reads them from global memory, where it otherwise stages them in shared memory.
     let unstaged: Vec<(usize, usize)> = (0..150).map(|i| (1 + i % 5, 14 + i % 13)).collect();
+    // More sequences than the forward sorts longest first (128): per-sequence units in index
+    // order; and fewer, of many lengths, which it sorts.
+    let unsorted: Vec<(usize, usize)> = (0..140).map(|i| (1 + i * 37 % 200, 3 + i % 11)).collect();
+    let sorted: Vec<(usize, usize)> = (0..12)
+        .map(|i| (1 + i * 97 % 400, 1 + i * 97 % 400))
+        .collect();
     type Packed<'a> = (DType, &'a [(usize, usize)], AttentionOptions, usize, bool);
-    let cases: [Packed; 8] = [
+    let cases: [Packed; 10] = [
         (
             DType::BF16,
             &[(300, 700), (1, 5), (0, 10), (513, 513)],
@@ -927,6 +933,14 @@ fn attention_hopper_varlen() {
         (DType::F16, &[(3, 3); 40], causal, 128, true),
         (DType::BF16, &short_then_long, causal, 64, true),
         (DType::BF16, &unstaged, causal, 256, false),
+        (
+            DType::BF16,
+            &unsorted,
+            AttentionOptions::default(),
+            64,
+            false,
+        ),
+        (DType::F16, &sorted, causal, 128, false),
     ];
     for dev in calico_conformance::backends().0 {
         for (i, (dtype, lens, opts, head_dim, backward)) in cases.iter().enumerate() {

@@ -151,7 +151,7 @@ constexpr int K_OFFSET = Q_OFFSET + QBUF * Q_BYTES;
 constexpr int V_OFFSET = K_OFFSET + STAGES * KV_BYTES;
 constexpr int BAR_OFFSET = V_OFFSET + STAGES * KV_BYTES;
 // Barriers: the K ring, the V ring, the Q ring. The host allocates
-// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 * QBUF) * 8, plus 8 * (n_seqs + 1) for
+// SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 * QBUF) * 8, plus 24 * (n_seqs + 1) for
 // packed sequences whose offsets it has the kernel stage at OFFSETS_OFFSET.
 
 struct barriers {
@@ -173,13 +173,12 @@ struct params {
     calico::attention::packed_side cu_q;
     calico::attention::packed_side cu_k;
     int n_seqs;
-    // Units per sequence (VARLEN with staged offsets, seq_unit_at): seq_blocks[s] row blocks
-    // and seq_odd[s] odd block counts in the sequences before s (shared memory, n_seqs + 1
-    // each); per head: blocks_per_head row blocks, pairs_per_head folded pairs and
-    // odd_per_head unpaired middle blocks.
+    // Units per sequence (VARLEN with staged offsets, seq_unit_at): the staged arrays in
+    // shared memory (staged_at: the callers pass their base, derived from the kernel's shared
+    // memory, so the compiler reads them as shared memory with 32-bit addresses and the
+    // consumers' unit decode keeps few registers); per head: blocks_per_head row blocks,
+    // pairs_per_head folded pairs and odd_per_head unpaired middle blocks.
     bool seq_units;
-    const int* seq_blocks;
-    const int* seq_odd;
     int blocks_per_head, pairs_per_head, odd_per_head;
 };
 
@@ -191,6 +190,7 @@ constexpr int TUNE_Q_THREAD = 8;  // Q loaded by a thread of its own (producer w
 constexpr int TUNE_DECODE_AHEAD = 16;  // consumers decode their next unit during this one's first turns
 constexpr int TUNE_FAST_EPILOGUE = 32;  // 1 / l and ln l by MUFU approximations in the epilogue
 constexpr int TUNE_SKIP_UNSEEN = 64;    // a consumer passes over the unit's key blocks none of its rows sees
+constexpr int TUNE_SEQ_LONGEST = 128;   // per-sequence units: longest sequences first, rounds in alternating directions
 
 struct unit {
     int b, h, m0;
@@ -271,13 +271,21 @@ CALICO_DEVICE bool row_stored(const params& p, const unit& u, long long i) {
     return !VARLEN || p.seq_units || (i >= p.cu_q.at(0) && i < p.cu_q.at(p.n_seqs));
 }
 
+// The staged arrays of per-sequence units (n_seqs + 1 ints each, from the staged cu_q on):
+// the query offsets, the key offsets, each sequence's row blocks, the order the sequences go
+// out in (position -> sequence: longest first with TUNE_SEQ_LONGEST, see order_sequences),
+// and over that order the prefix sums of row blocks and of odd block counts.
+enum staged_array { STAGED_CU_Q, STAGED_CU_K, STAGED_COUNTS, STAGED_ORDER, STAGED_BLOCKS, STAGED_ODD, STAGED_ARRAYS };
+CALICO_DEVICE int staged_at(const params& p, const int* staged, staged_array a, int i) { return staged[a * (p.n_seqs + 1) + i]; }
+
 // The sequence cache for unit u's rows: per-sequence units seed it with their sequence (no
 // search); otherwise it fills on the first lookup.
-CALICO_DEVICE seq_cache unit_seq_cache(const params& p, const unit& u) {
+CALICO_DEVICE seq_cache unit_seq_cache(const params& p, const int* staged, const unit& u) {
     if (VARLEN && p.seq_units) {
-        const int q0 = p.cu_q.at(u.seq);
-        const int k0 = p.cu_k.at(u.seq);
-        return seq_cache{q0, max(q0, p.cu_q.at(u.seq + 1)), k0, max(k0, p.cu_k.at(u.seq + 1)), true};
+        const int q0 = staged_at(p, staged, STAGED_CU_Q, u.seq);
+        const int k0 = staged_at(p, staged, STAGED_CU_K, u.seq);
+        const int q1 = max(q0, staged_at(p, staged, STAGED_CU_Q, u.seq + 1));
+        return seq_cache{q0, q1, k0, max(k0, staged_at(p, staged, STAGED_CU_K, u.seq + 1)), true};
     }
     return seq_cache{0, 0, 0, 0, false};
 }
@@ -351,58 +359,74 @@ CALICO_DEVICE void unit_keys(const params& p, unit& u, seq_cache& c) {
     u.n_hi = hi_last > lo ? (hi_last + BN - 1) / BN : u.n_lo;
 }
 
-// Slot w of the per-sequence units (VARLEN with staged offsets): (head, sequence s, row block
-// l of s), in the fixed-length orders with each sequence's blocks in place of a head's. Folded:
-// the pairs (l, m_s - 1 - l) of every sequence, then the odd sequences' middle blocks, heads
-// interleaved; otherwise each chunk of heads from its last block to its first.
-CALICO_DEVICE unit seq_unit_at(const params& p, int w) {
+// Slot w of `count` slots dealt round-robin to G CTAs (CTA w mod G), with every odd round
+// reversed: when slots go out longest first, no CTA takes the longest slot of every round.
+// A bijection on [0, count): a last, partial round keeps its order.
+CALICO_DEVICE int snake(const params& p, int w, int count) {
+    const int G = p.ctas;
+    const int round = w / G;
+    if (!(p.tune & TUNE_SEQ_LONGEST) || (round & 1) == 0 || (round + 1) * G > count) return w;
+    return round * G + (G - 1 - (w - round * G));
+}
+
+// Slot w of the per-sequence units (VARLEN with staged offsets): (head, sequence, row block l
+// of it), in the fixed-length orders with each sequence's blocks in place of a head's, the
+// sequences in seq_order (longest first by default). Folded: the pairs (l, m - 1 - l) of every
+// sequence, then the odd sequences' middle blocks, heads interleaved; otherwise each chunk of
+// heads sequence by sequence, each from its last block to its first.
+CALICO_DEVICE unit seq_unit_at(const params& p, const int* staged, int w) {
     using calico::attention::packed_sequence_by;
     const int heads = p.q_heads;  // one batch of all the rows
     const int n = p.n_seqs;
-    int bh, seq, l;
+    int bh, k, l;  // k: the sequence's position in the order
+    auto blocks_before = [&](int i) { return staged_at(p, staged, STAGED_BLOCKS, i); };
+    auto odd_before = [&](int i) { return staged_at(p, staged, STAGED_ODD, i); };
+    auto blocks_at = [&](int i) { return blocks_before(i + 1) - blocks_before(i); };
     if (folded(p)) {
-        const int paired = 2 * heads * p.pairs_per_head;
-        if (w < paired) {
+        const int pairs = heads * p.pairs_per_head;
+        if (w < 2 * pairs) {
             int pair, j;
             bool long_half;
-            fold_slot(p, w, heads * p.pairs_per_head, pair, long_half);
+            fold_slot(p, w, pairs, pair, long_half);
+            pair = snake(p, pair, pairs / p.ctas * p.ctas);
             pair_at(p, pair, p.pairs_per_head, bh, j);
-            // Pairs before sequence i: half its even block counts.
-            auto pairs_before = [&](int i) { return (p.seq_blocks[i] - p.seq_odd[i]) / 2; };
-            seq = packed_sequence_by(pairs_before, n, j);
-            const int m = p.seq_blocks[seq + 1] - p.seq_blocks[seq];
-            const int lj = j - pairs_before(seq);
-            l = long_half ? m - 1 - lj : lj;
+            // Pairs before position i: half the even block counts there.
+            auto pairs_before = [&](int i) { return (blocks_before(i) - odd_before(i)) / 2; };
+            k = packed_sequence_by(pairs_before, n, j);
+            const int lj = j - pairs_before(k);
+            l = long_half ? blocks_at(k) - 1 - lj : lj;
         } else {
-            const int mid = w - paired;
+            const int mid = w - 2 * pairs;
             bh = mid % heads;
-            seq = packed_sequence_by([&](int i) { return p.seq_odd[i]; }, n, mid / heads);
-            l = (p.seq_blocks[seq + 1] - p.seq_blocks[seq]) / 2;
+            k = packed_sequence_by(odd_before, n, mid / heads);
+            l = blocks_at(k) / 2;
         }
     } else {
+        const int v = snake(p, w, p.work);
         const int per_chunk = p.heads_per_chunk * p.blocks_per_head;
-        const int chunk = w / per_chunk;
-        const int r = w - chunk * per_chunk;
+        const int chunk = v / per_chunk;
+        const int r = v - chunk * per_chunk;
         const int here = min(p.heads_per_chunk, heads - chunk * p.heads_per_chunk);
-        const int g = p.blocks_per_head - 1 - r / here;
+        const int g = r / here;
         bh = chunk * p.heads_per_chunk + r % here;
-        seq = packed_sequence_by([&](int i) { return p.seq_blocks[i]; }, n, g);
-        l = g - p.seq_blocks[seq];
+        k = packed_sequence_by(blocks_before, n, g);
+        l = blocks_at(k) - 1 - (g - blocks_before(k));
     }
     unit u;
     u.b = 0;
     u.h = bh;
-    u.seq = seq;
-    seq_cache c = unit_seq_cache(p, u);
+    u.seq = staged_at(p, staged, STAGED_ORDER, k);
+    seq_cache c = unit_seq_cache(p, staged, u);
     u.m0 = c.q0 + l * BM;
     u.m_end = min(u.m0 + BM, c.q1);
     unit_keys(p, u, c);
     return u;
 }
 
-CALICO_DEVICE unit unit_at(const params& p, int w) {
+// `staged`: the per-sequence units' arrays (staged_at), unused otherwise.
+CALICO_DEVICE unit unit_at(const params& p, const int* staged, int w) {
     if constexpr (VARLEN) {
-        if (p.seq_units) return seq_unit_at(p, w);
+        if (p.seq_units) return seq_unit_at(p, staged, w);
     }
     int bh, m_block;
     const int paired = 2 * p.batch * p.q_heads * (p.m_blocks / 2);  // units in folded pairs
@@ -477,17 +501,40 @@ CALICO_DEVICE void fence_words(uint32_t (&a)[N][4]) {
 // Makes values computed before this point count as used here (no instructions).
 CALICO_DEVICE void fence_values(float (&v)[2]) { asm volatile("" : "+f"(v[0]), "+f"(v[1])::"memory"); }
 
-// Per-sequence units (seq_unit_at): warp 0 writes blocks[s] = the row blocks of BM rows in
-// sequences 0..s-1 and odd[s] = how many of them have an odd count, s = 0..n, 32 sequences a
-// step (shuffle scans with a running carry). The caller synchronises the block after it.
-CALICO_DEVICE void scan_sequence_blocks(const calico::attention::packed_side& cu_q, int n, int* blocks, int* odd) {
+// Sequences that longest-first ordering sorts (a rank count per sequence: n^2 / block
+// threads compares); more keep their order.
+constexpr int SORTED_SEQUENCES = 128;
+
+// Per-sequence units (seq_unit_at), step 1: counts[s] = the BM-row blocks of sequence s, and
+// order[k] = the sequence that goes k-th: by block count, most first (ties by index), with
+// TUNE_SEQ_LONGEST and at most SORTED_SEQUENCES sequences, else in index order. The block's
+// threads share the work; the caller synchronises between the two passes and after.
+CALICO_DEVICE void count_sequence_blocks(const calico::attention::packed_side& cu_q, int n, int* counts) {
+    for (int s = threadIdx.x; s < n; s += blockDim.x) counts[s] = (max(0, cu_q.at(s + 1) - cu_q.at(s)) + BM - 1) / BM;
+}
+CALICO_DEVICE void order_sequences(const int* counts, int n, bool longest_first, int* order) {
+    const bool sort = longest_first && n <= SORTED_SEQUENCES;
+    for (int s = threadIdx.x; s < n; s += blockDim.x) {
+        int rank = s;
+        if (sort) {
+            rank = 0;
+            const int c = counts[s];
+            for (int t = 0; t < n; ++t) rank += counts[t] > c || (counts[t] == c && t < s);
+        }
+        order[rank] = s;
+    }
+}
+
+// Step 2: warp 0 writes blocks[k] = the row blocks of the sequences at positions 0..k-1 of
+// `order` and odd[k] = how many of them have an odd count, k = 0..n, 32 positions a step
+// (shuffle scans with a running carry). The caller synchronises the block after it.
+CALICO_DEVICE void scan_sequence_blocks(const int* counts, const int* order, int n, int* blocks, int* odd) {
     if (threadIdx.x >= 32) return;
     const int lane = threadIdx.x;
     int carry_blocks = 0, carry_odd = 0;
     for (int base = 0; base < n; base += 32) {
-        const int s = base + lane;
-        int b = 0;
-        if (s < n) b = (max(0, cu_q.at(s + 1) - cu_q.at(s)) + BM - 1) / BM;
+        const int k = base + lane;
+        int b = k < n ? counts[order[k]] : 0;
         int o = b & 1;
 #pragma unroll
         for (int d = 1; d < 32; d *= 2) {
@@ -498,9 +545,9 @@ CALICO_DEVICE void scan_sequence_blocks(const calico::attention::packed_side& cu
                 o += up_o;
             }
         }
-        if (s < n) {
-            blocks[s + 1] = carry_blocks + b;
-            odd[s + 1] = carry_odd + o;
+        if (k < n) {
+            blocks[k + 1] = carry_blocks + b;
+            odd[k + 1] = carry_odd + o;
         }
         carry_blocks += __shfl_sync(0xffffffffu, b, 31);
         carry_odd += __shfl_sync(0xffffffffu, o, 31);
@@ -525,7 +572,7 @@ CALICO_DEVICE void scan_sequence_blocks(const calico::attention::packed_side& cu
 //  totals, O and LSE [Hq, total_q] as one batch); unused (null, 0) by the fixed-length kernel.
 //  head_dim: the real head dim (the maps' inner extent); below D only with CALICO_ATTN_PADDED.
 //  offsets_staged: VARLEN only, nonzero when the host sized shared memory for the staged
-//  offsets and block counts (4 * (n_seqs + 1) ints at OFFSETS_OFFSET): then the units are
+//  offsets and block counts (6 * (n_seqs + 1) ints at OFFSETS_OFFSET): then the units are
 //  per sequence (seq_unit_at); else the offsets are read from global memory and the units
 //  are blocks of the packed rows.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
@@ -559,8 +606,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.cu_k = {cu_k, k_len, false};
     p.n_seqs = n_seqs;
     p.seq_units = VARLEN && offsets_staged;
-    p.seq_blocks = nullptr;
-    p.seq_odd = nullptr;
     p.blocks_per_head = p.pairs_per_head = p.odd_per_head = 0;
     const float sc = SOFTCAP ? cap_log2 : score_scale;  // > 0: base-2 units per score unit
     // The host's bound on the units (per-sequence units add at most one partial block per
@@ -589,19 +634,25 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     // Packed sequences, where the host made room past the barriers (offsets_staged): the
     // offsets, clamped, and then each sequence's row-block counts as prefix sums, so that
     // units follow sequences (seq_unit_at) and every sequence search reads shared memory.
+    // The STAGED_ARRAYS arrays of n_seqs + 1 ints (staged_array).
     int* staged = reinterpret_cast<int*>(smem + OFFSETS_OFFSET);
+    auto staged_array_at = [&](staged_array a) { return staged + a * (n_seqs + 1); };
     if (p.seq_units) {
-        calico::attention::stage_packed_offsets(p.cu_q, n_seqs, staged);
-        calico::attention::stage_packed_offsets(p.cu_k, n_seqs, staged + n_seqs + 1);
+        calico::attention::stage_packed_offsets(p.cu_q, n_seqs, staged_array_at(STAGED_CU_Q));
+        calico::attention::stage_packed_offsets(p.cu_k, n_seqs, staged_array_at(STAGED_CU_K));
     }
     __syncthreads();
     if (p.seq_units) {
-        int* blocks = staged + 2 * (n_seqs + 1);
-        int* odd = blocks + n_seqs + 1;
-        scan_sequence_blocks(p.cu_q, n_seqs, blocks, odd);
+        int* counts = staged_array_at(STAGED_COUNTS);
+        int* order = staged_array_at(STAGED_ORDER);
+        int* blocks = staged_array_at(STAGED_BLOCKS);
+        int* odd = staged_array_at(STAGED_ODD);
+        count_sequence_blocks(p.cu_q, n_seqs, counts);
         __syncthreads();
-        p.seq_blocks = blocks;
-        p.seq_odd = odd;
+        order_sequences(counts, n_seqs, (tune & TUNE_SEQ_LONGEST) != 0, order);
+        __syncthreads();
+        scan_sequence_blocks(counts, order, n_seqs, blocks, odd);
+        __syncthreads();
         p.blocks_per_head = blocks[n_seqs];
         p.odd_per_head = odd[n_seqs];
         p.pairs_per_head = (p.blocks_per_head - p.odd_per_head) / 2;
@@ -626,7 +677,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 
     // The K/V producer (and, without TUNE_Q_THREAD, Q too).
     auto produce = [&](int w) {
-        const unit u = unit_at(p, w);
+        const unit u = unit_at(p, staged, w);
         if (u.n_hi <= u.n_lo) return;
         if (kc.count == 0) {
             calico::tma::prefetch(map_k);
@@ -670,7 +721,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     // every CTA's Q reaching HBM at once).
     auto produce_q = [&](int w) {
         if (!q_thread || threadIdx.x % 32 != 0) return;
-        const unit u = unit_at(p, w);
+        const unit u = unit_at(p, staged, w);
         if (u.n_hi <= u.n_lo) return;
         if (qc.count == 0) calico::tma::prefetch(map_q);
         load_q(u, w);
@@ -698,7 +749,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     auto consume = [&](int consumer, int w) {
         const bool tracer = TRACE && threadIdx.x % calico::WARPGROUP_THREADS == 0;
         if (tracer) stamp(w, consumer, 0);
-        const unit u = ahead_w == w ? ahead : unit_at(p, w);
+        const unit u = ahead_w == w ? ahead : unit_at(p, staged, w);
         const int warp = calico::warpgroup_warp();
         const int lane = threadIdx.x % 32;
         const int g = lane / 4;
@@ -709,7 +760,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         rows[0] = wg_row0 + 16 * warp + g;
         rows[1] = rows[0] + 8;
         int lo[2], hi[2];
-        seq_cache seq = unit_seq_cache(p, u);  // packed sequences: found once for most units
+        seq_cache seq = unit_seq_cache(p, staged, u);  // packed sequences: found once for most units
         int wg_lo_max, wg_hi_min, unused;
         row_keys(p, wg_row0, unused, wg_hi_min, seq);
         row_keys(p, rows[0], lo[0], hi[0], seq);
@@ -963,7 +1014,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     if (p.tune & TUNE_DECODE_AHEAD) {
                         const int next = w + (int)gridDim.x;
                         if (next < work) {
-                            ahead = unit_at(p, next);
+                            ahead = unit_at(p, staged, next);
                             ahead_w = next;
                         }
                     }

@@ -499,7 +499,8 @@ pub(crate) fn o_store(shape: &[usize], strides: &[usize], ptr: u64, vector: bool
 
 /// The kernel's tuning switches, all on unless `CALICO_ATTN_HOPPER_TUNE` names some to turn
 /// off (comma-separated: `nokvfirst`, `nofold`, `novec`, `noqthread`,
-/// `nodecodeahead`, `nofastepi`, `noskip`, `nofoldodd`, `nostage`), for A/B runs.
+/// `nodecodeahead`, `nofastepi`, `noskip`, `nofoldodd`, `nostage`, `nolongest`), for A/B
+/// runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     /// The producer loads a unit's first K/V block before waiting for the Q slot.
@@ -523,8 +524,11 @@ struct Tune {
     /// descending order had left the longest units of the last heads to the end).
     fold_odd: bool,
     /// Packed sequences: the offsets staged in shared memory where they fit (host only: the
-    /// kernel argument `offsets_staged`).
+    /// kernel argument `offsets_staged`), and with them units per sequence.
     stage_offsets: bool,
+    /// Per-sequence units go out longest sequence first, rounds dealt in alternating
+    /// directions (mixed lengths would otherwise leave the longest units for the end).
+    longest_first: bool,
 }
 
 impl Tune {
@@ -540,6 +544,7 @@ impl Tune {
             skip_unseen: !off("noskip"),
             fold_odd: !off("nofoldodd"),
             stage_offsets: !off("nostage"),
+            longest_first: !off("nolongest"),
         }
     }
     /// hopper_fwd.cu's TUNE_* bits.
@@ -551,6 +556,7 @@ impl Tune {
             | i32::from(self.decode_ahead) << 4
             | i32::from(self.fast_epilogue) << 5
             | i32::from(self.skip_unseen) << 6
+            | i32::from(self.longest_first) << 7
     }
 }
 
@@ -746,10 +752,11 @@ impl Packed {
         })
     }
 
-    /// Shared memory for what the forward stages per sequence: the query and key offsets and
-    /// the prefix sums of row blocks and of odd block counts (`n_seqs + 1` i32 each).
+    /// Shared memory for what the forward stages per sequence: the query and key offsets, the
+    /// row-block counts, the order the sequences go in and, over that order, the prefix sums
+    /// of row blocks and of odd block counts (`n_seqs + 1` i32 each).
     pub(super) fn staged_bytes(&self) -> usize {
-        4 * (self.seqs + 1) * std::mem::size_of::<i32>()
+        6 * (self.seqs + 1) * std::mem::size_of::<i32>()
     }
 
     /// The kernels' last three arguments: `cu_q`, `cu_k`, `n_seqs` (null and 0 for
@@ -1029,16 +1036,16 @@ mod tests {
         };
         let d128 = HopperFwdVariant::new(&arch, DType::BF16, 128, false, Choices::default());
         let d128 = d128.unwrap();
-        assert_eq!(staged_offsets(&arch, &d128, packed(8)), Some(144));
+        assert_eq!(staged_offsets(&arch, &d128, packed(8)), Some(216));
         assert_eq!(staged_offsets(&arch, &d128, None), None);
-        // Two 80-key stages at d = 256 leave under 1 KiB: 58 sequences fit, 59 do not.
+        // Two 80-key stages at d = 256 leave under 1 KiB: 38 sequences fit, 39 do not.
         let asked = Choices {
             block_n_d256: 80,
             ..Choices::default()
         };
         let d256 = HopperFwdVariant::new(&arch, DType::BF16, 256, false, asked).unwrap();
-        assert_eq!(staged_offsets(&arch, &d256, packed(58)), Some(944));
-        assert_eq!(staged_offsets(&arch, &d256, packed(59)), None);
+        assert_eq!(staged_offsets(&arch, &d256, packed(38)), Some(936));
+        assert_eq!(staged_offsets(&arch, &d256, packed(39)), None);
     }
 
     #[test]
@@ -1082,17 +1089,21 @@ mod tests {
     #[test]
     fn tune_switches_turn_off_by_name() {
         let all = Tune::parse("");
-        assert_eq!(all.bits(), 127);
+        assert_eq!(all.bits(), 255);
         assert!(all.vector_stores);
         let some = Tune::parse("nofold, novec");
-        assert_eq!(some.bits(), 121);
+        assert_eq!(some.bits(), 249);
         assert!(!some.vector_stores);
-        let none = "nokvfirst,nofold,noqthread,nodecodeahead,nofastepi,noskip";
+        let none = "nokvfirst,nofold,noqthread,nodecodeahead,nofastepi,noskip,nolongest";
         assert_eq!(Tune::parse(none).bits(), 0);
-        assert_eq!(Tune::parse("noqthread").bits(), 119);
-        assert_eq!(Tune::parse("nodecodeahead,nofastepi,noskip").bits(), 15);
+        assert_eq!(Tune::parse("noqthread").bits(), 247);
+        assert_eq!(
+            Tune::parse("nodecodeahead,nofastepi,noskip,nolongest").bits(),
+            15
+        );
+        assert_eq!(Tune::parse("nolongest").bits(), 127);
         // The odd-count fold alone, and never without the fold itself.
-        assert_eq!(Tune::parse("nofoldodd").bits(), 123);
+        assert_eq!(Tune::parse("nofoldodd").bits(), 251);
         assert_eq!(Tune::parse("nofold").bits() & 4, 0);
     }
 
