@@ -51,9 +51,74 @@ pub fn count_opcode(sass: &str, opcode: &str) -> usize {
         .count()
 }
 
+/// One SASS instruction line: its address and its text without the predicate, up to the `;`
+/// (`/*0110*/  @P0 UTMALDG.2D [UR8], [UR4] ;  /* 0x...*/` gives 0x110 and
+/// `UTMALDG.2D [UR8], [UR4] `). `None` for other lines (headers, lone encoding comments).
+fn instruction(line: &str) -> Option<(u64, &str)> {
+    let rest = line.trim_start().strip_prefix("/*")?;
+    let (addr, rest) = rest.split_once("*/")?;
+    let addr = u64::from_str_radix(addr, 16).ok()?;
+    let rest = rest.trim_start();
+    let rest = rest.split_once(';').map_or(rest, |(instr, _)| instr);
+    let text = match rest.strip_prefix('@') {
+        Some(p) => p.split_once(' ').map_or("", |(_, r)| r.trim_start()),
+        None => rest,
+    };
+    Some((addr, text))
+}
+
+/// The instructions of the shortest loop (a `BRA` back to an earlier address, and everything
+/// from that address to it) that holds an instruction starting with `opcode`, e.g. a kernel's
+/// innermost HGMMA loop, where spilled registers (LDL/STL) cost the most. `None` when no loop
+/// holds one.
+pub fn innermost_loop_with<'a>(sass: &'a str, opcode: &str) -> Option<Vec<&'a str>> {
+    let code: Vec<(u64, &str)> = sass.lines().filter_map(instruction).collect();
+    let mut best: Option<(usize, usize)> = None;
+    for (end, &(addr, text)) in code.iter().enumerate() {
+        if !text.starts_with("BRA") {
+            continue;
+        }
+        let target = text
+            .trim_end()
+            .rsplit(' ')
+            .next()
+            .and_then(|t| t.strip_prefix("0x"))
+            .and_then(|t| u64::from_str_radix(t, 16).ok());
+        let Some(start) = target
+            .filter(|&t| t < addr)
+            .and_then(|t| code.iter().position(|&(a, _)| a == t))
+        else {
+            continue;
+        };
+        let holds = code[start..=end].iter().any(|(_, t)| t.starts_with(opcode));
+        if holds && best.is_none_or(|(s, e)| end - start < e - s) {
+            best = Some((start, end));
+        }
+    }
+    best.map(|(s, e)| code[s..=e].iter().map(|&(_, t)| t).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn finds_the_shortest_loop_around_an_opcode() {
+        let s = "        /*0000*/                   MOV R1, c[0x0][0x28] ;\n\
+                 /* 0x000fe40000000f00 */\n\
+                 /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ ;\n\
+                 /*0020*/                   LDL R2, [R1] ;\n\
+                 /*0030*/              @P0 BRA 0x10 ;    /* 0xfffffffc00f08947 */\n\
+                 /*0040*/                   STL [R1], R2 ;\n\
+                 /*0050*/              @!P1 BRA `(.L_x_3) 0x0 ;\n\
+                 /*0060*/                   BRA 0x60 ;\n";
+        let inner = innermost_loop_with(s, "HGMMA").expect("a loop");
+        assert_eq!(inner.len(), 3, "{inner:?}");
+        assert!(inner[0].starts_with("HGMMA") && inner[1].starts_with("LDL"));
+        // The outer loop (0x0..0x50) holds the STL; the self-branch at 0x60 is not backward.
+        assert!(!inner.iter().any(|t| t.starts_with("STL")));
+        assert_eq!(innermost_loop_with(s, "UTMALDG"), None);
+    }
 
     #[test]
     fn counts_predicated_and_plain_opcodes() {

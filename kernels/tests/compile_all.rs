@@ -272,6 +272,57 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
     assert_hgmma_fed_by_tma(&entries);
 }
 
+/// The default Hopper attention forwards at head dims 128 and 256 (128-, 160- and 176-key
+/// blocks, packed, padded, traced) keep their registers in the key loop: no local memory
+/// (LDL/STL) in the innermost loop around their wgmma. Spills there cost whole percents (the
+/// soft-capped 176-key variant's did, docs/perf-log.md session 20), and nothing else shows
+/// them before a GPU run. (The three-consumer d = 64 forms and the soft-capped ones are left
+/// out: they keep a spilled word or more there today.)
+#[test]
+fn hopper_attention_forward_key_loops_keep_their_registers() {
+    if !toolchain_or_skip("sm_90a disassembly", nvrtc_available()) {
+        return;
+    }
+    let entries: Vec<_> = catalog::entries("sm_90a", Some("attention_hopper"))
+        .expect("catalog assembles")
+        .into_iter()
+        .filter(|e| {
+            let l = &e.label;
+            l.starts_with("hopper fwd")
+                && l.contains("ilp lazy")
+                && !l.contains("softcap=true")
+                && !l.contains("d=64")
+                && !l.contains("bn=192")
+        })
+        .collect();
+    assert!(
+        entries.iter().any(|e| e.label.contains("varlen")),
+        "the packed forward is among them"
+    );
+    for e in &entries {
+        let cubin = catalog::compile("sm_90a", &e.source).expect("compiles");
+        let sass = match catalog::disassemble("sm_90a", &cubin) {
+            Ok(s) => s,
+            Err(err) => {
+                toolchain_or_skip("cuobjdump", Err(err.to_string()));
+                return;
+            }
+        };
+        let key_loop = calico_cuda::disasm::innermost_loop_with(&sass, "HGMMA")
+            .unwrap_or_else(|| panic!("{}: no loop around HGMMA", e.label));
+        let spills = key_loop
+            .iter()
+            .filter(|t| t.starts_with("LDL") || t.starts_with("STL"))
+            .count();
+        println!(
+            "{}: key loop {} instructions, {spills} LDL/STL",
+            e.label,
+            key_loop.len()
+        );
+        assert_eq!(spills, 0, "{}: local memory in the key loop", e.label);
+    }
+}
+
 /// Compiles each sm_90a catalog entry and checks that its SASS has wgmma (HGMMA) fed by TMA
 /// (UTMALDG); the GEMM's staged-store variants also store D with 16-byte global stores, no TMA
 /// store and no local memory. Reports "skipped" (or fails under CI=true) when the
