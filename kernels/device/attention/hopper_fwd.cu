@@ -371,9 +371,9 @@ CALICO_DEVICE int snake(const params& p, int w, int count) {
 
 // Slot w of the per-sequence units (VARLEN with staged offsets): (head, sequence, row block l
 // of it), in the fixed-length orders with each sequence's blocks in place of a head's, the
-// sequences in seq_order (longest first by default). Folded: the pairs (l, m - 1 - l) of every
-// sequence, then the odd sequences' middle blocks, heads interleaved; otherwise each chunk of
-// heads sequence by sequence, each from its last block to its first.
+// sequences in the staged order (STAGED_ORDER: longest first by default). Folded: the pairs
+// (l, m - 1 - l) of every sequence, then the odd sequences' middle blocks, heads interleaved;
+// otherwise each chunk of heads sequence by sequence, each from its last block to its first.
 CALICO_DEVICE unit seq_unit_at(const params& p, const int* staged, int w) {
     using calico::attention::packed_sequence_by;
     const int heads = p.q_heads;  // one batch of all the rows
