@@ -80,6 +80,25 @@ fn compile_entries(
     compiled
 }
 
+/// `entries` compiled for the NVIDIA `target` (failing as compile_entries does), each with its
+/// SASS; `None` after reporting the disassembler missing (skipped, or a failure under CI=true).
+fn nvidia_sass(
+    target: &str,
+    entries: Vec<catalog::CatalogEntry>,
+) -> Option<Vec<(catalog::CatalogEntry, String)>> {
+    let mut out = Vec::new();
+    for (e, cubin) in compile_entries(target, entries) {
+        match catalog::disassemble(target, &cubin) {
+            Ok(sass) => out.push((e, sass)),
+            Err(err) => {
+                toolchain_or_skip("cuobjdump", Err(err.to_string()));
+                return None;
+            }
+        }
+    }
+    Some(out)
+}
+
 /// An AMD catalog variant compiled for `target`: its disassembly and the resources of the
 /// kernels in its code object.
 fn compile_amd(target: &str, e: &catalog::CatalogEntry) -> (String, Vec<catalog::KernelResources>) {
@@ -152,14 +171,10 @@ fn sm100a_catalog_compiles_without_hgmma() {
     );
     let mut hgmma_kernels = Vec::new();
     let mut tma_gemms = 0;
-    for (e, cubin) in &compile_entries("sm_100a", own) {
-        let sass = match catalog::disassemble("sm_100a", cubin) {
-            Ok(s) => s,
-            Err(err) => {
-                toolchain_or_skip("cuobjdump", Err(err.to_string()));
-                return;
-            }
-        };
+    let Some(compiled) = nvidia_sass("sm_100a", own) else {
+        return;
+    };
+    for (e, sass) in compiled {
         let hgmma = calico_cuda::disasm::count_opcode(&sass, "HGMMA");
         let utmaldg = calico_cuda::disasm::count_opcode(&sass, "UTMALDG");
         println!("{} [{}]: {hgmma} HGMMA, {utmaldg} UTMALDG", e.op, e.label);
@@ -215,14 +230,8 @@ fn tma_mma_sync_gemm_disassembles_to_utmaldg_and_hmma_on_sm90a() {
         !entries.is_empty(),
         "no sm80-tma GEMM in the sm_90a catalog"
     );
-    for (e, cubin) in &compile_entries("sm_90a", entries) {
-        match catalog::disassemble("sm_90a", cubin) {
-            Ok(sass) => assert_tma_mma_sync(&e.label, &sass),
-            Err(err) => {
-                toolchain_or_skip("cuobjdump", Err(err.to_string()));
-                return;
-            }
-        }
+    for (e, sass) in nvidia_sass("sm_90a", entries).unwrap_or_default() {
+        assert_tma_mma_sync(&e.label, &sass);
     }
 }
 
@@ -250,7 +259,7 @@ fn hopper_gemm_disassembles_to_hgmma_and_utmaldg() {
         !entries.is_empty(),
         "the sm_90a catalog has Hopper GEMM variants"
     );
-    assert_hgmma_fed_by_tma(&entries);
+    assert_hgmma_fed_by_tma(entries);
 }
 
 /// The Hopper attention kernels (forward and the backward's main kernel) are wgmma (HGMMA)
@@ -269,7 +278,7 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
         entries.iter().any(|e| e.label.starts_with("hopper bwd")),
         "the sm_90a catalog has Hopper attention backward variants"
     );
-    assert_hgmma_fed_by_tma(&entries);
+    assert_hgmma_fed_by_tma(entries);
 }
 
 /// The default Hopper attention forwards at head dims 128 and 256 (128-, 160- and 176-key
@@ -299,15 +308,7 @@ fn hopper_attention_forward_key_loops_keep_their_registers() {
         entries.iter().any(|e| e.label.contains("varlen")),
         "the packed forward is among them"
     );
-    for e in &entries {
-        let cubin = catalog::compile("sm_90a", &e.source).expect("compiles");
-        let sass = match catalog::disassemble("sm_90a", &cubin) {
-            Ok(s) => s,
-            Err(err) => {
-                toolchain_or_skip("cuobjdump", Err(err.to_string()));
-                return;
-            }
-        };
+    for (e, sass) in nvidia_sass("sm_90a", entries).unwrap_or_default() {
         let key_loop = calico_cuda::disasm::innermost_loop_with(&sass, "HGMMA")
             .unwrap_or_else(|| panic!("{}: no loop around HGMMA", e.label));
         let spills = key_loop
@@ -327,16 +328,8 @@ fn hopper_attention_forward_key_loops_keep_their_registers() {
 /// (UTMALDG); the GEMM's staged-store variants also store D with 16-byte global stores, no TMA
 /// store and no local memory. Reports "skipped" (or fails under CI=true) when the
 /// disassembler is missing.
-fn assert_hgmma_fed_by_tma(entries: &[catalog::CatalogEntry]) {
-    for e in entries {
-        let cubin = catalog::compile("sm_90a", &e.source).expect("compiles");
-        let sass = match catalog::disassemble("sm_90a", &cubin) {
-            Ok(s) => s,
-            Err(err) => {
-                toolchain_or_skip("cuobjdump", Err(err.to_string()));
-                return;
-            }
-        };
+fn assert_hgmma_fed_by_tma(entries: Vec<catalog::CatalogEntry>) {
+    for (e, sass) in nvidia_sass("sm_90a", entries).unwrap_or_default() {
         let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
         let (hgmma, utmaldg) = (count("HGMMA"), count("UTMALDG"));
         println!("{}: {hgmma} HGMMA, {utmaldg} UTMALDG", e.label);
