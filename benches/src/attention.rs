@@ -166,7 +166,8 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
     // (the layout models and flash_attn_func hand over; cuDNN column as for packed); head dim
     // 96 (Phi-3's; 21 heads, the Hopper kernels at width 128 on zero-filled columns) at two
     // lengths; GQA with 4 query heads per KV head (16:4 at d = 128) at 2048 and 8192; lengths
-    // off every tile (1000: 16 sequences, 4097: 3) at d = 128; soft-capped scores (no peer,
+    // off every tile (1000: 16 sequences, 4097: 3) at d = 128; packed sequences of mixed
+    // lengths (MIXED_LENS, no peer) at d = 128; soft-capped scores (no peer,
     // no target), as Grok-1 (cap 30 at d = 128, forward and backward) and Gemma-2 (cap 50 at
     // d = 256, forward only).
     if profile == Profile::Full {
@@ -260,13 +261,14 @@ struct Inputs {
 fn inputs(dev: &Device, s: &AttnSpec, rng: &mut XorShift) -> Result<Inputs> {
     // The stored shape, the index of its heads axis, the LSE's shape and the offsets.
     let (shape, heads_axis, lse_shape, cu) = if s.varlen {
+        let lens = s.lens();
+        let tokens: usize = lens.iter().sum();
         let offsets: Vec<i32> = std::iter::once(0)
-            .chain(s.lens().iter().scan(0, |end, &n| {
+            .chain(lens.iter().scan(0, |end, &n| {
                 *end += n;
                 Some(*end as i32)
             }))
             .collect();
-        let tokens: usize = s.lens().iter().sum();
         (
             vec![tokens, s.heads(), s.head_dim],
             1,
