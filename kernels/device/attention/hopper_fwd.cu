@@ -276,7 +276,12 @@ CALICO_DEVICE bool row_stored(const params& p, const unit& u, long long i) {
 // out in (position -> sequence: longest first with TUNE_SEQ_LONGEST, see order_sequences),
 // and over that order the prefix sums of row blocks and of odd block counts.
 enum staged_array { STAGED_CU_Q, STAGED_CU_K, STAGED_COUNTS, STAGED_ORDER, STAGED_BLOCKS, STAGED_ODD, STAGED_ARRAYS };
-CALICO_DEVICE int staged_at(const params& p, const int* staged, staged_array a, int i) { return staged[a * (p.n_seqs + 1) + i]; }
+// The host sizes the staged arrays (kernels/src/ops/attention/hopper.rs, STAGED_ARRAYS there).
+static_assert(STAGED_ARRAYS == 6, "hopper.rs sizes shared memory for 6 staged arrays");
+// The first element of array a of the staged arrays at `staged`, for n sequences.
+CALICO_DEVICE int* staged_begin(int* staged, int n, staged_array a) { return staged + a * (n + 1); }
+CALICO_DEVICE const int* staged_begin(const int* staged, int n, staged_array a) { return staged + a * (n + 1); }
+CALICO_DEVICE int staged_at(const params& p, const int* staged, staged_array a, int i) { return staged_begin(staged, p.n_seqs, a)[i]; }
 
 // The sequence cache for unit u's rows: per-sequence units seed it with their sequence (no
 // search); otherwise it fills on the first lookup.
@@ -509,8 +514,8 @@ constexpr int SORTED_SEQUENCES = 128;
 // order[k] = the sequence that goes k-th: by block count, most first (ties by index), with
 // TUNE_SEQ_LONGEST and at most SORTED_SEQUENCES sequences, else in index order. The block's
 // threads share the work; the caller synchronises between the two passes and after.
-CALICO_DEVICE void count_sequence_blocks(const calico::attention::packed_side& cu_q, int n, int* counts) {
-    for (int s = threadIdx.x; s < n; s += blockDim.x) counts[s] = (max(0, cu_q.at(s + 1) - cu_q.at(s)) + BM - 1) / BM;
+CALICO_DEVICE void count_sequence_blocks(const int* staged_cu_q, int n, int* counts) {
+    for (int s = threadIdx.x; s < n; s += blockDim.x) counts[s] = (max(0, staged_cu_q[s + 1] - staged_cu_q[s]) + BM - 1) / BM;
 }
 CALICO_DEVICE void order_sequences(const int* counts, int n, bool longest_first, int* order) {
     const bool sort = longest_first && n <= SORTED_SEQUENCES;
@@ -602,8 +607,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     p.right = right;
     p.ctas = gridDim.x;
     p.tune = tune;
-    p.cu_q = {cu_q, q_len, false};
-    p.cu_k = {cu_k, k_len, false};
+    p.cu_q = {cu_q, q_len};
+    p.cu_k = {cu_k, k_len};
     p.n_seqs = n_seqs;
     p.seq_units = VARLEN && offsets_staged;
     p.blocks_per_head = p.pairs_per_head = p.odd_per_head = 0;
@@ -634,20 +639,19 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     // Packed sequences, where the host made room past the barriers (offsets_staged): the
     // offsets, clamped, and then each sequence's row-block counts as prefix sums, so that
     // units follow sequences (seq_unit_at) and every sequence search reads shared memory.
-    // The STAGED_ARRAYS arrays of n_seqs + 1 ints (staged_array).
+    // The STAGED_ARRAYS arrays of n_seqs + 1 ints (staged_array, staged_begin).
     int* staged = reinterpret_cast<int*>(smem + OFFSETS_OFFSET);
-    auto staged_array_at = [&](staged_array a) { return staged + a * (n_seqs + 1); };
     if (p.seq_units) {
-        calico::attention::stage_packed_offsets(p.cu_q, n_seqs, staged_array_at(STAGED_CU_Q));
-        calico::attention::stage_packed_offsets(p.cu_k, n_seqs, staged_array_at(STAGED_CU_K));
+        calico::attention::stage_packed_offsets(p.cu_q, n_seqs, staged_begin(staged, n_seqs, STAGED_CU_Q));
+        calico::attention::stage_packed_offsets(p.cu_k, n_seqs, staged_begin(staged, n_seqs, STAGED_CU_K));
     }
     __syncthreads();
     if (p.seq_units) {
-        int* counts = staged_array_at(STAGED_COUNTS);
-        int* order = staged_array_at(STAGED_ORDER);
-        int* blocks = staged_array_at(STAGED_BLOCKS);
-        int* odd = staged_array_at(STAGED_ODD);
-        count_sequence_blocks(p.cu_q, n_seqs, counts);
+        int* counts = staged_begin(staged, n_seqs, STAGED_COUNTS);
+        int* order = staged_begin(staged, n_seqs, STAGED_ORDER);
+        int* blocks = staged_begin(staged, n_seqs, STAGED_BLOCKS);
+        int* odd = staged_begin(staged, n_seqs, STAGED_ODD);
+        count_sequence_blocks(staged_begin(staged, n_seqs, STAGED_CU_Q), n_seqs, counts);
         __syncthreads();
         order_sequences(counts, n_seqs, (tune & TUNE_SEQ_LONGEST) != 0, order);
         __syncthreads();

@@ -29,27 +29,20 @@ CALICO_DEVICE int packed_sequence(const int* cu, int n, int total, long long x) 
     return packed_sequence_by([&](int b) { return packed_offset(cu, b, total); }, n, x);
 }
 
-// One side's offsets (query rows or keys) as a kernel reads them: from global memory, clamped
-// on every read, or from the clamped copy the kernel made in shared memory
-// (stage_packed_offsets), where a unit's sequence search costs a few shared loads instead of
-// a chain of dependent L2 round trips.
+// One side's offsets (query rows or keys) in global memory, clamped on every read.
 struct packed_side {
-    const int* cu;  // global offsets, or their shared copy when `shared`
+    const int* cu;
     int total;
-    bool shared;
-    CALICO_DEVICE int at(int b) const { return shared ? cu[b] : packed_offset(cu, b, total); }
+    CALICO_DEVICE int at(int b) const { return packed_offset(cu, b, total); }
     // The sequence holding row (or key) x, as packed_sequence.
-    CALICO_DEVICE int sequence(int n, long long x) const {
-        return packed_sequence_by([&](int b) { return at(b); }, n, x);
-    }
+    CALICO_DEVICE int sequence(int n, long long x) const { return packed_sequence(cu, n, total, x); }
 };
 
-// The block's threads copy the n + 1 offsets of `side`, clamped, to `dst` in shared memory and
-// point `side` at them. The caller synchronises the block before anyone reads them.
-CALICO_DEVICE void stage_packed_offsets(packed_side& side, int n, int* dst) {
-    for (int i = threadIdx.x; i <= n; i += blockDim.x) dst[i] = packed_offset(side.cu, i, side.total);
-    side.cu = dst;
-    side.shared = true;
+// The block's threads copy the n + 1 offsets of `side`, clamped, to `dst` in shared memory,
+// where a unit's sequence lookups cost a few shared loads instead of a chain of dependent L2
+// round trips. The caller synchronises the block before anyone reads them.
+CALICO_DEVICE void stage_packed_offsets(const packed_side& side, int n, int* dst) {
+    for (int i = threadIdx.x; i <= n; i += blockDim.x) dst[i] = side.at(i);
 }
 
 }  // namespace attention

@@ -734,6 +734,11 @@ pub(crate) fn try_forward(
     ))
 }
 
+/// Arrays the forward stages in shared memory per packed batch (hopper_fwd.cu's `staged_array`,
+/// which asserts the same count): the query and key offsets, the row-block counts, the order the
+/// sequences go in and, over that order, the prefix sums of row blocks and of odd block counts.
+const STAGED_ARRAYS: usize = 6;
+
 /// The offsets of packed sequences, as the Hopper kernels (forward and backward) take them.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Packed {
@@ -752,11 +757,10 @@ impl Packed {
         })
     }
 
-    /// Shared memory for what the forward stages per sequence: the query and key offsets, the
-    /// row-block counts, the order the sequences go in and, over that order, the prefix sums
-    /// of row blocks and of odd block counts (`n_seqs + 1` i32 each).
+    /// Shared memory for what the forward stages per sequence: STAGED_ARRAYS arrays of
+    /// `n_seqs + 1` i32 each.
     pub(super) fn staged_bytes(&self) -> usize {
-        6 * (self.seqs + 1) * std::mem::size_of::<i32>()
+        STAGED_ARRAYS * (self.seqs + 1) * std::mem::size_of::<i32>()
     }
 
     /// The kernels' last three arguments: `cu_q`, `cu_k`, `n_seqs` (null and 0 for
