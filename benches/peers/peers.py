@@ -26,7 +26,7 @@ GEMVS = [(m, n, k) for n, k in ((4096, 4096), (14336, 4096), (4096, 14336)) for 
 ODD_GEMMS = [(4097, 4097, 4097), (8191, 8191, 8191), (4096, 4096, 4095), (1000, 999, 1000)]
 ODD_ROWS = [4097, 4097]  # softmax and rms_norm with an odd row length
 # Decode attention: (batch, context), one query token, GQA 32:8, head_dim 128, contiguous KV.
-DECODES = [(1, 8192), (1, 32768), (1, 131072), (16, 8192), (64, 8192)]
+DECODES = [(1, 8192), (1, 32768), (1, 65536), (1, 131072), (16, 8192), (64, 8192)]
 DECODES += [(16, 8192, 96)]  # head_dim 96, as calico-bench's "... contiguous d96" case
 # FlashAttention-3's shapes: 16384 tokens in all, hidden 2048 (heads = 2048 / head_dim).
 ATTN_TOKENS, ATTN_HIDDEN = 16384, 2048

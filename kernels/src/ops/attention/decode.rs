@@ -345,7 +345,9 @@ const MAX_FUSED_GROUPS: usize = 1 << 20;
 /// copies before the sequence length is known (turns early on); mbatch=8|16|32 the splits the
 /// fused merge loads at once; max_splits=n caps the split count; lean=1 the fused merge's
 /// fences by one thread after a barrier; mpipe=1 the fused merge with every load of a row
-/// issued early (LSEs once, next batch before the sums); trace=1 a diagnostic: each
+/// issued early (LSEs once, next batch before the sums); long_context=n the cache length from
+/// which a split plan that is not one full wave takes 4-warp blocks (session 22; warps=n turns
+/// the choice off); trace=1 a diagnostic: each
 /// call allocates, syncs and prints when its blocks reached their milestones (`decode_trace`;
 /// times taken around such calls include the sync; not for graph capture).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,6 +357,12 @@ struct Tune {
     stages: usize,
     /// Warps per block (kernel 2).
     warps: usize,
+    /// Warps per block (kernel 2) for caches of `long_context` tokens or more whose `warps`
+    /// plan splits them but is not one full wave of blocks: blocks of fewer warps, several per
+    /// SM, stream on every SM in one wave. `warps=n` turns the choice off.
+    long_warps: usize,
+    /// Cache length from which `long_warps` is tried (usize::MAX: never).
+    long_context: usize,
     /// Multiplies kernel 2's split count (A/B runs of the split choice; 1 = as chosen).
     splits_x: usize,
     /// Kernel 2 merges the splits in its last block per group instead of a second launch.
@@ -394,6 +402,8 @@ const DEFAULT_TUNE: Tune = Tune {
     // 94 -> 90% (paged; 33 splits of 4 warps filled the SMs better there).
     // `warps=4,spec=0,lean=0,mpipe=0` gives back session 8's default.
     warps: 8,
+    long_warps: 4,
+    long_context: 65536,
     splits_x: 1,
     // Session 8 (H100, one command): b1 8k 39 -> 47% of copy, b1 32k 70 -> 75%, b16 92 -> 94%.
     fuse: true,
@@ -431,7 +441,11 @@ fn parse_tune(text: &str) -> Tune {
         match key.trim() {
             "kernel" if matches!(n, 1 | 2) => t.kernel = n,
             "stages" if (2..=8).contains(&n) => t.stages = n,
-            "warps" if matches!(n, 1 | 2 | 4 | 8) => t.warps = n,
+            "warps" if matches!(n, 1 | 2 | 4 | 8) => {
+                t.warps = n;
+                t.long_context = usize::MAX;
+            }
+            "long_context" if n >= 16 => t.long_context = n,
             "splits_x" if (1..=16).contains(&n) => t.splits_x = n,
             "fuse" => t.fuse = n != 0,
             "merge" => t.merge_batched = n != 0,
@@ -551,17 +565,45 @@ fn plan_with(arch: &Arch, p: &Problem, paged: bool, tune: Tune) -> Plan {
     if tune.kernel == 2 && decode_mma::runs_here(arch, p.dtype, pages) {
         // Fewer warps where their rings do not fit (warps=8 at head_dim 256), rather than
         // the lane kernel.
-        let fitting = std::iter::successors(Some(tune.warps), |&w| (w > 1).then_some(w / 2))
-            .find_map(|w| DecodeMmaVariant::fitting(arch, p.dtype, width, paged, w, tune.stages));
-        if let Some(v) = fitting {
-            let v = DecodeMmaVariant {
-                used_dim: p.dim,
-                ..v
-            };
-            return plan_mma(arch, p, v, tune);
+        let fitting = |warps: usize| {
+            std::iter::successors(Some(warps), |&w| (w > 1).then_some(w / 2))
+                .find_map(|w| {
+                    DecodeMmaVariant::fitting(arch, p.dtype, width, paged, w, tune.stages)
+                })
+                .map(|v| DecodeMmaVariant {
+                    used_dim: p.dim,
+                    ..v
+                })
+        };
+        if let Some(v) = fitting(tune.warps) {
+            let plan = plan_mma(arch, p, v, tune);
+            if long_cache_misses_one_wave(arch, p, &plan, v, tune) {
+                if let Some(long) = fitting(tune.long_warps).filter(|l| l.warps < v.warps) {
+                    return plan_mma(arch, p, long, tune);
+                }
+            }
+            return plan;
         }
     }
     plan_lanes(arch, p, paged, tune)
+}
+
+/// Whether a kernel-2 plan for a long cache (`tune.long_context` tokens or more) splits it
+/// but does not run as exactly one full wave of blocks: b1 at 128k with 8 warps is 33 splits x
+/// 8 KV heads = two waves of 132 blocks (each wave pays the ramp, ~10 us), or 16 splits on 128
+/// of the 132 SMs, where 33 splits of 4-warp blocks (two per SM) are one wave on every SM.
+/// Plans without splits keep their warps: more splits would add a merge (b16 at 8k: 8 warps,
+/// no split, 96% of the copy against 94% with 4 warps and 2 splits).
+fn long_cache_misses_one_wave(
+    arch: &Arch,
+    p: &Problem,
+    plan: &Plan,
+    v: DecodeMmaVariant,
+    tune: Tune,
+) -> bool {
+    let blocks = p.batch * p.hkv * plan.row_groups * plan.splits;
+    let slots = arch.compute_units.max(1) as usize * v.blocks_per_sm(arch);
+    plan.splits > 1 && p.capacity >= tune.long_context && blocks != slots
 }
 
 /// Row groups of up to 16 rows (one MMA tile); splits from the waves of blocks the GPU runs.
@@ -1203,5 +1245,28 @@ mod tests {
         let mut wide = problem(1, 32, 8, 1, 8192);
         wide.dim = 256;
         assert_eq!(mma(&plan_with(&h100, &wide, true, eight)).warps, 4);
+    }
+
+    #[test]
+    fn long_splits_that_leave_sms_idle_take_blocks_of_fewer_warps() {
+        let h100 = Arch::for_target("sm_90a").unwrap();
+        let warps_and_splits = |batch, context, tune: Tune| {
+            let plan = plan_with(&h100, &problem(batch, 32, 8, 1, context), true, tune);
+            match plan.kernel {
+                MainKernel::Mma(v) => (v.warps, plan.splits),
+                MainKernel::Lanes(_) => panic!("the lane kernel was planned"),
+            }
+        };
+        let auto = DEFAULT_TUNE;
+        // b1 128k: 33 splits of 8 warps are two waves on 132 SMs -> 33 splits of 4 warps, one
+        // wave of two blocks on every SM.
+        assert_eq!(warps_and_splits(1, 131072, parse_tune("warps=8")), (8, 33));
+        assert_eq!(warps_and_splits(1, 131072, auto), (4, 33));
+        // Shorter caches keep 8 warps (b1 32k: 16 splits on 128 SMs, the merge of 33 splits
+        // costs more there), and so do plans without splits (b16 128k: 128 blocks, no merge).
+        assert_eq!(warps_and_splits(1, 32768, auto), (8, 16));
+        assert_eq!(warps_and_splits(16, 131072, auto), (8, 1));
+        let never = parse_tune(&format!("long_context={}", usize::MAX));
+        assert_eq!(warps_and_splits(1, 131072, never), (8, 33));
     }
 }
