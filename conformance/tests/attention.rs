@@ -514,6 +514,11 @@ fn edge_cases() -> Vec<Case> {
         // Large logits without a cap: the online softmax must rescale, not overflow.
         fixed(DType::F16, (1, 2, 3), (129, 191, 128), plain, 4.0),
         fixed(DType::BF16, (1, 1, 1), (17, 17, 256), causal, 4.0),
+        // Logits hundreds of base-2 units apart from one key block to the next: a block's
+        // exponentials taken against an earlier block's max would overflow (the Hopper
+        // forward's stale-max softmax must notice and start that block over).
+        fixed(DType::BF16, (1, 2, 2), (130, 400, 128), plain, 16.0),
+        fixed(DType::F16, (1, 1, 2), (200, 300, 64), causal, 16.0),
     ]
 }
 

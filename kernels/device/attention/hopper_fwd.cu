@@ -58,7 +58,8 @@
 // 64|128|256, CALICO_ATTN_BN 64|80|128|160|176|192 (wider blocks at d = 128 and 256: fewer
 // per-block handshakes and reductions per MMA), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 0|1|2, CALICO_ATTN_CONSUMERS 2|3 (3 only at d = 64, no soft-cap),
-// CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1 (the softmax's forms, see softmax_ilp, lazy_max),
+// CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1, CALICO_ATTN_STALE 0|1 (the softmax's forms, see
+// softmax_ilp, lazy_max, softmax_stale),
 // CALICO_ATTN_QBUF 1|2, CALICO_ATTN_VARLEN 0|1 (packed sequences), CALICO_ATTN_PADDED 0|1 (a
 // head dim below D, `head_dim`: see EDGES), CALICO_ATTN_TRACE 0|1 (a
 // diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
@@ -93,6 +94,13 @@ constexpr bool PINGPONG = SCHED == 2;
 constexpr bool ILP = CALICO_ATTN_ILP != 0;    // the softmax's reductions as trees (softmax_ilp)
 constexpr bool LAZY = CALICO_ATTN_LAZY != 0;  // the running max moves only by more than LAZY_SLACK
 constexpr float LAZY_SLACK = 8.0f;            // base-2 units: exponentials up to 256
+// CALICO_ATTN_STALE: after a unit's first block, the exponentials are taken against the running
+// max without the block's row max (softmax_stale); the sums tell when that was wrong.
+#ifndef CALICO_ATTN_STALE
+#define CALICO_ATTN_STALE 0
+#endif
+constexpr bool STALE = CALICO_ATTN_STALE != 0;
+static_assert(!STALE || (LAZY && ILP && !SOFTCAP), "the stale-max softmax extends the lazy, tree-form softmax without a soft-cap");
 constexpr int TURN_BARRIER = 1;  // named barriers 1..CONSUMERS: the consumers' turns (0 is __syncthreads)
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
 constexpr int CHUNKS = D / CHUNK;
@@ -896,16 +904,10 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 l_run[h] = l_run[h] * scale_o[h] + ((part[h][0] + part[h][1]) + (part[h][2] + part[h][3]));
             }
         };
-        // Scores of key block n (in s) to probabilities, in base 2: x = v * sc with v = s (or
-        // tanh(s * score_scale) under a soft-cap) and sc > 0 (the host guarantees it), so the
-        // row max is taken on v and the scale folds into the exponent's FMA. Updates the
-        // running max and sum; scale_o is the factor the O accumulator needs.
-        auto softmax = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
+        // Scores of key block n that this thread's rows do not see to -inf (a branch over
+        // the whole block when every row of the warpgroup sees all of it).
+        auto mask_block = [&](float (&s)[S_REGS], int n) {
             const int n0 = n * BN;
-            if constexpr (SOFTCAP) {
-#pragma unroll
-                for (int i = 0; i < S_REGS; ++i) s[i] = tanhf(s[i] * score_scale);
-            }
             const bool need_mask = n0 + BN > p.k_len || n0 < wg_lo_max || n0 + BN > wg_hi_min;
             if (need_mask) {
 #pragma unroll
@@ -920,6 +922,18 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     }
                 }
             }
+        };
+        // Scores of key block n (in s) to probabilities, in base 2: x = v * sc with v = s (or
+        // tanh(s * score_scale) under a soft-cap) and sc > 0 (the host guarantees it), so the
+        // row max is taken on v and the scale folds into the exponent's FMA. Updates the
+        // running max and sum; scale_o is the factor the O accumulator needs.
+        auto softmax = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
+            const int n0 = n * BN;
+            if constexpr (SOFTCAP) {
+#pragma unroll
+                for (int i = 0; i < S_REGS; ++i) s[i] = tanhf(s[i] * score_scale);
+            }
+            mask_block(s, n);
             if constexpr (ILP) {
                 softmax_ilp(s, scale_o);
                 return;
@@ -947,6 +961,143 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     }
                 }
                 l_run[h] = l_run[h] * scale_o[h] + sum;
+            }
+        };
+        // Scores of the current key block recomputed from the Q and K slots in shared memory:
+        // this thread's 2 x BN / 4 by scalar dot products, two dims at a time. The stale-max
+        // softmax's way back when its exponentials overflowed (a block's scores 128 or more
+        // base-2 units above the running max: the tensor cores' S is gone by then). Slow, and
+        // only for such inputs; the key loop keeps to the K and Q slots it already holds.
+        auto recompute_scores = [&](float (&s)[S_REGS]) {
+            using q_tile = calico::st<in_t, BM, D>;
+            using k_tile = calico::st<in_t, BN, D>;
+            using pair_t = typename calico::packed<in_t>::type;
+            const unsigned char* qs = smem + Q_OFFSET + qc.slot() * Q_BYTES;
+            const unsigned char* ks = smem + K_OFFSET + kc.slot() * KV_BYTES;
+#pragma unroll
+            for (int i = 0; i < S_REGS; ++i) s[i] = 0.0f;
+#pragma unroll 1
+            for (int d = 0; d < D; d += 2) {
+                float2 q[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = consumer * 64 + 16 * warp + g + 8 * h;
+                    q[h] = calico::unpack(*reinterpret_cast<const pair_t*>(qs + q_tile::offset(row, d)));
+                }
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float2 k = calico::unpack(*reinterpret_cast<const pair_t*>(ks + k_tile::offset(8 * j + 2 * t + e, d)));
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) s[4 * j + 2 * h + e] = fmaf(q[h].y, k.y, fmaf(q[h].x, k.x, s[4 * j + 2 * h + e]));
+                    }
+                }
+            }
+        };
+        // The stale-max softmax (CALICO_ATTN_STALE) for a key block after the unit's first:
+        // lazy maxima leave the running max in place on almost every block, so the block's
+        // exponentials are taken against it at once, with no row max (a tree of BN / 4 - 1
+        // FMNMX and two shuffles per row, a fifth of the softmax's instructions). A thread's
+        // sum of a row's probabilities stays at or below 2^LAZY_SLACK exactly when none of
+        // them passed it, and then the lazy form would have kept that max too: the same
+        // probabilities, sums and O. Otherwise (rare: a block's scores rising past the
+        // running max by more than LAZY_SLACK) the block's max is read off the probabilities
+        // and they are scaled down to it, or, where they overflowed, the scores are
+        // recomputed and the lazy form runs on them. Rows with no max yet that see keys here
+        // take the lazy form from the start.
+        auto softmax_stale = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
+            const int n0 = n * BN;
+            bool exact = false;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) exact |= m_run[h] == ATTN_NEG_INF && max(lo[h], n0) < min(hi[h], n0 + BN);
+            if (__any_sync(0xffffffffu, exact)) {
+                softmax(s, n, scale_o);
+                return;
+            }
+            mask_block(s, n);
+            float m_use[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) m_use[h] = m_run[h] == ATTN_NEG_INF ? 0.0f : m_run[h];
+            float part[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) part[h][k] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -m_use[h]));
+                        s[4 * j + 2 * h + e] = pv;
+                        part[h][(2 * j + e) % 4] += pv;
+                    }
+                }
+            }
+            float sum[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) sum[h] = (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
+            constexpr float SUM_BOUND = 256.0f;  // 2^LAZY_SLACK
+            static_assert(LAZY_SLACK == 8.0f, "SUM_BOUND is 2^LAZY_SLACK");
+            // !(x <= bound) also catches an overflowed (inf) or NaN sum.
+            const bool moved = !(sum[0] <= SUM_BOUND) || !(sum[1] <= SUM_BOUND);
+            if (!__any_sync(0xffffffffu, moved)) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    scale_o[h] = 1.0f;
+                    l_run[h] = l_run[h] * scale_o[h] + sum[h];
+                }
+                return;
+            }
+            // The block's row maxima, from the probabilities (2^(x - m_use), monotonic).
+            float mp[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float v[BN / 8];
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+                mp[h] = tree_max<BN / 8>(v);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 1));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 2));
+            const float pos_inf = -ATTN_NEG_INF;
+            if (__any_sync(0xffffffffu, !(mp[0] < pos_inf) || !(mp[1] < pos_inf))) {
+                recompute_scores(s);
+                softmax(s, n, scale_o);
+                return;
+            }
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                // The block's max in base-2 units (-inf where the row sees none of it).
+                const float m_blk = mp[h] > 0.0f ? m_use[h] + __log2f(mp[h]) : ATTN_NEG_INF;
+                const float m_new = lazy_max(m_run[h], m_blk);
+                if (m_new == m_run[h]) {
+                    scale_o[h] = 1.0f;
+                    l_run[h] = l_run[h] * scale_o[h] + sum[h];
+                } else {
+                    const float down = ex2(m_use[h] - m_new);
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) s[4 * j + 2 * h + e] *= down;
+                    }
+                    scale_o[h] = ex2(m_run[h] - m_new);
+                    l_run[h] = l_run[h] * scale_o[h] + sum[h] * down;
+                    m_run[h] = m_new;
+                }
+            }
+        };
+        // The softmax of a key block after the unit's first.
+        auto softmax_next = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
+            if constexpr (STALE) {
+                softmax_stale(s, n, scale_o);
+            } else {
+                softmax(s, n, scale_o);
             }
         };
         auto rescale_o = [&](const float (&scale_o)[2]) {
@@ -1030,7 +1181,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                         pass_turn(consumer);
                         calico::wgmma::wait_group<1>();
                         calico::wgmma::fence_operands(s);
-                        softmax(s, n, scale_o);
+                        softmax_next(s, n, scale_o);
                         // Pins the softmax before the wait: the compiler would otherwise sink it
                         // next to its first use, after the P V it is meant to hide under.
                         calico::wgmma::fence_operands(s);

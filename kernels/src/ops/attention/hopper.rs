@@ -76,6 +76,9 @@ pub(crate) struct SoftmaxForm {
     /// The running max moves only when a block exceeds it by 2^8; the O rescale is skipped
     /// for warps whose rows did not move.
     lazy: bool,
+    /// After a unit's first block, exponentials against the running max with no row max
+    /// (softmax_stale; needs `ilp` and `lazy`, no soft-cap).
+    stale: bool,
 }
 
 impl SoftmaxForm {
@@ -84,6 +87,7 @@ impl SoftmaxForm {
         SoftmaxForm {
             ilp: on("ilp"),
             lazy: on("lazy"),
+            stale: on("stale"),
         }
     }
 
@@ -91,6 +95,7 @@ impl SoftmaxForm {
     const LEAN: SoftmaxForm = SoftmaxForm {
         ilp: true,
         lazy: true,
+        stale: false,
     };
 
     fn chosen() -> SoftmaxForm {
@@ -282,6 +287,16 @@ impl HopperFwdVariant {
         } else {
             2
         };
+        // The stale-max form extends the lazy tree form, and not under a soft-cap (its
+        // tanh'd scores are bounded anyway) nor in the serial schedule (one softmax per turn).
+        let softmax = SoftmaxForm {
+            stale: softmax.stale
+                && softmax.ilp
+                && softmax.lazy
+                && !softcap
+                && schedule != Schedule::Serial,
+            ..softmax
+        };
         let one = HopperFwdVariant {
             dtype,
             head_dim,
@@ -332,7 +347,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -343,6 +358,7 @@ impl HopperFwdVariant {
             self.schedule,
             if self.softmax.ilp { " ilp" } else { "" },
             if self.softmax.lazy { " lazy" } else { "" },
+            if self.softmax.stale { " stale" } else { "" },
             if self.trace { " trace" } else { "" },
             if self.varlen { " varlen" } else { "" },
             if self.padded { " padded" } else { "" },
@@ -362,6 +378,10 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_CONSUMERS", self.consumers.to_string()),
             ("CALICO_ATTN_ILP", u8::from(self.softmax.ilp).to_string()),
             ("CALICO_ATTN_LAZY", u8::from(self.softmax.lazy).to_string()),
+            (
+                "CALICO_ATTN_STALE",
+                u8::from(self.softmax.stale).to_string(),
+            ),
             ("CALICO_ATTN_QBUF", self.q_buffers.to_string()),
             ("CALICO_ATTN_TRACE", u8::from(self.trace).to_string()),
             ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
@@ -386,9 +406,10 @@ pub(crate) fn catalog(
         return Ok(out);
     }
     let plain = SoftmaxForm::default();
-    let lean = SoftmaxForm {
-        ilp: true,
-        lazy: true,
+    let lean = SoftmaxForm::LEAN;
+    let stale = SoftmaxForm {
+        stale: true,
+        ..lean
     };
     let choices = |schedule, consumers, softmax, q_buffers, block_n_d128| Choices {
         schedule,
@@ -418,6 +439,9 @@ pub(crate) fn catalog(
         (bf, 128, false, choices(pp, 2, lean, 2, 176)),
         (hf, 128, true, choices(pp, 2, lean, 2, 176)),
         (bf, 128, false, choices(pp, 2, lean, 2, 192)),
+        (bf, 64, false, choices(pp, 3, stale, 2, 128)),
+        (bf, 128, false, choices(pp, 2, stale, 2, 128)),
+        (bf, 128, false, choices(pp, 2, stale, 2, 176)),
         (bf, 256, false, choices(pp, 2, plain, 1, 128)),
         (bf, 256, false, choices(pp, 2, lean, 2, 128)),
         (
