@@ -70,12 +70,15 @@ fn instruction(line: &str) -> Option<(u64, &str)> {
 /// The instructions of the shortest loop (a `BRA` back to an earlier address, and everything
 /// from that address to it) that holds an instruction starting with `opcode`, e.g. a kernel's
 /// innermost HGMMA loop, where spilled registers (LDL/STL) cost the most. `None` when no loop
-/// holds one.
+/// holds one. Branches past the last `EXIT` do not close loops: ptxas puts the slow paths of
+/// waits (an mbarrier's try-wait spin, a divergent vote) there, each jumping back to where it
+/// was left.
 pub fn innermost_loop_with<'a>(sass: &'a str, opcode: &str) -> Option<Vec<&'a str>> {
     let code: Vec<(u64, &str)> = sass.lines().filter_map(instruction).collect();
+    let last_exit = code.iter().rposition(|(_, t)| t.starts_with("EXIT"));
     let mut best: Option<(usize, usize)> = None;
     for (end, &(addr, text)) in code.iter().enumerate() {
-        if !text.starts_with("BRA") {
+        if !text.starts_with("BRA") || last_exit.is_some_and(|x| end > x) {
             continue;
         }
         let target = text
@@ -118,6 +121,24 @@ mod tests {
         // The outer loop (0x0..0x50) holds the STL; the self-branch at 0x60 is not backward.
         assert!(!inner.iter().any(|t| t.starts_with("STL")));
         assert_eq!(innermost_loop_with(s, "UTMALDG"), None);
+    }
+
+    #[test]
+    fn out_of_line_wait_stubs_past_the_exit_close_no_loop() {
+        // The key loop (0x10..0x40) and, past EXIT, a try-wait stub that jumps back to 0x30:
+        // [0x30, 0x80] would be shorter and hold the HGMMA at 0x30, but it is not a loop.
+        let s = "        /*0000*/                   MOV R1, c[0x0][0x28] ;\n\
+                 /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ ;\n\
+                 /*0020*/                   FADD R2, R2, R3 ;\n\
+                 /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24 ;\n\
+                 /*0040*/              @P0 BRA 0x10 ;\n\
+                 /*0050*/                   STL [R1], R2 ;\n\
+                 /*0060*/                   EXIT ;\n\
+                 /*0070*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P2, [R17+URZ], R4 ;\n\
+                 /*0080*/                   BRA 0x30 ;\n";
+        let inner = innermost_loop_with(s, "HGMMA").expect("a loop");
+        assert_eq!(inner.len(), 4, "{inner:?}");
+        assert!(inner[0].starts_with("HGMMA") && inner[3].starts_with("BRA"));
     }
 
     #[test]

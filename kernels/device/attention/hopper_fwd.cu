@@ -991,6 +991,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                         const float2 k = calico::unpack(*reinterpret_cast<const pair_t*>(ks + k_tile::offset(8 * j + 2 * t + e, d)));
 #pragma unroll
                         for (int h = 0; h < 2; ++h) s[4 * j + 2 * h + e] = fmaf(q[h].y, k.y, fmaf(q[h].x, k.x, s[4 * j + 2 * h + e]));
+                        // One key's load at a time: this path must not need registers the key loop has no room for.
+                        asm volatile("" ::: "memory");
                     }
                 }
             }
@@ -1007,90 +1009,76 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         // recomputed and the lazy form runs on them. Rows with no max yet that see keys here
         // take the lazy form from the start.
         auto softmax_stale = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
-            const int n0 = n * BN;
-            bool exact = false;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) exact |= m_run[h] == ATTN_NEG_INF && max(lo[h], n0) < min(hi[h], n0 + BN);
-            if (__any_sync(0xffffffffu, exact)) {
-                softmax(s, n, scale_o);
-                return;
-            }
-            mask_block(s, n);
-            float m_use[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) m_use[h] = m_run[h] == ATTN_NEG_INF ? 0.0f : m_run[h];
-            float part[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                for (int k = 0; k < 4; ++k) part[h][k] = 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < BN / 8; ++j) {
+            if (!__any_sync(0xffffffffu, m_run[0] == ATTN_NEG_INF || m_run[1] == ATTN_NEG_INF)) {
+                mask_block(s, n);
+                const float m_use[2] = {m_run[0], m_run[1]};  // finite here
+                float part[2][4];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -m_use[h]));
-                        s[4 * j + 2 * h + e] = pv;
-                        part[h][(2 * j + e) % 4] += pv;
+                    for (int k = 0; k < 4; ++k) part[h][k] = 0.0f;
+                }
+#pragma unroll
+                for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -m_use[h]));
+                            s[4 * j + 2 * h + e] = pv;
+                            part[h][(2 * j + e) % 4] += pv;
+                        }
                     }
                 }
-            }
-            float sum[2];
+                float sum[2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) sum[h] = (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
-            constexpr float SUM_BOUND = 256.0f;  // 2^LAZY_SLACK
-            static_assert(LAZY_SLACK == 8.0f, "SUM_BOUND is 2^LAZY_SLACK");
-            // !(x <= bound) also catches an overflowed (inf) or NaN sum.
-            const bool moved = !(sum[0] <= SUM_BOUND) || !(sum[1] <= SUM_BOUND);
-            if (!__any_sync(0xffffffffu, moved)) {
+                for (int h = 0; h < 2; ++h) sum[h] = (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
+                constexpr float SUM_BOUND = 256.0f;  // 2^LAZY_SLACK
+                static_assert(LAZY_SLACK == 8.0f, "SUM_BOUND is 2^LAZY_SLACK");
+                // !(x <= bound) also catches an overflowed (inf) or NaN sum.
+                if (!__any_sync(0xffffffffu, !(sum[0] <= SUM_BOUND) || !(sum[1] <= SUM_BOUND))) {
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        scale_o[h] = 1.0f;
+                        l_run[h] = l_run[h] * scale_o[h] + sum[h];
+                    }
+                    return;
+                }
+                // The block's row maxima, from the probabilities (2^(x - m_use), monotonic).
+                float mp[2];
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
-                    scale_o[h] = 1.0f;
-                    l_run[h] = l_run[h] * scale_o[h] + sum[h];
+                    float v[BN / 8];
+#pragma unroll
+                    for (int j = 0; j < BN / 8; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
+                    mp[h] = tree_max<BN / 8>(v);
                 }
-                return;
-            }
-            // The block's row maxima, from the probabilities (2^(x - m_use), monotonic).
-            float mp[2];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float v[BN / 8];
+                for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 1));
 #pragma unroll
-                for (int j = 0; j < BN / 8; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-                mp[h] = tree_max<BN / 8>(v);
-            }
+                for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 2));
+                const float pos_inf = -ATTN_NEG_INF;
+                if (!__any_sync(0xffffffffu, !(mp[0] < pos_inf) || !(mp[1] < pos_inf))) {
 #pragma unroll
-            for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 1));
+                    for (int h = 0; h < 2; ++h) {
+                        // The block's max in base-2 units (-inf where the row sees none of it).
+                        const float m_blk = mp[h] > 0.0f ? m_use[h] + __log2f(mp[h]) : ATTN_NEG_INF;
+                        const float m_new = lazy_max(m_run[h], m_blk);
+                        const float down = m_new == m_run[h] ? 1.0f : ex2(m_use[h] - m_new);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 2));
-            const float pos_inf = -ATTN_NEG_INF;
-            if (__any_sync(0xffffffffu, !(mp[0] < pos_inf) || !(mp[1] < pos_inf))) {
+                        for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) s[4 * j + 2 * h + e] *= down;
+                        }
+                        scale_o[h] = m_new == m_run[h] ? 1.0f : ex2(m_run[h] - m_new);
+                        l_run[h] = l_run[h] * scale_o[h] + sum[h] * down;
+                        m_run[h] = m_new;
+                    }
+                    return;
+                }
                 recompute_scores(s);
-                softmax(s, n, scale_o);
-                return;
             }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                // The block's max in base-2 units (-inf where the row sees none of it).
-                const float m_blk = mp[h] > 0.0f ? m_use[h] + __log2f(mp[h]) : ATTN_NEG_INF;
-                const float m_new = lazy_max(m_run[h], m_blk);
-                if (m_new == m_run[h]) {
-                    scale_o[h] = 1.0f;
-                    l_run[h] = l_run[h] * scale_o[h] + sum[h];
-                } else {
-                    const float down = ex2(m_use[h] - m_new);
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) s[4 * j + 2 * h + e] *= down;
-                    }
-                    scale_o[h] = ex2(m_run[h] - m_new);
-                    l_run[h] = l_run[h] * scale_o[h] + sum[h] * down;
-                    m_run[h] = m_new;
-                }
-            }
+            softmax(s, n, scale_o);
         };
         // The softmax of a key block after the unit's first.
         auto softmax_next = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {

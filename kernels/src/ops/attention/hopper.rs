@@ -65,10 +65,11 @@ fn trace_chosen() -> bool {
     *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_TRACE").as_deref() == Ok("1"))
 }
 
-/// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max). Both on by
-/// default (H100, session 8: +18-21% at d = 64 with three consumers, +1-4% at d = 128;
-/// docs/perf-log.md). `CALICO_ATTN_HOPPER_SOFTMAX` names those to keep (comma-separated:
-/// `ilp`, `lazy`; `plain` for neither), for A/B runs.
+/// How the kernel writes its softmax (hopper_fwd.cu: softmax_ilp, lazy_max, softmax_stale).
+/// All on by default (H100, session 8: ilp and lazy +18-21% at d = 64 with three consumers,
+/// +1-4% at d = 128; session 22: stale +1-4% at d = 64, +3-6% at d = 128; docs/perf-log.md).
+/// `CALICO_ATTN_HOPPER_SOFTMAX` names those to keep (comma-separated: `ilp`, `lazy`, `stale`;
+/// `plain` for none), for A/B runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub(crate) struct SoftmaxForm {
     /// Row maxima and sums as trees / partial sums, both rows side by side.
@@ -91,11 +92,11 @@ impl SoftmaxForm {
         }
     }
 
-    /// Both forms: the default.
+    /// Every form: the default.
     const LEAN: SoftmaxForm = SoftmaxForm {
         ilp: true,
         lazy: true,
-        stale: false,
+        stale: true,
     };
 
     fn chosen() -> SoftmaxForm {
@@ -407,8 +408,9 @@ pub(crate) fn catalog(
     }
     let plain = SoftmaxForm::default();
     let lean = SoftmaxForm::LEAN;
-    let stale = SoftmaxForm {
-        stale: true,
+    // Session 21's default: the row max on every block.
+    let no_stale = SoftmaxForm {
+        stale: false,
         ..lean
     };
     let choices = |schedule, consumers, softmax, q_buffers, block_n_d128| Choices {
@@ -439,9 +441,9 @@ pub(crate) fn catalog(
         (bf, 128, false, choices(pp, 2, lean, 2, 176)),
         (hf, 128, true, choices(pp, 2, lean, 2, 176)),
         (bf, 128, false, choices(pp, 2, lean, 2, 192)),
-        (bf, 64, false, choices(pp, 3, stale, 2, 128)),
-        (bf, 128, false, choices(pp, 2, stale, 2, 128)),
-        (bf, 128, false, choices(pp, 2, stale, 2, 176)),
+        (bf, 64, false, choices(pp, 3, no_stale, 2, 128)),
+        (bf, 128, false, choices(pp, 2, no_stale, 2, 128)),
+        (bf, 128, false, choices(pp, 2, no_stale, 2, 176)),
         (bf, 256, false, choices(pp, 2, plain, 1, 128)),
         (bf, 256, false, choices(pp, 2, lean, 2, 128)),
         (
