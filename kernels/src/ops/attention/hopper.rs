@@ -158,22 +158,16 @@ fn forced_block_n(
     })
 }
 
-/// Keys per K/V block at d = 128 for `k_len` keys: 176 from [`WIDE_BLOCKS_FROM`] keys, else 128
-/// (H100, session 9: 176 gains 2-3% at N >= 8192 and loses up to 5% on short causal
-/// problems, whose last 176-key block is mostly masked). With a logit soft-cap (`softcap`)
-/// always 128: the soft-capped 176-key variant spills in its key loop (NVRTC sm_90a SASS:
-/// 180 STL/LDL in all, 28 of them in the innermost HGMMA loop; none at 128 keys), tanh's
-/// temporaries on top of the wider S tile. `CALICO_ATTN_HOPPER_BN` = 128 | 160 | 176 | 192
-/// forces one either way (A/B runs).
-fn block_n_chosen(k_len: usize, softcap: bool) -> usize {
+/// Keys per K/V block at d = 128: 128. Session 9 had measured 176 from 8192 keys 2-3% faster
+/// (kept as the default until session 22); with the stale-max softmax (session 22, H100, two
+/// mirrored passes) 128 beats 176 at every length: N8192 675 / 676 against 673 / 649 TFLOP/s,
+/// causal 654 / 658 against 620 / 614, N16384 702 / 708 against 687 / 683, causal 665 / 668
+/// against 647 / 644, and by 5-17% below 8192 keys (160 lies between). Under a soft-cap 176
+/// spills in its key loop as well. `CALICO_ATTN_HOPPER_BN` = 128 | 160 | 176 | 192 forces one
+/// (A/B runs).
+fn block_n_chosen() -> usize {
     static FORCED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    forced_block_n(&FORCED, "CALICO_ATTN_HOPPER_BN", &[128, 160, 176, 192]).unwrap_or(
-        if k_len >= WIDE_BLOCKS_FROM && !softcap {
-            176
-        } else {
-            128
-        },
-    )
+    forced_block_n(&FORCED, "CALICO_ATTN_HOPPER_BN", &[128, 160, 176, 192]).unwrap_or(128)
 }
 
 /// Keys per K/V block at d = 256 for `k_len` keys: 80 from [`WIDE_BLOCKS_D256_FROM`] keys,
@@ -193,9 +187,6 @@ fn block_n_d256_chosen(k_len: usize) -> usize {
 
 /// Key count from which d = 256 takes 80-key blocks by default.
 const WIDE_BLOCKS_D256_FROM: usize = 2048;
-
-/// Key count from which d = 128 takes 176-key blocks by default (without a soft-cap).
-const WIDE_BLOCKS_FROM: usize = 8192;
 
 /// Consumer warpgroups at `head_dim`: three at d = 64 by default (192-row units; H100,
 /// session 8: +8-11% alone, +18-21% with the lean softmax), two elsewhere;
@@ -242,15 +233,14 @@ impl Default for Choices {
 }
 
 impl Choices {
-    /// The knobs' choices for `head_dim` and `k_len` keys; `softcap`: whether the problem has
-    /// a logit soft-cap (d = 128 then keeps 128-key blocks, see [`block_n_chosen`]).
-    fn chosen(head_dim: usize, k_len: usize, softcap: bool) -> Choices {
+    /// The knobs' choices for `head_dim` and `k_len` keys.
+    fn chosen(head_dim: usize, k_len: usize) -> Choices {
         Choices {
             schedule: Schedule::chosen(),
             consumers: consumers_chosen(head_dim),
             softmax: SoftmaxForm::chosen(),
             q_buffers: q_buffers_chosen(),
-            block_n_d128: block_n_chosen(k_len, softcap),
+            block_n_d128: block_n_chosen(),
             block_n_d256: block_n_d256_chosen(k_len),
         }
     }
@@ -689,7 +679,7 @@ pub(crate) fn forward_variant(
     };
     let d = kernel_head_dim(p.head_dim, 256)?;
     let softcap = params.softcap.is_some();
-    HopperFwdVariant::new(arch, p.dtype, d, softcap, Choices::chosen(d, keys, softcap)).map(|v| {
+    HopperFwdVariant::new(arch, p.dtype, d, softcap, Choices::chosen(d, keys)).map(|v| {
         HopperFwdVariant {
             varlen,
             padded: d != p.head_dim,
@@ -1022,15 +1012,10 @@ mod tests {
             assert_eq!((d64.block_n, d64.consumers), (128, 3));
         }
         if std::env::var_os("CALICO_ATTN_HOPPER_BN").is_none() {
-            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1, false), 128);
-            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM, false), 176);
-            // A soft-cap keeps 128-key blocks (the 176-key variant spills).
-            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM - 1, true), 128);
-            assert_eq!(block_n_chosen(WIDE_BLOCKS_FROM, true), 128);
-            assert_eq!(
-                Choices::chosen(128, WIDE_BLOCKS_FROM, true).block_n_d128,
-                128
-            );
+            assert_eq!(block_n_chosen(), 128);
+            for k_len in [1, 8192, 1 << 20] {
+                assert_eq!(Choices::chosen(128, k_len).block_n_d128, 128);
+            }
         }
     }
 
