@@ -887,8 +887,8 @@ fn attention_varlen_matches_reference() {
 /// Packed sequences the Hopper kernels take on sm_90a (aligned rows): forward units of 128 and
 /// 192 rows that hold several short sequences or the end of one and the start of the next,
 /// backward key blocks of 128 that span sequences, several blocks per sequence
-/// (176-key forward blocks at d = 128 and 80-key ones at d = 256 where the mean sequence is
-/// long enough), empty sequences on either side, causal and windowed. The backward is checked
+/// (80-key forward blocks at d = 256 where the mean sequence is long enough), empty sequences
+/// on either side, causal and windowed. The backward is checked
 /// where its f64 reference stays quick (it takes head dims 64 and 128).
 #[test]
 fn attention_hopper_varlen() {
@@ -1045,8 +1045,9 @@ fn attention_hopper_shapes_forward() {
             8,
             8,
         ),
-        // d = 128 with 8192 keys or more: 176-key blocks by default (the last one partial,
-        // 8200 = 46 x 176 + 104), under a causal mask and a window that skips whole blocks.
+        // d = 128 with 8192 keys or more, the last key block partial (8200 = 64 x 128 + 8; with
+        // CALICO_ATTN_HOPPER_BN=176, 46 x 176 + 104), under a causal mask and a window that
+        // skips whole blocks.
         fixed(DType::BF16, (1, 1, 1), (16, 8200, 128), causal, 1.0),
         fixed(DType::F16, (1, 1, 1), (9, 8193, 128), window(3000, 5), 1.0),
         // d = 256 with 2048 keys or more: 80-key blocks by default (the last one partial,
