@@ -858,29 +858,24 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         // chain of BN / 4, both rows' trees and shuffles side by side, the sums in four
         // partial accumulators per row. Same instructions, shorter dependency chains: the
         // consumers stall on fixed-latency dependencies, not on a saturated pipe.
-        auto softmax_ilp = [&](float (&s)[S_REGS], float (&scale_o)[2]) {
-            float mx[2];
+        // mx[h] = the max of row h's values in v (this thread's and its quad's), both rows' trees
+        // and shuffles side by side.
+        auto row_max_tree = [&](const float (&v)[S_REGS], float (&mx)[2]) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float v[BN / 8];
+                float pairs[BN / 8];
 #pragma unroll
-                for (int j = 0; j < BN / 8; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-                mx[h] = tree_max<BN / 8>(v);
+                for (int j = 0; j < BN / 8; ++j) pairs[j] = fmaxf(v[4 * j + 2 * h], v[4 * j + 2 * h + 1]);
+                mx[h] = tree_max<BN / 8>(pairs);
             }
 #pragma unroll
             for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], calico::shfl_xor(mx[h], 1));
 #pragma unroll
             for (int h = 0; h < 2; ++h) mx[h] = fmaxf(mx[h], calico::shfl_xor(mx[h], 2));
-            float m_use[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const float m_new = LAZY ? lazy_max(m_run[h], mx[h] * sc) : fmaxf(m_run[h], mx[h] * sc);
-                // A row with no key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
-                m_use[h] = m_new == ATTN_NEG_INF ? 0.0f : m_new;
-                // An unmoved max gives exactly 1 (rescale_o's skip test relies on it).
-                scale_o[h] = LAZY && m_new == m_run[h] ? 1.0f : ex2(m_run[h] - m_use[h]);
-                m_run[h] = m_new;
-            }
+        };
+        // s <- 2^(s * sc - m_use[row]) in place; sum[h] = this thread's sum of row h, kept in four
+        // partial sums per row (shorter chains).
+        auto exponentials = [&](float (&s)[S_REGS], const float (&m_use)[2], float (&sum)[2]) {
             float part[2][4];
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
@@ -900,9 +895,25 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 }
             }
 #pragma unroll
+            for (int h = 0; h < 2; ++h) sum[h] = (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
+        };
+        auto softmax_ilp = [&](float (&s)[S_REGS], float (&scale_o)[2]) {
+            float mx[2];
+            row_max_tree(s, mx);
+            float m_use[2];
+#pragma unroll
             for (int h = 0; h < 2; ++h) {
-                l_run[h] = l_run[h] * scale_o[h] + ((part[h][0] + part[h][1]) + (part[h][2] + part[h][3]));
+                const float m_new = LAZY ? lazy_max(m_run[h], mx[h] * sc) : fmaxf(m_run[h], mx[h] * sc);
+                // A row with no key so far keeps m = -inf; subtract 0 so exp2 gives 0, not NaN.
+                m_use[h] = m_new == ATTN_NEG_INF ? 0.0f : m_new;
+                // An unmoved max gives exactly 1 (rescale_o's skip test relies on it).
+                scale_o[h] = LAZY && m_new == m_run[h] ? 1.0f : ex2(m_run[h] - m_use[h]);
+                m_run[h] = m_new;
             }
+            float sum[2];
+            exponentials(s, m_use, sum);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) l_run[h] = l_run[h] * scale_o[h] + sum[h];
         };
         // Scores of key block n that this thread's rows do not see to -inf (a branch over
         // the whole block when every row of the warpgroup sees all of it).
@@ -991,8 +1002,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                         const float2 k = calico::unpack(*reinterpret_cast<const pair_t*>(ks + k_tile::offset(8 * j + 2 * t + e, d)));
 #pragma unroll
                         for (int h = 0; h < 2; ++h) s[4 * j + 2 * h + e] = fmaf(q[h].y, k.y, fmaf(q[h].x, k.x, s[4 * j + 2 * h + e]));
-                        // One key's load at a time: this path must not need registers the key loop has no room for.
-                        asm volatile("" ::: "memory");
                     }
                 }
             }
@@ -1000,39 +1009,19 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         // The stale-max softmax (CALICO_ATTN_STALE) for a key block after the unit's first:
         // lazy maxima leave the running max in place on almost every block, so the block's
         // exponentials are taken against it at once, with no row max (a tree of BN / 4 - 1
-        // FMNMX and two shuffles per row, a fifth of the softmax's instructions). A thread's
-        // sum of a row's probabilities stays at or below 2^LAZY_SLACK exactly when none of
-        // them passed it, and then the lazy form would have kept that max too: the same
-        // probabilities, sums and O. Otherwise (rare: a block's scores rising past the
-        // running max by more than LAZY_SLACK) the block's max is read off the probabilities
-        // and they are scaled down to it, or, where they overflowed, the scores are
-        // recomputed and the lazy form runs on them. Rows with no max yet that see keys here
-        // take the lazy form from the start.
+        // FMNMX and two shuffles per row, a fifth of the softmax's instructions). Where a
+        // thread's sum of a row's probabilities stays at or below 2^LAZY_SLACK, none of them
+        // passed it, so the lazy form would have kept that max too: the same probabilities,
+        // sums and O. Otherwise (rare: a block's scores rising past the running max by more
+        // than LAZY_SLACK) the block's max is read off the probabilities and they are scaled
+        // down to it, or, where they overflowed, the scores are recomputed and the lazy form
+        // runs on them. A warp with a row that has no max yet takes the lazy form.
         auto softmax_stale = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
             if (!__any_sync(0xffffffffu, m_run[0] == ATTN_NEG_INF || m_run[1] == ATTN_NEG_INF)) {
                 mask_block(s, n);
                 const float m_use[2] = {m_run[0], m_run[1]};  // finite here
-                float part[2][4];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) part[h][k] = 0.0f;
-                }
-#pragma unroll
-                for (int j = 0; j < BN / 8; ++j) {
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const float pv = ex2(fmaf(s[4 * j + 2 * h + e], sc, -m_use[h]));
-                            s[4 * j + 2 * h + e] = pv;
-                            part[h][(2 * j + e) % 4] += pv;
-                        }
-                    }
-                }
                 float sum[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) sum[h] = (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
+                exponentials(s, m_use, sum);
                 constexpr float SUM_BOUND = 256.0f;  // 2^LAZY_SLACK
                 static_assert(LAZY_SLACK == 8.0f, "SUM_BOUND is 2^LAZY_SLACK");
                 // !(x <= bound) also catches an overflowed (inf) or NaN sum.
@@ -1046,17 +1035,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 }
                 // The block's row maxima, from the probabilities (2^(x - m_use), monotonic).
                 float mp[2];
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float v[BN / 8];
-#pragma unroll
-                    for (int j = 0; j < BN / 8; ++j) v[j] = fmaxf(s[4 * j + 2 * h], s[4 * j + 2 * h + 1]);
-                    mp[h] = tree_max<BN / 8>(v);
-                }
-#pragma unroll
-                for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 1));
-#pragma unroll
-                for (int h = 0; h < 2; ++h) mp[h] = fmaxf(mp[h], calico::shfl_xor(mp[h], 2));
+                row_max_tree(s, mp);
                 const float pos_inf = -ATTN_NEG_INF;
                 if (!__any_sync(0xffffffffu, !(mp[0] < pos_inf) || !(mp[1] < pos_inf))) {
 #pragma unroll
