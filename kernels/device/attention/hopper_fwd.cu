@@ -100,12 +100,6 @@ constexpr float LAZY_SLACK = 8.0f;            // base-2 units: exponentials up t
 #define CALICO_ATTN_STALE 0
 #endif
 constexpr bool STALE = CALICO_ATTN_STALE != 0;
-// CALICO_ATTN_DEFER_O: a unit's O rows (16-byte chunks) are stored under the next unit's first
-// S instead of between the two units (flush_o).
-#ifndef CALICO_ATTN_DEFER_O
-#define CALICO_ATTN_DEFER_O 0
-#endif
-constexpr bool DEFER_O = CALICO_ATTN_DEFER_O != 0;
 static_assert(!STALE || (LAZY && ILP && !SOFTCAP), "the stale-max softmax extends the lazy, tree-form softmax without a soft-cap");
 constexpr int TURN_BARRIER = 1;  // named barriers 1..CONSUMERS: the consumers' turns (0 is __syncthreads)
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
@@ -764,27 +758,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     // the tensor cores wait for it (the trace: ~0.8 us from a unit's entry to its first S).
     unit ahead;
     int ahead_w = -1;
-    // DEFER_O: this thread's chunks of its two O rows of the last unit, not stored yet
-    // (pending_keep false: nothing pending, or a row that is not stored).
-    constexpr int O_CHUNKS = D / 32;
-    uint32_t pending[2][O_CHUNKS][4];
-    in_t* pending_row[2] = {o, o};
-    bool pending_keep[2] = {false, false};
-    // Stores what is pending; predicated stores, no branch, so that it may run while a wgmma is
-    // in flight.
-    auto flush_o = [&]() {
-        if constexpr (DEFER_O) {
-            const int quad_t = threadIdx.x % 4;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-#pragma unroll
-                for (int c = 0; c < O_CHUNKS; ++c) {
-                    if (pending_keep[h]) calico::store_chunk(pending_row[h] + 8 * (4 * c + quad_t), pending[h][c]);
-                }
-                pending_keep[h] = false;
-            }
-        }
-    };
     auto consume = [&](int consumer, int w) {
         const bool tracer = TRACE && threadIdx.x % calico::WARPGROUP_THREADS == 0;
         if (tracer) stamp(w, consumer, 0);
@@ -1152,7 +1125,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     if (tracer) stamp(w, consumer, 2);
                     issue_s(s);
                     pass_turn(consumer);
-                    flush_o();  // the last unit's O under this S
                     calico::wgmma::wait_group<0>();
                     calico::wgmma::fence_operands(s);
                     if (tracer) stamp(w, consumer, 3);
@@ -1203,7 +1175,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 
         // Epilogue: O = acc / l, LSE = m ln2 + ln l; rows that saw nothing get 0 and -inf.
         // Every lane runs the shuffles; rows >= Nq only skip their stores.
-        flush_o();  // a unit without keys had no S to store the last unit's O under
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_run[h];
@@ -1221,13 +1192,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             in_t* o_row = o + u.b * o_sb + u.h * o_sh + row * o_sn;
             if constexpr (PADDED) {
                 calico::store_row_upto(o_row, v, t, o_store, stored, head_dim);
-            } else if (DEFER_O && o_store == calico::ROW_STORE_CHUNKS) {
-                uint32_t words[D / 8];
-#pragma unroll
-                for (int j = 0; j < D / 8; ++j) words[j] = calico::pack_word<in_t>(v[j].x, v[j].y);
-                calico::quad_to_chunks(words, t, pending[h]);
-                pending_row[h] = o_row;
-                pending_keep[h] = stored;
             } else {
                 calico::store_row(o_row, v, t, o_store, stored);
             }
@@ -1241,7 +1205,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     auto consume_all = [&](int consumer, int w) {
         if (PINGPONG && consumer == CONSUMERS - 1 && w == (int)blockIdx.x) pass_turn(consumer);
         consume(consumer, w);
-        if (w + (int)gridDim.x >= work) flush_o();  // the consumer's last unit
         if (PINGPONG && consumer == 0 && w + (int)gridDim.x >= work) take_turn(consumer);
     };
 

@@ -56,13 +56,6 @@ pub(crate) struct HopperFwdVariant {
     varlen: bool,
     /// The problem's head dim is below `head_dim` (CALICO_ATTN_PADDED): zero columns past it.
     padded: bool,
-    /// `CALICO_ATTN_HOPPER_DEFER_O=1`: a unit's O stored under the next unit's first S.
-    defer_o: bool,
-}
-
-fn defer_o_chosen() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_DEFER_O").as_deref() == Ok("1"))
 }
 
 /// `CALICO_ATTN_HOPPER_TRACE=1`: every call stamps its units' milestones, syncs and (every 8th
@@ -308,7 +301,6 @@ impl HopperFwdVariant {
             trace: trace_chosen(),
             varlen: false,
             padded: false,
-            defer_o: defer_o_chosen(),
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -346,7 +338,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}{}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -361,7 +353,6 @@ impl HopperFwdVariant {
             if self.trace { " trace" } else { "" },
             if self.varlen { " varlen" } else { "" },
             if self.padded { " padded" } else { "" },
-            if self.defer_o { " defer_o" } else { "" },
         )
     }
 }
@@ -386,7 +377,6 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_TRACE", u8::from(self.trace).to_string()),
             ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
             ("CALICO_ATTN_PADDED", u8::from(self.padded).to_string()),
-            ("CALICO_ATTN_DEFER_O", u8::from(self.defer_o).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
