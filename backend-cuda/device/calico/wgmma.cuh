@@ -55,16 +55,14 @@ CALICO_DEVICE uint64_t desc_mnmajor_128b(uint32_t smem_addr, uint32_t k_rows) {
     return make_desc(smem_addr, k_rows * 128, 1024, swizzle::b128);
 }
 
-// Adds a byte offset to a descriptor's start address (the start field is bits 0-13, >> 4).
-CALICO_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) { return desc + (uint64_t)(bytes >> 4); }
-
-// The descriptor of the operand `bytes` past `base`'s start address, as one 32-bit add: shared
-// memory lies below 256 KiB, so the start field (14 bits of address >> 4) never carries into
-// the fields above it. Kernels build one base descriptor per tile and step K with this instead
-// of a full make_desc per wgmma (mask, shift and merge on the uniform datapath each time).
-CALICO_DEVICE uint64_t desc_at(uint64_t base, uint32_t bytes) {
-    const uint32_t lo = (uint32_t)base + (bytes >> 4);
-    return ((base >> 32) << 32) | lo;
+// The descriptor of the operand `bytes` past `desc`'s start address (the start field is bits
+// 0-13, address >> 4), as one 32-bit add: shared memory lies below 256 KiB, so the start field
+// never carries into the fields above it. Kernels build one base descriptor per tile and step
+// K with this instead of a full make_desc per wgmma (mask, shift and merge on the uniform
+// datapath each time).
+CALICO_DEVICE uint64_t desc_advance(uint64_t desc, uint32_t bytes) {
+    const uint32_t lo = (uint32_t)desc + (bytes >> 4);
+    return ((desc >> 32) << 32) | lo;
 }
 
 // ---- descriptors from the shared-tile type (tile.cuh's st<>)

@@ -739,8 +739,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                 calico::wgmma::fence();
 #pragma unroll
                 for (int kk = 0; kk < BKV / 16; ++kk) {
-                    const uint64_t a = calico::wgmma::desc_at(calico::wgmma::desc_mnmajor_128b(ds_tile, BKV), kk * 16 * 128);
-                    const uint64_t b = calico::wgmma::desc_at(calico::wgmma::desc_mnmajor_128b(k_dq, BKV), kk * 16 * 128);
+                    const uint64_t a = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(ds_tile, BKV), kk * 16 * 128);
+                    const uint64_t b = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(k_dq, BKV), kk * 16 * 128);
                     calico::wgmma::mma<in_t, 64>::template ss<1, 1>(dq_acc_tile, a, b, kk > 0 ? 1 : 0);
                 }
                 calico::wgmma::commit_group();
@@ -766,8 +766,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     calico::wgmma::fence();
 #pragma unroll
                     for (int kk = 0; kk < D / 16; ++kk) {
-                        const uint64_t da = calico::wgmma::desc_at(calico::wgmma::desc_kmajor_128b(k_wg), (kk / 4) * BKV * 128 + (kk % 4) * 32);
-                        const uint64_t db = calico::wgmma::desc_at(calico::wgmma::desc_kmajor_128b(q_slot), (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(k_wg), (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(q_slot), (kk / 4) * BQ * 128 + (kk % 4) * 32);
                         calico::wgmma::mma<in_t, BQ>::template ss<0>(s, da, db, kk > 0 ? 1 : 0);
                     }
                     calico::wgmma::commit_group();
@@ -777,8 +777,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     calico::wgmma::fence();
 #pragma unroll
                     for (int kk = 0; kk < D / 16; ++kk) {
-                        const uint64_t da = calico::wgmma::desc_at(calico::wgmma::desc_kmajor_128b(v_wg), (kk / 4) * BKV * 128 + (kk % 4) * 32);
-                        const uint64_t db = calico::wgmma::desc_at(calico::wgmma::desc_kmajor_128b(do_slot), (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(v_wg), (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(do_slot), (kk / 4) * BQ * 128 + (kk % 4) * 32);
                         calico::wgmma::mma<in_t, BQ>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
                     }
                     calico::wgmma::commit_group();
@@ -919,22 +919,22 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     auto issue_dv = [&] {
 #pragma unroll
                         for (int kk = 0; kk < P_STEPS; ++kk) {
-                            const uint64_t db = calico::wgmma::desc_at(calico::wgmma::desc_mnmajor_128b(do_slot, BQ), kk * 16 * 128);
+                            const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(do_slot, BQ), kk * 16 * 128);
                             calico::wgmma::mma<in_t, D>::template rs<1>(dv_acc, pa[kk], db, 1);
                         }
                     };
                     auto issue_dk = [&] {
 #pragma unroll
                         for (int kk = 0; kk < P_STEPS; ++kk) {
-                            const uint64_t db = calico::wgmma::desc_at(calico::wgmma::desc_mnmajor_128b(q_slot, BQ), kk * 16 * 128);
+                            const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(q_slot, BQ), kk * 16 * 128);
                             calico::wgmma::mma<in_t, D>::template rs<1>(dk_acc, da[kk], db, 1);
                         }
                     };
                     auto issue_dq = [&](uint32_t ds_tile) {
 #pragma unroll
                         for (int kk = 0; kk < BKV / 16; ++kk) {
-                            const uint64_t a = calico::wgmma::desc_at(calico::wgmma::desc_mnmajor_128b(ds_tile, BKV), kk * 16 * 128);
-                            const uint64_t b = calico::wgmma::desc_at(calico::wgmma::desc_mnmajor_128b(k_dq, BKV), kk * 16 * 128);
+                            const uint64_t a = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(ds_tile, BKV), kk * 16 * 128);
+                            const uint64_t b = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(k_dq, BKV), kk * 16 * 128);
                             calico::wgmma::mma<in_t, 64>::template ss<1, 1>(dq, a, b, kk > 0 ? 1 : 0);
                         }
                     };

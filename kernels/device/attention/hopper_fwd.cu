@@ -811,8 +811,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             calico::wgmma::fence();
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
-                const uint64_t dq = calico::wgmma::desc_at(calico::wgmma::desc_kmajor_128b(q_base), (kk / 4) * BM * 128 + (kk % 4) * 32);
-                const uint64_t dk = calico::wgmma::desc_at(calico::wgmma::desc_kmajor_128b(k_slot), (kk / 4) * BN * 128 + (kk % 4) * 32);
+                const uint64_t dq = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(q_base), (kk / 4) * BM * 128 + (kk % 4) * 32);
+                const uint64_t dk = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(k_slot), (kk / 4) * BN * 128 + (kk % 4) * 32);
                 calico::wgmma::mma<in_t, BN>::template ss<0>(s, dq, dk, kk > 0 ? 1 : 0);
             }
             calico::wgmma::commit_group();
@@ -834,7 +834,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             calico::wgmma::fence();
 #pragma unroll
             for (int kk = 0; kk < P_STEPS; ++kk) {
-                const uint64_t dv = calico::wgmma::desc_at(calico::wgmma::desc_mnmajor_128b(v_slot, BN), kk * 16 * 128);
+                const uint64_t dv = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(v_slot, BN), kk * 16 * 128);
                 calico::wgmma::mma<in_t, D>::template rs<1>(acc, pa[kk], dv, 1);
             }
             calico::wgmma::commit_group();
