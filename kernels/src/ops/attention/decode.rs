@@ -602,17 +602,20 @@ fn long_cache_misses_one_wave(
     tune: Tune,
 ) -> bool {
     let blocks = p.batch * p.hkv * plan.row_groups * plan.splits;
-    let slots = arch.compute_units.max(1) as usize * v.blocks_per_sm(arch);
-    plan.splits > 1 && p.capacity >= tune.long_context && blocks != slots
+    plan.splits > 1 && p.capacity >= tune.long_context && blocks != v.slots(arch)
 }
 
 /// Row groups of up to 16 rows (one MMA tile); splits from the waves of blocks the GPU runs.
 fn plan_mma(arch: &Arch, p: &Problem, mut variant: DecodeMmaVariant, tune: Tune) -> Plan {
     let row_groups = p.rows_per_kv_head().div_ceil(decode_mma::BLOCK_ROWS);
     let blocks = p.batch * p.hkv * row_groups;
-    let slots = arch.compute_units.max(1) as usize * variant.blocks_per_sm(arch);
-    let (mut splits, mut split_tokens) =
-        decode_mma::choose_splits(blocks, slots, p.capacity, tune.min_split, tune.max_splits);
+    let (mut splits, mut split_tokens) = decode_mma::choose_splits(
+        blocks,
+        variant.slots(arch),
+        p.capacity,
+        tune.min_split,
+        tune.max_splits,
+    );
     if tune.splits_x > 1 {
         let want = (splits * tune.splits_x).min(tune.max_splits);
         split_tokens = decode_mma::split_tokens(p.capacity, want);

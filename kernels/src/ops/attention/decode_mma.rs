@@ -79,6 +79,11 @@ impl DecodeMmaVariant {
         (pool / (self.smem_bytes() + 1024 + self.static_smem())).clamp(1, MAX_BLOCKS_PER_SM)
     }
 
+    /// Blocks the whole GPU holds at once: one wave.
+    pub(crate) fn slots(&self, arch: &Arch) -> usize {
+        arch.compute_units.max(1) as usize * self.blocks_per_sm(arch)
+    }
+
     /// The variant for `head_dim` with at most `stages` ring slots, fewer if shared memory is
     /// short; None when not even two fit.
     pub(crate) fn fitting(
