@@ -281,12 +281,13 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
     assert_hgmma_fed_by_tma(entries);
 }
 
-/// The default Hopper attention forwards at head dims 128 and 256 (128-, 160- and 176-key
-/// blocks, packed, padded, traced) keep their registers in the key loop: no local memory
-/// (LDL/STL) in the innermost loop around their wgmma. Spills there cost whole percents (the
-/// soft-capped 176-key variant's did, docs/perf-log.md session 20), and nothing else shows
-/// them before a GPU run. (The three-consumer d = 64 forms and the soft-capped ones are left
-/// out: they keep a spilled word or more there today.)
+/// The lazy-softmax Hopper attention forwards at head dims 128 and 256 (the defaults among
+/// them; 128-, 160- and 176-key blocks, with and without the stale-max softmax, packed,
+/// padded, traced) keep their registers in the key loop: no local memory (LDL/STL) in the
+/// innermost loop around their wgmma. Spills there cost whole percents (the soft-capped
+/// 176-key variant's did, docs/perf-log.md session 20), and nothing else shows them before a
+/// GPU run. (The three-consumer d = 64 forms and the soft-capped ones are left out: some of
+/// them, the packed d = 64 default among them, keep a spilled word there today.)
 #[test]
 fn hopper_attention_forward_key_loops_keep_their_registers() {
     if !toolchain_or_skip("sm_90a disassembly", nvrtc_available()) {
