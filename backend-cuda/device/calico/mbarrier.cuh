@@ -30,6 +30,11 @@ CALICO_DEVICE void arrive(mbarrier& b) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(&b)) : "memory");
 }
 
+// Counts `count` arrivals at once (sm_90): one thread standing in for several.
+CALICO_DEVICE void arrive(mbarrier& b, uint32_t count) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_addr(&b)), "r"(count) : "memory");
+}
+
 // Counts one arrival and raises the expected transaction bytes of the current phase.
 CALICO_DEVICE void arrive_expect_tx(mbarrier& b, uint32_t bytes) {
     asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_addr(&b)), "r"(bytes)

@@ -65,6 +65,10 @@ struct ring {
     // Consumer: one of the `releases` arrivals that hand the slot back.
     CALICO_DEVICE void release(const cursor<STAGES>& c) { calico::arrive(empty[c.slot()]); }
 
+    // Consumer: `count` of the `releases` arrivals for slot `slot`, by one thread (a slot handed
+    // back later than its cursor moved on, e.g. after a TMA store from it has read it).
+    CALICO_DEVICE void release_slot(int slot, uint32_t count) { calico::arrive(empty[slot], count); }
+
     // Consumer, thread-block clusters whose producers multicast into every CTA's slot: one
     // arrival on the slot's empty barrier in each of the CLUSTER CTAs (init with `releases`
     // counting every CTA's consumers), so no producer refills a slot a peer still reads.

@@ -111,6 +111,12 @@ CALICO_DEVICE void store_3d(const tensor_map& m, const void* src, int c0, int c1
                  : "memory");
 }
 
+CALICO_DEVICE void store_4d(const tensor_map& m, const void* src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(map_addr(m)),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(src))
+                 : "memory");
+}
+
 // Whether a store box at these coordinates can be issued (see the top of this file): the
 // innermost coordinate on a 16-byte boundary for elements of `elem_bytes`, none negative.
 CALICO_DEVICE bool store_coords_ok(int elem_bytes, int c0, int c1, int c2 = 0) {

@@ -28,8 +28,15 @@
 //    n runs while P V of block n + 1 is on the tensor cores. 2: 1 plus ping-pong: the
 //    consumers take turns issuing their GEMMs in a fixed round (named barriers 1..CONSUMERS),
 //    so one consumer's softmax runs under the others' MMAs instead of all competing at once.
-//  * Epilogue from registers: O / l stored as 2-element vectors (scalars when O's strides or
-//    base are odd), rows >= Nq skipped; LSE = (m + log2 l) * ln 2 by one lane per row.
+//  * Epilogue (CALICO_ATTN_TMA_O, where O is a TMA view and the Q ring has two slots): each
+//    consumer writes O / l into its own 64 rows of the unit's Q slot (its last S has read
+//    them), and one thread per consumer stores them with TMA (the copy engine clips rows >= Nq
+//    and columns past the head dim), so the warpgroup goes on to its next unit at once. That
+//    thread hands the Q slot back once the store has read it (release_staged_o: after the next
+//    unit's first S, at the start of a next unit that computes none, or before exiting), not
+//    with the unit's last K release. Otherwise from registers: O / l stored as 2-element vectors
+//    (scalars when O's strides or base are odd), rows >= Nq skipped. LSE = (m + log2 l) * ln 2
+//    by one lane per row either way.
 // EDGES
 //  * Nq, Nkv not multiples of the tiles: TMA zero-fills rows past the end (the copies still
 //    complete full boxes), keys >= Nkv are masked, rows >= Nq are not stored.
@@ -61,7 +68,8 @@
 // CALICO_ATTN_ILP 0|1, CALICO_ATTN_LAZY 0|1, CALICO_ATTN_STALE 0|1 (the softmax's forms, see
 // softmax_ilp, lazy_max, softmax_stale),
 // CALICO_ATTN_QBUF 1|2, CALICO_ATTN_VARLEN 0|1 (packed sequences), CALICO_ATTN_PADDED 0|1 (a
-// head dim below D, `head_dim`: see EDGES), CALICO_ATTN_TRACE 0|1 (a
+// head dim below D, `head_dim`: see EDGES), CALICO_ATTN_TMA_O 0|1 (the epilogue's O through
+// the Q slot and TMA stores; needs QBUF 2 and no VARLEN), CALICO_ATTN_TRACE 0|1 (a
 // diagnostic, CALICO_ATTN_HOPPER_TRACE=1: one
 // thread per consumer warpgroup stamps %globaltimer at each unit's milestones into `trace`,
 // TRACE_SLOTS per (CTA, unit of the CTA, consumer); the producer adds when it issued the
@@ -102,6 +110,14 @@ constexpr float LAZY_SLACK = 8.0f;            // base-2 units: exponentials up t
 constexpr bool STALE = CALICO_ATTN_STALE != 0;
 static_assert(!STALE || (LAZY && ILP && !SOFTCAP), "the stale-max softmax extends the lazy, tree-form softmax without a soft-cap");
 constexpr int TURN_BARRIER = 1;  // named barriers 1..CONSUMERS: the consumers' turns (0 is __syncthreads)
+#ifndef CALICO_ATTN_TMA_O
+#define CALICO_ATTN_TMA_O 0
+#endif
+// The epilogue stages O in the unit's Q slot and stores it with TMA (see DESIGN).
+constexpr bool TMA_O = CALICO_ATTN_TMA_O != 0;
+// Named barriers CONSUMERS + 1 .. 2 * CONSUMERS: each consumer's O staging, before its TMA store.
+constexpr int STAGING_BARRIER = TURN_BARRIER + CONSUMERS;
+static_assert(STAGING_BARRIER + CONSUMERS <= 16, "sixteen named barriers");
 constexpr int CHUNK = 64;  // 16-bit elements per 128-byte swizzled row
 constexpr int CHUNKS = D / CHUNK;
 constexpr int Q_BYTES = BM * D * 2;
@@ -126,6 +142,7 @@ static_assert(SCHED >= 0 && SCHED <= 2, "schedule 0, 1 or 2");
 static_assert(CONSUMERS == 2 || (CONSUMERS == 3 && D == 64), "two consumers, or three at d = 64 (registers)");
 static_assert(BM <= 256, "a TMA box has at most 256 rows");
 static_assert(QBUF == 1 || QBUF == 2, "one or two Q slots");
+static_assert(!TMA_O || QBUF == 2, "O staged in a Q slot: the next unit's Q needs the other one");
 #ifndef CALICO_ATTN_TRACE
 #define CALICO_ATTN_TRACE 0
 #endif
@@ -133,6 +150,7 @@ constexpr bool TRACE = CALICO_ATTN_TRACE != 0;
 #ifndef CALICO_ATTN_VARLEN
 #define CALICO_ATTN_VARLEN 0
 #endif
+static_assert(!TMA_O || CALICO_ATTN_VARLEN == 0, "packed units may end inside a TMA box (the next sequence's rows)");
 // Packed sequences (packed_row_keys): a variant of its own, so that the fixed-length kernel
 // carries none of the offset lookups.
 constexpr bool VARLEN = CALICO_ATTN_VARLEN != 0;
@@ -576,6 +594,8 @@ CALICO_DEVICE void scan_sequence_blocks(const int* counts, const int* order, int
 // Parameters (kernels/src/ops/attention/hopper.rs builds them):
 //  map_q: 4-D map over Q {head_dim, Nq, Hq, B} (real strides), box {64, BM, 1, 1}, 128B swizzle.
 //  map_k, map_v: {head_dim, Nkv, Hkv, B}, box {64, BN, 1, 1}, 128B swizzle.
+//  map_o: with CALICO_ATTN_TMA_O, O's map {head_dim, Nq, Hq, B}, box {64, 64, 1, 1}, 128B
+//  swizzle; otherwise unused (any map).
 //  o: O's first element, element strides o_sb, o_sh, o_sn (head dim contiguous); o_store:
 //  calico::ROW_STORE_* (what the base's and strides' alignment allows). lse: f32 [B, Hq, Nq] contiguous.
 //  score_scale: scale * log2(e), or scale / cap with a soft-cap; cap_log2: cap * log2(e).
@@ -590,7 +610,8 @@ CALICO_DEVICE void scan_sequence_blocks(const int* counts, const int* order, int
 //  are blocks of the packed rows.
 CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     calico_attention_hopper_fwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
-                                const __grid_constant__ calico::tensor_map map_v, attn_hopper::in_t* o, float* lse, int batch,
+                                const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_o,
+                                attn_hopper::in_t* o, float* lse, int batch,
                                 int q_heads, int group, int q_len, int k_len, int heads_per_chunk, long long o_sb, long long o_sh,
                                 long long o_sn, int o_store, float score_scale, float cap_log2, int has_left, long long left,
                                 int has_right, long long right, int tune, unsigned long long* trace, const int* cu_q,
@@ -758,6 +779,20 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
     // the tensor cores wait for it (the trace: ~0.8 us from a unit's entry to its first S).
     unit ahead;
     int ahead_w = -1;
+    // TMA_O: the Q slot whose O this thread (thread 0 of a consumer warpgroup) stored with TMA
+    // and has not handed back yet, or -1.
+    int o_staged_slot = -1;
+    // Hands that slot back (the consumer's WARPGROUP_WARPS arrivals at once) once the store
+    // has read it.
+    auto release_staged_o = [&]() {
+        if constexpr (TMA_O) {
+            if (o_staged_slot >= 0) {
+                calico::tma::store_wait_read<0>();
+                bars.q.release_slot(o_staged_slot, calico::WARPGROUP_WARPS);
+                o_staged_slot = -1;
+            }
+        }
+    };
     auto consume = [&](int consumer, int w) {
         const bool tracer = TRACE && threadIdx.x % calico::WARPGROUP_THREADS == 0;
         if (tracer) stamp(w, consumer, 0);
@@ -794,6 +829,11 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             c_hi = max(u.n_lo, min(u.n_hi, (last_hi + BN - 1) / BN));
         }
 
+        // TMA_O: the previous unit's O store hands its Q slot back after this unit's first S
+        // (below); where this unit takes no such step, here. Either way before the key loop,
+        // so that no register carries the slot through it.
+        if (!(SCHED != 0 && u.n_hi > u.n_lo && c_hi > u.n_lo)) release_staged_o();
+
         float acc[O_REGS];
 #pragma unroll
         for (int i = 0; i < O_REGS; ++i) acc[i] = 0.0f;
@@ -818,11 +858,11 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             calico::wgmma::commit_group();
         };
         // After S of block n is complete: hand its K slot (and after the unit's last block,
-        // Q) back.
+        // Q, unless the epilogue stages O there) back.
         auto release_k = [&](int n) {
             if (lane == 0) {
                 bars.k.release(kc);
-                if (n == u.n_lo) bars.q.release(qc);
+                if (!TMA_O && n == u.n_lo) bars.q.release(qc);
             }
             kc.advance();
         };
@@ -1133,6 +1173,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                     pack_p(s, pa);
                     // No wgmma is in flight here (ptxas serialises them across branches otherwise),
                     // and the next step waits for the partner's turn anyway.
+                    release_staged_o();  // the previous unit's O store has long read its slot
                     if (p.tune & TUNE_DECODE_AHEAD) {
                         const int next = w + (int)gridDim.x;
                         if (next < work) {
@@ -1174,7 +1215,12 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         }
 
         // Epilogue: O = acc / l, LSE = m ln2 + ln l; rows that saw nothing get 0 and -inf.
-        // Every lane runs the shuffles; rows >= Nq only skip their stores.
+        // Every lane runs the shuffles; rows >= Nq only skip their stores. With TMA_O (and a
+        // unit that loaded Q) O goes through this consumer's rows of the Q slot, the one before
+        // the cursor's (it moved on after the unit's last S).
+        const bool staged_o = TMA_O && u.n_hi > u.n_lo;
+        const int staged_slot = (qc.slot() + QBUF - 1) % QBUF;
+        unsigned char* o_stage = smem + Q_OFFSET + staged_slot * Q_BYTES;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float l = l_run[h];
@@ -1190,7 +1236,15 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) v[j] = make_float2(acc[4 * j + 2 * h] * inv, acc[4 * j + 2 * h + 1] * inv);
             in_t* o_row = o + u.b * o_sb + u.h * o_sh + row * o_sn;
-            if constexpr (PADDED) {
+            if (staged_o) {
+                using o_tile = calico::st<in_t, BM, D>;
+                const int tile_row = consumer * 64 + 16 * warp + g + 8 * h;
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    *reinterpret_cast<uint32_t*>(o_stage + o_tile::offset(tile_row, 8 * j + 2 * t)) =
+                        calico::pack_word<in_t>(v[j].x, v[j].y);
+                }
+            } else if constexpr (PADDED) {
                 calico::store_row_upto(o_row, v, t, o_store, stored, head_dim);
             } else {
                 calico::store_row(o_row, v, t, o_store, stored);
@@ -1199,12 +1253,31 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + (fast ? __logf(l) : logf(l)) : ATTN_NEG_INF;
             }
         }
+        if (staged_o) {
+            calico::fence_proxy_async();
+            calico::named_barrier_sync(STAGING_BARRIER + consumer, calico::WARPGROUP_THREADS);
+            if (threadIdx.x % calico::WARPGROUP_THREADS == 0) {
+                // Boxes wholly past Nq or the head dim are not issued (nothing to store).
+                if (wg_row0 < p.q_len) {
+#pragma unroll
+                    for (int c = 0; c < CHUNKS; ++c) {
+                        if (c * CHUNK < head_dim) {
+                            calico::tma::store_4d(map_o, o_stage + c * BM * 128 + consumer * 64 * 128, c * CHUNK, wg_row0, u.h, u.b);
+                        }
+                    }
+                }
+                calico::tma::store_commit();
+                o_staged_slot = staged_slot;
+            }
+        }
         if (tracer) stamp(w, consumer, 5);
     };
 
     auto consume_all = [&](int consumer, int w) {
         if (PINGPONG && consumer == CONSUMERS - 1 && w == (int)blockIdx.x) pass_turn(consumer);
         consume(consumer, w);
+        // The last unit's O store must have read shared memory before the CTA exits.
+        if (w + (int)gridDim.x >= work) release_staged_o();
         if (PINGPONG && consumer == 0 && w + (int)gridDim.x >= work) take_turn(consumer);
     };
 

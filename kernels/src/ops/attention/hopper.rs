@@ -56,6 +56,10 @@ pub(crate) struct HopperFwdVariant {
     varlen: bool,
     /// The problem's head dim is below `head_dim` (CALICO_ATTN_PADDED): zero columns past it.
     padded: bool,
+    /// The epilogue stages O in the unit's Q slot and stores it with TMA (CALICO_ATTN_TMA_O):
+    /// needs two Q slots, fixed-length sequences and O as a TMA view ([`try_forward`] turns it
+    /// off otherwise).
+    tma_o: bool,
 }
 
 /// `CALICO_ATTN_HOPPER_TRACE=1`: every call stamps its units' milestones, syncs and (every 8th
@@ -158,6 +162,13 @@ fn forced_block_n(
     })
 }
 
+/// Whether the epilogue stores O through shared memory and TMA where it can (the default):
+/// `CALICO_ATTN_HOPPER_EPILOGUE=registers` keeps the stores from registers (A/B runs).
+fn tma_o_chosen() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("CALICO_ATTN_HOPPER_EPILOGUE").as_deref() != Ok("registers"))
+}
+
 /// Keys per K/V block at d = 128: 128. Session 9 had measured 176 from 8192 keys 2-3% faster
 /// (kept as the default until session 22); with the stale-max softmax (session 22, H100, two
 /// mirrored passes) 128 beats 176 at every length: N8192 675 / 676 against 673 / 649 TFLOP/s,
@@ -216,6 +227,8 @@ pub(crate) struct Choices {
     block_n_d128: usize,
     /// Keys per K/V block at d = 256: 64 or 80 (d = 64 keeps 128).
     block_n_d256: usize,
+    /// O through the Q slot and TMA stores (where two Q slots fit).
+    tma_o: bool,
 }
 
 impl Default for Choices {
@@ -228,6 +241,7 @@ impl Default for Choices {
             q_buffers: 2,
             block_n_d128: 128,
             block_n_d256: 64,
+            tma_o: true,
         }
     }
 }
@@ -242,6 +256,7 @@ impl Choices {
             q_buffers: q_buffers_chosen(),
             block_n_d128: block_n_chosen(),
             block_n_d256: block_n_d256_chosen(k_len),
+            tma_o: tma_o_chosen(),
         }
     }
 }
@@ -265,6 +280,7 @@ impl HopperFwdVariant {
             q_buffers,
             block_n_d128,
             block_n_d256,
+            tma_o,
         } = choices;
         let block_n = match head_dim {
             128 => block_n_d128,
@@ -301,6 +317,7 @@ impl HopperFwdVariant {
             trace: trace_chosen(),
             varlen: false,
             padded: false,
+            tma_o: false,
         };
         // 1024 bytes of slack beside the kernel's own alignment slack.
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
@@ -312,10 +329,15 @@ impl HopperFwdVariant {
                 .find(|v| v.smem_bytes() <= budget)
         };
         // A second Q slot where two K/V stages still fit beside it (not d = 256).
+        // O staged in a Q slot needs the other slot for the next unit's Q.
         (q_buffers >= 2)
             .then(|| fit(2))
             .flatten()
             .or_else(|| fit(1))
+            .map(|v| HopperFwdVariant {
+                tma_o: tma_o && v.q_buffers == 2,
+                ..v
+            })
     }
 
     /// Must match hopper_fwd.cu: alignment slack, the Q slots, the K and V rings,
@@ -338,7 +360,7 @@ impl HopperFwdVariant {
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}{}{}",
+            "hopper fwd {} d={} bm={} bn={} stages={} qbuf={} softcap={} {:?}{}{}{}{}{}{}{}",
             self.dtype,
             self.head_dim,
             self.block_m(),
@@ -353,6 +375,7 @@ impl HopperFwdVariant {
             if self.trace { " trace" } else { "" },
             if self.varlen { " varlen" } else { "" },
             if self.padded { " padded" } else { "" },
+            if self.tma_o { " tma_o" } else { "" },
         )
     }
 }
@@ -377,6 +400,7 @@ impl KernelVariant for HopperFwdVariant {
             ("CALICO_ATTN_TRACE", u8::from(self.trace).to_string()),
             ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
             ("CALICO_ATTN_PADDED", u8::from(self.padded).to_string()),
+            ("CALICO_ATTN_TMA_O", u8::from(self.tma_o).to_string()),
         ];
         KernelSource::assemble(
             ENTRY,
@@ -410,6 +434,7 @@ pub(crate) fn catalog(
         q_buffers,
         block_n_d128,
         block_n_d256: 64,
+        tma_o: true,
     };
     let (pp, ov, se) = (Schedule::PingPong, Schedule::Overlapped, Schedule::Serial);
     let (bf, hf) = (DType::BF16, DType::F16);
@@ -434,6 +459,16 @@ pub(crate) fn catalog(
         (bf, 64, false, choices(pp, 3, no_stale, 2, 128)),
         (bf, 128, false, choices(pp, 2, no_stale, 2, 128)),
         (bf, 128, false, choices(pp, 2, no_stale, 2, 176)),
+        // The stores from registers (CALICO_ATTN_HOPPER_EPILOGUE=registers).
+        (
+            bf,
+            128,
+            false,
+            Choices {
+                tma_o: false,
+                ..choices(pp, 2, lean, 2, 128)
+            },
+        ),
         (bf, 256, false, choices(pp, 2, plain, 1, 128)),
         (bf, 256, false, choices(pp, 2, lean, 2, 128)),
         (
@@ -471,6 +506,7 @@ pub(crate) fn catalog(
                 trace,
                 varlen,
                 padded,
+                tma_o: v.tma_o && !varlen,
                 ..v
             };
             out.push(crate::catalog::CatalogEntry {
@@ -683,6 +719,7 @@ pub(crate) fn forward_variant(
         HopperFwdVariant {
             varlen,
             padded: d != p.head_dim,
+            tma_o: v.tma_o && !varlen,
             ..v
         }
     })
@@ -733,6 +770,15 @@ pub(crate) fn try_forward(
     let map_q = view_map(q, variant.block_m())?;
     let map_k = view_map(k, variant.block_n)?;
     let map_v = view_map(v, variant.block_n)?;
+    // O through TMA where it is a TMA view; else the stores from registers.
+    let map_o = variant
+        .tma_o
+        .then(|| view_map(o, ROWS_PER_CONSUMER))
+        .flatten();
+    let variant = HopperFwdVariant {
+        tma_o: map_o.is_some(),
+        ..variant
+    };
     let p = Problem {
         batch: if packed.is_some() { 1 } else { p.batch },
         ..*p
@@ -743,7 +789,7 @@ pub(crate) fn try_forward(
         &p,
         params,
         variant,
-        [map_q, map_k, map_v],
+        [map_q, map_k, map_v, map_o.unwrap_or(map_q)],
         o,
         lse,
         packed,
@@ -810,7 +856,7 @@ fn launch(
     p: &Problem,
     params: &AttentionParams,
     variant: HopperFwdVariant,
-    maps: [OpaqueParam128; 3],
+    maps: [OpaqueParam128; 4],
     o: &Tensor,
     lse: &Tensor,
     packed: Option<Packed>,
@@ -835,7 +881,7 @@ fn launch(
     };
     let work = p.batch * p.q_heads * (p.q_len.div_ceil(variant.block_m()) + extra);
     let grid = work.min(arch.compute_units.max(1) as usize).max(1) as u32;
-    let [map_q, map_k, map_v] = maps;
+    let [map_q, map_k, map_v, map_o] = maps;
     // trace: a zeroed buffer for the stamps (milestones not reached stay 0).
     let per_cta = work.div_ceil(grid as usize);
     let trace = if variant.trace {
@@ -851,6 +897,7 @@ fn launch(
         KernelArg::Opaque128(map_q),
         KernelArg::Opaque128(map_k),
         KernelArg::Opaque128(map_v),
+        KernelArg::Opaque128(map_o),
         KernelArg::Ptr(o_ptr),
         KernelArg::Ptr(lse_ptr),
         KernelArg::I32(p.batch as i32),
@@ -962,9 +1009,61 @@ mod tests {
                 ..v128
             }
         );
-        assert!(v96.label().ends_with(" padded"));
+        assert!(v96.label().contains(" padded"));
         assert!(!v128.padded);
         assert!(forward_variant(&arch, &problem(100), &params, false).is_none());
+    }
+
+    #[test]
+    fn o_goes_through_tma_only_with_two_q_slots_and_fixed_lengths() {
+        let arch = h100();
+        for d in [64, 128, 256] {
+            for q_buffers in [1, 2] {
+                let v = HopperFwdVariant::new(&arch, DType::BF16, d, false, choices(3, q_buffers))
+                    .unwrap();
+                assert_eq!(v.tma_o, v.q_buffers == 2, "{v:?}");
+                assert!(v.tma_o || !v.label().contains("tma_o"));
+            }
+        }
+        // d = 256 has room for one Q slot only: its O goes from registers.
+        let v256 =
+            HopperFwdVariant::new(&arch, DType::BF16, 256, false, Choices::default()).unwrap();
+        assert!(!v256.tma_o);
+        let registers = Choices {
+            tma_o: false,
+            ..Choices::default()
+        };
+        assert!(
+            !HopperFwdVariant::new(&arch, DType::BF16, 128, false, registers)
+                .unwrap()
+                .tma_o
+        );
+        let problem = Problem {
+            batch: 2,
+            q_heads: 4,
+            kv_heads: 4,
+            q_len: 500,
+            k_len: 500,
+            head_dim: 128,
+            dtype: DType::BF16,
+        };
+        let params = AttentionParams {
+            scale: 0.1,
+            softcap: None,
+            left: None,
+            right: None,
+        };
+        assert!(
+            forward_variant(&arch, &problem, &params, false)
+                .unwrap()
+                .tma_o
+        );
+        // Packed units may end inside a box: the next sequence's rows.
+        assert!(
+            !forward_variant(&arch, &problem, &params, true)
+                .unwrap()
+                .tma_o
+        );
     }
 
     #[test]
