@@ -982,24 +982,34 @@ mod tests {
         assert_eq!(kernel_head_dim(96, 128), Some(128));
     }
 
-    #[test]
-    fn padded_head_dims_take_the_wider_variant() {
-        let arch = h100();
-        let problem = |head_dim| Problem {
-            batch: 1,
-            q_heads: 2,
-            kv_heads: 2,
-            q_len: 300,
-            k_len: 300,
+    /// A bf16 multi-head problem of `heads` heads, `len` queries and keys.
+    fn mha(batch: usize, heads: usize, len: usize, head_dim: usize) -> Problem {
+        Problem {
+            batch,
+            q_heads: heads,
+            kv_heads: heads,
+            q_len: len,
+            k_len: len,
             head_dim,
             dtype: DType::BF16,
-        };
-        let params = AttentionParams {
+        }
+    }
+
+    /// Scale 0.1, no soft-cap, no window.
+    fn unmasked() -> AttentionParams {
+        AttentionParams {
             scale: 0.1,
             softcap: None,
             left: None,
             right: None,
-        };
+        }
+    }
+
+    #[test]
+    fn padded_head_dims_take_the_wider_variant() {
+        let arch = h100();
+        let problem = |head_dim| mha(1, 2, 300, head_dim);
+        let params = unmasked();
         let v96 = forward_variant(&arch, &problem(96), &params, false).unwrap();
         let v128 = forward_variant(&arch, &problem(128), &params, false).unwrap();
         assert_eq!(
@@ -1038,21 +1048,8 @@ mod tests {
                 .unwrap()
                 .tma_o
         );
-        let problem = Problem {
-            batch: 2,
-            q_heads: 4,
-            kv_heads: 4,
-            q_len: 500,
-            k_len: 500,
-            head_dim: 128,
-            dtype: DType::BF16,
-        };
-        let params = AttentionParams {
-            scale: 0.1,
-            softcap: None,
-            left: None,
-            right: None,
-        };
+        let problem = mha(2, 4, 500, 128);
+        let params = unmasked();
         assert!(
             forward_variant(&arch, &problem, &params, false)
                 .unwrap()
