@@ -162,8 +162,11 @@ constexpr bool VARLEN = CALICO_ATTN_VARLEN != 0;
 constexpr bool PADDED = CALICO_ATTN_PADDED != 0;
 // Trace slots per (CTA, unit, consumer): consume entry, Q landed, first turn taken, first S
 // done, last P V done, epilogue done; then (consumer 0's record only) the producer's Q issue
-// and first K/V issue of the unit.
-constexpr int TRACE_SLOTS = 8;
+// and first K/V issue of the unit; then the SM's cycle counter (clock64, exact where the
+// 256 ns global timer is not) at the last P V done, after O's rows are written (registers to
+// shared or global memory, and the LSE), after the staging barrier, and at the epilogue's end.
+constexpr int TRACE_SLOTS = 12;
+constexpr int TRACE_CLOCK_LOOP_DONE = 8;
 
 CALICO_DEVICE unsigned long long global_ns() {
     unsigned long long ns;
@@ -650,7 +653,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         if constexpr (TRACE) {
             const int per_cta = (work_bound + (int)gridDim.x - 1) / (int)gridDim.x;
             const int j = (w - (int)blockIdx.x) / (int)gridDim.x;
-            trace[(((long long)blockIdx.x * per_cta + j) * CONSUMERS + consumer) * TRACE_SLOTS + slot] = global_ns();
+            const unsigned long long now = slot >= TRACE_CLOCK_LOOP_DONE ? clock64() : global_ns();
+            trace[(((long long)blockIdx.x * per_cta + j) * CONSUMERS + consumer) * TRACE_SLOTS + slot] = now;
         } else {
             (void)w;
             (void)consumer;
@@ -1211,6 +1215,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 }
             }
             if (tracer) stamp(w, consumer, 4);
+            if (tracer) stamp(w, consumer, TRACE_CLOCK_LOOP_DONE);
             qc.advance();  // the slot went back with the last K release
         }
 
@@ -1253,6 +1258,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 lse[((long long)u.b * p.q_heads + u.h) * p.q_len + row] = seen ? m_run[h] * LN2 + (fast ? __logf(l) : logf(l)) : ATTN_NEG_INF;
             }
         }
+        if (tracer) stamp(w, consumer, TRACE_CLOCK_LOOP_DONE + 1);
         if (staged_o) {
             calico::fence_proxy_async();
             calico::named_barrier_sync(STAGING_BARRIER + consumer, calico::WARPGROUP_THREADS);
@@ -1270,7 +1276,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
                 o_staged_slot = staged_slot;
             }
         }
+        if (tracer) stamp(w, consumer, TRACE_CLOCK_LOOP_DONE + 2);
         if (tracer) stamp(w, consumer, 5);
+        if (tracer) stamp(w, consumer, TRACE_CLOCK_LOOP_DONE + 3);
     };
 
     auto consume_all = [&](int consumer, int w) {

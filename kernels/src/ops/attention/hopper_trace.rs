@@ -5,7 +5,7 @@
 //! the first S, the key loop, the epilogue and the gap to the next unit.
 
 /// Stamps per (CTA, unit of the CTA, consumer): hopper_fwd.cu's TRACE_SLOTS.
-pub(crate) const SLOTS: usize = 8;
+pub(crate) const SLOTS: usize = 12;
 const ENTRY: usize = 0;
 const Q_LANDED: usize = 1;
 const TURN: usize = 2;
@@ -14,6 +14,9 @@ const LOOP_DONE: usize = 4;
 const EPILOGUE_DONE: usize = 5;
 const Q_ISSUED: usize = 6;
 const KV_ISSUED: usize = 7;
+/// SM cycle counts (clock64): last P V done, O's rows written, staging barrier passed, end of
+/// the epilogue (after the global-timer stamp, so the last step is one stamp's own cost).
+const CLOCKS: [usize; 4] = [8, 9, 10, 11];
 
 /// Where the trace of (cta, unit j of the CTA, consumer) starts in the stamps.
 fn record(cta: usize, j: usize, consumer: usize, per_cta: usize, consumers: usize) -> usize {
@@ -50,6 +53,7 @@ pub(crate) fn summary(
     let mut per_block = Vec::new();
     let mut q_lead = Vec::new();
     let mut kv_lead = Vec::new();
+    let mut clock_steps: [Vec<f64>; 3] = Default::default();
     let us = |a: u64, b: u64| (b as f64 - a as f64) / 1000.0;
     for cta in 0..ctas {
         for j in 1..per_cta {
@@ -77,6 +81,12 @@ pub(crate) fn summary(
                         unit.push(us(r[ENTRY], n[ENTRY]));
                     }
                 }
+                for (k, step) in clock_steps.iter_mut().enumerate() {
+                    let (a, b) = (r[CLOCKS[k]], r[CLOCKS[k + 1]]);
+                    if a > 0 && b >= a {
+                        step.push((b - a) as f64);
+                    }
+                }
                 if c == 0 {
                     if r[Q_ISSUED] > 0 {
                         q_lead.push(us(r[Q_ISSUED], r[ENTRY]));
@@ -89,10 +99,12 @@ pub(crate) fn summary(
         }
     }
     let [q_wait, turn, first_s, key_loop, epilogue, gap] = phase;
+    let [o_written, staged, stamp_cost] = clock_steps;
     format!(
         "attention trace (us, median/p90 over units after each CTA's first): unit {}, \
          Q wait {}, turn wait {}, first S {}, key loop {} ({} per later block), epilogue {}, \
-         gap to next unit {}; producer issued Q {} and the first K/V {} before the consumer entered",
+         gap to next unit {}; producer issued Q {} and the first K/V {} before the consumer entered; \
+         epilogue in SM cycles: O and LSE written {}, staging barrier and TMA issue {}, one stamp {}",
         spread(unit),
         spread(q_wait),
         spread(turn),
@@ -103,6 +115,9 @@ pub(crate) fn summary(
         spread(gap),
         spread(q_lead),
         spread(kv_lead),
+        spread(o_written),
+        spread(staged),
+        spread(stamp_cost),
     )
 }
 
@@ -120,6 +135,8 @@ mod tests {
                 .collect();
             r.push(start - 3000); // Q issued 3 us before entry
             r.push(start - 4000); // first K/V 4 us before
+                                  // Cycles: O written 600 after the loop, barrier 100 later, a stamp 50.
+            r.extend([1_000_000, 1_000_600, 1_000_700, 1_000_750]);
             r
         };
         let mut stamps = Vec::new();
@@ -139,6 +156,11 @@ mod tests {
         assert!(line.contains("gap to next unit 1.00/1.00"), "{line}");
         assert!(
             line.contains("issued Q 3.00/3.00 and the first K/V 4.00/4.00"),
+            "{line}"
+        );
+        // spread() prints cycles with two decimals as well.
+        assert!(
+            line.contains("O and LSE written 600.00/600.00, staging barrier and TMA issue 100.00/100.00, one stamp 50.00/50.00"),
             "{line}"
         );
         // A unit never reached (zeros) is skipped, not read as time zero.
