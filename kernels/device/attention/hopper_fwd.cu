@@ -810,6 +810,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         long long rows[2];
         rows[0] = wg_row0 + 16 * warp + g;
         rows[1] = rows[0] + 8;
+        // The row of this thread's row h (rows[h]) inside the unit's BM-row tiles (Q, O staging).
+        auto tile_row = [&](int h) { return consumer * 64 + 16 * warp + g + 8 * h; };
         int lo[2], hi[2];
         seq_cache seq = unit_seq_cache(p, staged, u);  // packed sequences: found once for most units
         int wg_lo_max, wg_hi_min, unused;
@@ -983,7 +985,6 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
         // row max is taken on v and the scale folds into the exponent's FMA. Updates the
         // running max and sum; scale_o is the factor the O accumulator needs.
         auto softmax = [&](float (&s)[S_REGS], int n, float (&scale_o)[2]) {
-            const int n0 = n * BN;
             if constexpr (SOFTCAP) {
 #pragma unroll
                 for (int i = 0; i < S_REGS; ++i) s[i] = tanhf(s[i] * score_scale);
@@ -1035,10 +1036,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             for (int d = 0; d < D; d += 2) {
                 float2 q[2];
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const int row = consumer * 64 + 16 * warp + g + 8 * h;
-                    q[h] = calico::unpack(*reinterpret_cast<const pair_t*>(qs + q_tile::offset(row, d)));
-                }
+                for (int h = 0; h < 2; ++h) q[h] = calico::unpack(*reinterpret_cast<const pair_t*>(qs + q_tile::offset(tile_row(h), d)));
 #pragma unroll
                 for (int j = 0; j < BN / 8; ++j) {
 #pragma unroll
@@ -1073,7 +1071,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
 #pragma unroll
                     for (int h = 0; h < 2; ++h) {
                         scale_o[h] = 1.0f;
-                        l_run[h] = l_run[h] * scale_o[h] + sum[h];
+                        l_run[h] += sum[h];
                     }
                     return;
                 }
@@ -1243,10 +1241,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper::THREADS, 1)
             in_t* o_row = o + u.b * o_sb + u.h * o_sh + row * o_sn;
             if (staged_o) {
                 using o_tile = calico::st<in_t, BM, D>;
-                const int tile_row = consumer * 64 + 16 * warp + g + 8 * h;
 #pragma unroll
                 for (int j = 0; j < D / 8; ++j) {
-                    *reinterpret_cast<uint32_t*>(o_stage + o_tile::offset(tile_row, 8 * j + 2 * t)) =
+                    *reinterpret_cast<uint32_t*>(o_stage + o_tile::offset(tile_row(h), 8 * j + 2 * t)) =
                         calico::pack_word<in_t>(v[j].x, v[j].y);
                 }
             } else if constexpr (PADDED) {

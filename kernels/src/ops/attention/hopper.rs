@@ -349,6 +349,16 @@ impl HopperFwdVariant {
             + (4 * self.stages + 2 * self.q_buffers) * 8
     }
 
+    /// This variant for packed sequences (`varlen`) or fixed lengths. Packed units may end
+    /// inside a TMA box, on the next sequence's rows, so they keep the stores from registers.
+    fn with_varlen(self, varlen: bool) -> Self {
+        HopperFwdVariant {
+            varlen,
+            tma_o: self.tma_o && !varlen,
+            ..self
+        }
+    }
+
     /// Query rows per work unit.
     fn block_m(&self) -> usize {
         ROWS_PER_CONSUMER * self.consumers
@@ -504,10 +514,8 @@ pub(crate) fn catalog(
         if let Some(v) = HopperFwdVariant::new(arch, bf, d, false, Choices::default()) {
             let v = HopperFwdVariant {
                 trace,
-                varlen,
                 padded,
-                tma_o: v.tma_o && !varlen,
-                ..v
+                ..v.with_varlen(varlen)
             };
             out.push(crate::catalog::CatalogEntry {
                 op: "attention_hopper",
@@ -717,10 +725,8 @@ pub(crate) fn forward_variant(
     let softcap = params.softcap.is_some();
     HopperFwdVariant::new(arch, p.dtype, d, softcap, Choices::chosen(d, keys)).map(|v| {
         HopperFwdVariant {
-            varlen,
             padded: d != p.head_dim,
-            tma_o: v.tma_o && !varlen,
-            ..v
+            ..v.with_varlen(varlen)
         }
     })
 }

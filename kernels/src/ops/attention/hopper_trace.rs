@@ -18,6 +18,18 @@ const KV_ISSUED: usize = 7;
 /// the epilogue (after the global-timer stamp, so the last step is one stamp's own cost).
 const CLOCKS: [usize; 4] = [8, 9, 10, 11];
 
+/// For each pair of consecutive milestones in `slots` that record `r` reached (both stamps
+/// nonzero): the pair's index and the two stamps.
+fn reached_steps<'a>(
+    r: &'a [u64],
+    slots: &'a [usize],
+) -> impl Iterator<Item = (usize, u64, u64)> + 'a {
+    slots.windows(2).enumerate().filter_map(|(k, w)| {
+        let (a, b) = (r[w[0]], r[w[1]]);
+        (a > 0 && b > 0).then_some((k, a, b))
+    })
+}
+
 /// Where the trace of (cta, unit j of the CTA, consumer) starts in the stamps.
 fn record(cta: usize, j: usize, consumer: usize, per_cta: usize, consumers: usize) -> usize {
     ((cta * per_cta + j) * consumers + consumer) * SLOTS
@@ -66,10 +78,8 @@ pub(crate) fn summary(
                     continue;
                 }
                 let steps = [ENTRY, Q_LANDED, TURN, FIRST_S, LOOP_DONE, EPILOGUE_DONE];
-                for k in 0..5 {
-                    if r[steps[k]] > 0 && r[steps[k + 1]] > 0 {
-                        phase[k].push(us(r[steps[k]], r[steps[k + 1]]));
-                    }
+                for (k, a, b) in reached_steps(r, &steps) {
+                    phase[k].push(us(a, b));
                 }
                 if r[FIRST_S] > 0 && r[LOOP_DONE] > 0 && blocks_per_unit > 1 {
                     per_block.push(us(r[FIRST_S], r[LOOP_DONE]) / (blocks_per_unit - 1) as f64);
@@ -81,10 +91,9 @@ pub(crate) fn summary(
                         unit.push(us(r[ENTRY], n[ENTRY]));
                     }
                 }
-                for (k, step) in clock_steps.iter_mut().enumerate() {
-                    let (a, b) = (r[CLOCKS[k]], r[CLOCKS[k + 1]]);
-                    if a > 0 && b >= a {
-                        step.push((b - a) as f64);
+                for (k, a, b) in reached_steps(r, &CLOCKS) {
+                    if b >= a {
+                        clock_steps[k].push((b - a) as f64);
                     }
                 }
                 if c == 0 {
