@@ -58,6 +58,13 @@
 //    counts 16 arrivals (the consumer warps of both CTAs arrive on both CTAs' barriers), so
 //    neither producer overwrites a slot its peer still reads. Cluster barriers after the
 //    barrier init and before exit (no remote arrive may reach an exited CTA).
+//  * SPLIT_K (problems with fewer tiles than half the SMs and a long K): the work list is
+//    k_splits copies of the tile list, copy s computing k-tiles [s * per, (s + 1) * per) of
+//    every tile (per = ceil(k-tiles / k_splits)), so k_splits CTAs share each tile. D is then
+//    an f32 workspace of k_splits * batch matrices, partial s of batch b at matrix s * batch + b,
+//    stored raw (the host passes alpha 1 and no C, bias or activation); a second kernel
+//    (splitk.cu) sums the partials in split order and applies the real epilogue, so the result
+//    does not depend on timing.
 // EDGES
 //  * M, N, K not multiples of the tile: TMA zero-fills out-of-bounds parts of a box (and
 //    still reports full box bytes), so partial K tiles add zeros; rows >= M and columns >= N
@@ -75,6 +82,7 @@
 //  CALICO_GEMM_CLUSTER 1|2 (B K-major, or N-major with an even number of 64-column chunks),
 //  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64),
 //  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster),
+//  CALICO_GEMM_SPLIT_K 1 (f32 D, register epilogue, no cluster or ping-pong; see SPLIT_K),
 //  CALICO_GEMM_STAGED_STORE 1 (with TMA_STORE; the host's default for odd-width D beside
 //  aligned operands, CALICO_GEMM_ODD): the staging boxes go to D by the warpgroup's threads,
 //  not by TMA, for 16-bit D rows TMA cannot store
@@ -103,6 +111,9 @@
 #ifndef CALICO_GEMM_PINGPONG
 #define CALICO_GEMM_PINGPONG 0
 #endif
+#ifndef CALICO_GEMM_SPLIT_K
+#define CALICO_GEMM_SPLIT_K 0
+#endif
 #ifndef CALICO_GEMM_L2_HINT_A
 #define CALICO_GEMM_L2_HINT_A 0
 #endif
@@ -126,6 +137,7 @@ constexpr bool TMA_STORE = CALICO_GEMM_TMA_STORE != 0;
 constexpr bool STAGED_STORE = CALICO_GEMM_STAGED_STORE != 0;
 constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
 constexpr bool PINGPONG = CALICO_GEMM_PINGPONG != 0;
+constexpr bool SPLIT_K = CALICO_GEMM_SPLIT_K != 0;
 // L2 eviction hints for the operand loads: 0 none, 1 evict_first, 2 evict_last.
 constexpr int L2_HINT_A = CALICO_GEMM_L2_HINT_A;
 constexpr int L2_HINT_B = CALICO_GEMM_L2_HINT_B;
@@ -166,6 +178,9 @@ static_assert(A_STAGE_BYTES % 1024 == 0 && B_STAGE_BYTES % 1024 == 0, "slots sta
 static_assert(!TMA_STORE || (sizeof(out_t) == 2 && WG_N % STORE_COLS == 0), "TMA store: 16-bit output, 64-column boxes per warpgroup");
 static_assert(CLUSTER == 1 || CLUSTER == 2, "clusters of 1 or 2 CTAs");
 static_assert(!STAGED_STORE || TMA_STORE, "the staged store writes out the TMA-store staging boxes");
+static_assert(!SPLIT_K || (sizeof(out_t) == 4 && !TMA_STORE && !PINGPONG && CLUSTER == 1 && CALICO_GEMM_EPILOGUE == 0 &&
+                           !CALICO_GEMM_HAS_C && !CALICO_GEMM_HAS_BIAS),
+              "split-K partials: raw f32 from registers, one CTA per tile share, no ping-pong");
 static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHUNK) % CLUSTER == 0),
               "each CTA of a cluster loads a 1024-aligned part of B");
 
@@ -465,8 +480,24 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     // A cluster walks groups of CLUSTER row tiles (the last may reach past M: zero-filled
     // loads, clipped stores).
     const int m_groups = (m_tiles + CLUSTER - 1) / CLUSTER;
-    const int work = m_groups * n_tiles * batch;
+    const int tiles = m_groups * n_tiles * batch;
     const int k_tiles = (k + BK - 1) / BK;
+    // SPLIT_K: k_splits copies of the tile list, each over its own range of k-tiles.
+    const int k_splits = SPLIT_K ? max(p.k_splits, 1) : 1;
+    const int k_per = (k_tiles + k_splits - 1) / k_splits;
+    const int work = tiles * k_splits;
+    // The k-tiles [kt_begin, kt_end) and the tile of work item w, and which copy it is.
+    struct work_item {
+        int tile, split, kt_begin, kt_end;
+    };
+    auto item_at = [&](int w) {
+        work_item it;
+        it.split = SPLIT_K ? w / tiles : 0;
+        it.tile = w - it.split * tiles;
+        it.kt_begin = SPLIT_K ? it.split * k_per : 0;
+        it.kt_end = SPLIT_K ? min(it.kt_begin + k_per, k_tiles) : k_tiles;
+        return it;
+    };
     const int group = max(group_m / CLUSTER, 1);
     const int first_work = blockIdx.x / CLUSTER;
     const int work_step = gridDim.x / CLUSTER;
@@ -490,11 +521,12 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             const uint64_t policy_b = l2_policy(L2_HINT_B);
             cursor_t cur;
             for (int w = first_work; w < work; w += work_step) {
-                const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
+                const work_item item = item_at(w);
+                const tile_coord tc = tile_at(item.tile, m_groups, n_tiles, group);
                 const int tile_m = tc.m * CLUSTER + rank;
                 const int a_batch = tc.batch * a_batch_step;
                 const int b_batch = tc.batch * b_batch_step;
-                for (int kt = 0; kt < k_tiles; ++kt, cur.advance()) {
+                for (int kt = item.kt_begin; kt < item.kt_end; ++kt, cur.advance()) {
                     // With a cluster, the peer's half of B lands here too and completes its
                     // bytes on this barrier: STAGE_BYTES in all.
                     calico::mbarrier& full = ring.acquire(cur, STAGE_BYTES);
@@ -559,7 +591,8 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             cursor_t cur;
             if constexpr (PINGPONG) cur.skip(static_cast<uint32_t>(consumer) * k_tiles);
             for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
-                const tile_coord tc = tile_at(w, m_groups, n_tiles, group);
+                const work_item item = item_at(w);
+                const tile_coord tc = tile_at(item.tile, m_groups, n_tiles, group);
                 const int tile_m = tc.m * CLUSTER + rank;
                 if constexpr (PINGPONG) {
                     // Wait for the partner's main loop on the previous local tile to hand over.
@@ -569,7 +602,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 for (int i = 0; i < MI; ++i) calico::zero(acc[i]);
                 cursor_t prev;  // the slot of the previous k-tile, once there is one
                 bool has_prev = false;
-                for (int kt = 0; kt < k_tiles; ++kt, cur.advance()) {
+                for (int kt = item.kt_begin; kt < item.kt_end; ++kt, cur.advance()) {
                     ring.wait_full(cur);
                     const uint32_t a_slot = a_base + cur.slot() * A_STAGE_BYTES;
                     const uint32_t b_slot = b_base + cur.slot() * B_STAGE_BYTES;
@@ -608,7 +641,8 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                     if constexpr (TMA_STORE) {
                         store_tile_tma(e, calico::wgmma::regs(acc[i]), map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
                     } else {
-                        e.d = d + tc.batch * d_batch_stride;
+                        // SPLIT_K: partial `split` of batch b is matrix split * batch + b.
+                        e.d = d + ((long long)item.split * batch + tc.batch) * d_batch_stride;
                         store_tile(e, calico::wgmma::regs(acc[i]), row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
                     }
                 }

@@ -12,6 +12,17 @@ use calico_cuda::tma::{Swizzle, TiledMap};
 
 const SOURCE: &str = include_str!("../../device/gemm/hopper.cu");
 const ENTRY: &str = "calico_gemm_hopper";
+const SPLITK_SOURCE: &str = include_str!("../../device/gemm/splitk.cu");
+const SPLITK_ENTRY: &str = "calico_gemm_splitk_reduce";
+/// Threads per block of the split-K reduction (splitk.cu), four columns each.
+const SPLITK_THREADS: u32 = 256;
+const SPLITK_COLS: usize = 4;
+/// Split-K: at most this many copies of the tile list, each over at least
+/// [`MIN_SPLIT_K_TILES`] k-tiles, and only when the tiles fill at most half the SMs.
+const MAX_SPLIT_K: usize = 16;
+const MIN_SPLIT_K_TILES: usize = 8;
+/// The split-K partials (f32, splits x batch x M x N) stay under this many bytes.
+const MAX_SPLIT_K_BYTES: usize = 1 << 30;
 /// One producer and two consumer warpgroups.
 const THREADS: u32 = 384;
 /// K per pipeline stage: one 128-byte swizzled row of 16-bit elements.
@@ -99,6 +110,8 @@ struct Tune {
     /// L2 eviction hints for the A and B loads (`l2a=last`, `l2b=first`, ...).
     l2_a: Option<L2Hint>,
     l2_b: Option<L2Hint>,
+    /// Split-K copies (`split=N`; 1 turns split-K off), where the problem allows it.
+    split: Option<usize>,
 }
 
 /// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
@@ -156,6 +169,7 @@ impl Tune {
                 "grid" => t.grid = num.filter(|&v| v >= 1),
                 "l2a" => t.l2_a = L2Hint::parse(value),
                 "l2b" => t.l2_b = L2Hint::parse(value),
+                "split" | "splitk" => t.split = num.filter(|&v| (1..=64).contains(&v)),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -255,6 +269,65 @@ pub(super) fn tile_shape(arch: &Arch, p: &GemmProblem) -> Option<(usize, usize, 
         .grid
         .unwrap_or(arch.compute_units.max(1) as usize);
     config(arch, p).map(|cfg| (cfg.bm, cfg.bn, grid.max(1)))
+}
+
+/// The split-K form of `p`, if it takes one: the tile and how many copies of the tile list
+/// (each over its own range of k-tiles) run side by side. Problems whose tiles fill at most
+/// half the SMs leave the rest idle for the whole K loop, and [`pick`] then reaches for small
+/// tiles (an LLM's down-projection at a few hundred tokens, 129 x 2048 x 14336: 192 tiles of
+/// 64 x 32, each MMA a sliver); instead the largest tile runs with its K range cut into as
+/// many pieces as fill about a wave, each at least [`MIN_SPLIT_K_TILES`] k-tiles, and a second
+/// kernel sums them. Not with clusters or ping-pong consumers (tuning runs), and not for the
+/// padded path's internal launches. `split=N` in CALICO_HOPPER_TUNE forces N pieces
+/// (1: never split).
+fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, usize)> {
+    if tune.pingpong == Some(true) || tune.cluster == Some(2) || tune.split == Some(1) {
+        return None;
+    }
+    // The shape [`pick`] would take for a full wave (or the forced one), on f32 partials.
+    let b_kmajor = b_k_major(p)?;
+    let partial = GemmProblem {
+        out_dtype: DType::F32,
+        c: None,
+        bias: None,
+        epilogue: super::Epilogue::None,
+        ..*p
+    };
+    let widest = Tune {
+        bm: tune.bm.or(Some(128)),
+        bn: tune.bn.or(Some(256)),
+        ..tune
+    };
+    let cfg = pick(arch, &partial, b_kmajor, false, widest)?;
+    let k_tiles = p.k.div_ceil(BK);
+    let tiles = cfg.tiles(p).max(1);
+    let wanted = match tune.split {
+        Some(s) => s.min(k_tiles),
+        None => {
+            let sms = arch.compute_units.max(1) as usize;
+            if tiles * 2 > sms {
+                return None;
+            }
+            (sms / tiles)
+                .min(k_tiles / MIN_SPLIT_K_TILES)
+                .min(MAX_SPLIT_K)
+        }
+    };
+    if wanted < 2 {
+        return None;
+    }
+    // No empty piece: as many as `per` k-tiles each need.
+    let per = k_tiles.div_ceil(wanted);
+    let splits = k_tiles.div_ceil(per);
+    let bytes = splits * p.batch * p.m * p.n * 4;
+    (splits >= 2 && bytes <= MAX_SPLIT_K_BYTES).then_some((cfg, splits))
+}
+
+/// The k-splits the router's Hopper launch of `p` would use (1: none); see [`split_plan`].
+pub(crate) fn k_splits(arch: &Arch, p: &GemmProblem) -> usize {
+    config(arch, p)
+        .and_then(|_| split_plan(arch, p, Tune::get()))
+        .map_or(1, |(_, s)| s)
 }
 
 /// True when D can take the TMA-store epilogue: 16-bit output, contiguous rows, 16-byte
@@ -458,6 +531,8 @@ struct Variant {
     c: bool,
     /// L2 hints for the A and B loads.
     l2: (L2Hint, L2Hint),
+    /// Split-K partials: raw f32 into the workspace (CALICO_GEMM_SPLIT_K).
+    split_k: bool,
 }
 
 impl Variant {
@@ -470,7 +545,7 @@ impl Variant {
             L2Hint::EvictLast => format!(" {name}=last"),
         };
         format!(
-            "hopper {}->{} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={} {:?} bias={} c={}{}{}{}",
+            "hopper {}->{} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={} {:?} bias={} c={}{}{}{}{}",
             self.in_dtype,
             self.out_dtype,
             t.bm,
@@ -489,6 +564,7 @@ impl Variant {
             if t.pingpong { " mode=pingpong" } else { "" },
             hint("l2a", self.l2.0),
             hint("l2b", self.l2.1),
+            if self.split_k { " splitk" } else { "" },
         )
     }
 }
@@ -521,6 +597,9 @@ impl KernelVariant for Variant {
         ];
         if self.tile.staged {
             defines.push(("CALICO_GEMM_STAGED_STORE", "1".to_string()));
+        }
+        if self.split_k {
+            defines.push(("CALICO_GEMM_SPLIT_K", "1".to_string()));
         }
         defines.extend(HopperParams::layout_defines());
         KernelSource::assemble(
@@ -690,6 +769,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
                 bias,
                 c,
                 l2: (L2Hint::Normal, L2Hint::Normal),
+                split_k: false,
             },
         )
         .collect();
@@ -718,6 +798,16 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
         c: true,
         ..variants[0]
     });
+    // Split-K partials (few tiles, long K): K-major and N-major B.
+    for b_kmajor in [true, false] {
+        variants.push(Variant {
+            out_dtype: DType::F32,
+            tile: tile(128, 256, 4, false, 1),
+            b_kmajor,
+            split_k: true,
+            ..variants[0]
+        });
+    }
     for v in variants {
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -725,11 +815,87 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             source: v.source(vendor)?,
         });
     }
+    // Their reduction, plain and with the whole epilogue.
+    for reduce in [
+        SplitReduce {
+            out_dtype: DType::BF16,
+            epilogue: Epilogue::None,
+            bias: false,
+            c: false,
+        },
+        SplitReduce {
+            out_dtype: DType::F16,
+            epilogue: Epilogue::Gelu,
+            bias: true,
+            c: true,
+        },
+        SplitReduce {
+            out_dtype: DType::F32,
+            epilogue: Epilogue::Silu,
+            bias: true,
+            c: false,
+        },
+    ] {
+        out.push(crate::catalog::CatalogEntry {
+            op: "gemm",
+            label: reduce.label(),
+            source: reduce.source(vendor)?,
+        });
+    }
     Ok(out)
 }
 
-/// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`).
+/// The split-K reduction (splitk.cu) for one output type and epilogue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct SplitReduce {
+    out_dtype: DType,
+    epilogue: super::Epilogue,
+    bias: bool,
+    c: bool,
+}
+
+impl SplitReduce {
+    fn label(&self) -> String {
+        format!(
+            "hopper splitk reduce ->{} {:?} bias={} c={}",
+            self.out_dtype, self.epilogue, self.bias, self.c
+        )
+    }
+}
+
+impl KernelVariant for SplitReduce {
+    fn source(&self, vendor: calico_core::HeaderSet) -> Result<KernelSource> {
+        let defines = vec![
+            ("CALICO_GEMM_OUT", self.out_dtype.device_type().to_string()),
+            ("CALICO_GEMM_EPILOGUE", self.epilogue.define().to_string()),
+            ("CALICO_GEMM_HAS_BIAS", u8::from(self.bias).to_string()),
+            ("CALICO_GEMM_HAS_C", u8::from(self.c).to_string()),
+        ];
+        KernelSource::assemble(
+            SPLITK_ENTRY,
+            SPLITK_SOURCE,
+            &[
+                vendor,
+                calico_core::device_headers(),
+                super::portable::GEMM_HEADERS,
+            ],
+            &defines,
+        )
+    }
+}
+
+/// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`), split along K
+/// when its tiles leave most SMs idle ([`split_plan`]).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
+    match split_plan(gpu.arch(), p, Tune::get()) {
+        Some((cfg, splits)) => launch_split(gpu, p, cfg, splits),
+        None => launch_for(gpu, p, d_tma_ok(p)),
+    }
+}
+
+/// [`launch`] without split-K, for callers that already hold the device's workspace (the
+/// padded path's operand copies).
+pub(super) fn launch_unsplit(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     launch_for(gpu, p, d_tma_ok(p))
 }
 
@@ -739,13 +905,86 @@ pub(super) fn launch_into_padded_d(gpu: &dyn GpuBackend, p: &GemmProblem) -> Res
     launch_for(gpu, p, d_rows_aligned(p))
 }
 
+/// Split-K: the Hopper kernel writes `splits` raw f32 partials of every tile into the
+/// device's workspace, then splitk.cu sums them in order and applies `p`'s epilogue into D.
+fn launch_split(
+    gpu: &dyn GpuBackend,
+    p: &GemmProblem,
+    cfg: TileConfig,
+    splits: usize,
+) -> Result<()> {
+    let matrix = p.m * p.n;
+    let bytes = splits * p.batch * matrix * 4;
+    gpu.with_workspace(bytes, &mut |base| {
+        let partials = GemmProblem {
+            out_dtype: DType::F32,
+            c: None,
+            d: MatrixArg {
+                ptr: base,
+                rows: p.m,
+                cols: p.n,
+                row_stride: p.n,
+                col_stride: 1,
+                batch_stride: matrix,
+            },
+            bias: None,
+            alpha: 1.0,
+            beta: 0.0,
+            epilogue: super::Epilogue::None,
+            ..*p
+        };
+        launch_tiles(gpu, &partials, cfg, splits)?;
+        let has_c = p.c.is_some() && p.beta != 0.0;
+        let c = p.c.filter(|_| has_c);
+        let reduce = SplitReduce {
+            out_dtype: p.out_dtype,
+            epilogue: p.epilogue,
+            bias: p.bias.is_some(),
+            c: has_c,
+        };
+        let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
+        let items = p.n.div_ceil(SPLITK_COLS) * p.m * p.batch;
+        let blocks = u32::try_from(items.div_ceil(SPLITK_THREADS as usize))
+            .map_err(|_| Error::unsupported("split-K reduction grid exceeds 2^32 blocks"))?;
+        let args = [
+            KernelArg::Ptr(base),
+            KernelArg::I32(as_i32(splits, "k splits")?),
+            KernelArg::I32(as_i32(p.m, "M")?),
+            KernelArg::I32(as_i32(p.n, "N")?),
+            KernelArg::I32(as_i32(p.batch, "batch")?),
+            KernelArg::Ptr(p.d.ptr),
+            KernelArg::I64(as_i64(p.d.row_stride, "D row stride")?),
+            KernelArg::I64(as_i64(batched(&p.d), "D batch stride")?),
+            KernelArg::Ptr(c.map_or(0, |c| c.ptr)),
+            KernelArg::I64(as_i64(c.map_or(0, |c| c.row_stride), "C row stride")?),
+            KernelArg::I64(as_i64(c.map_or(0, |c| batched(&c)), "C batch stride")?),
+            KernelArg::Ptr(p.bias.unwrap_or(0)),
+            KernelArg::F32(p.alpha),
+            KernelArg::F32(p.beta),
+        ];
+        let config = LaunchConfig::linear(blocks, SPLITK_THREADS, 0);
+        gpu.launch_variant(&reduce, &config, &args)
+    })
+}
+
 fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> {
-    let arch = gpu.arch();
-    let Some(mut cfg) = config_for(arch, p, d_tma) else {
+    let Some(cfg) = config_for(gpu.arch(), p, d_tma) else {
         return Err(Error::unsupported(
             "the Hopper GEMM does not support this problem (layout, alignment or device)",
         ));
     };
+    launch_tiles(gpu, p, cfg, 1)
+}
+
+/// Queues the Hopper kernel for `p` on tile `cfg`; `splits` > 1: `p` is the split-K partial
+/// problem (f32 D in the workspace, no epilogue), run as that many copies of the tile list.
+fn launch_tiles(
+    gpu: &dyn GpuBackend,
+    p: &GemmProblem,
+    mut cfg: TileConfig,
+    splits: usize,
+) -> Result<()> {
+    let arch = gpu.arch();
     let b_kmajor = b_k_major(p) == Some(true);
     let tune = Tune::get();
     let no_tile = || Error::unsupported("no Hopper GEMM tile fits this device's shared memory");
@@ -811,12 +1050,13 @@ fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> 
         bias: p.bias.is_some(),
         c: has_c,
         l2: (tune.l2_a.unwrap_or_default(), tune.l2_b.unwrap_or_default()),
+        split_k: splits > 1,
     };
 
     // Persistent: one CTA per SM (whole clusters), or the tuning override.
     let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster;
     let clusters = clusters.max(1);
-    let grid = (cfg.work(p).min(clusters) * cfg.cluster) as u32;
+    let grid = ((cfg.work(p) * splits).min(clusters) * cfg.cluster) as u32;
     let c = p.c.filter(|_| has_c);
     let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
     let params = HopperParams {
@@ -836,7 +1076,7 @@ fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> 
         group_m: tune.group_m.unwrap_or(GROUP_M),
         alpha: p.alpha,
         beta: p.beta,
-        reserved: 0,
+        k_splits: as_i32(splits, "k splits")?,
     };
     let args = [
         KernelArg::Opaque128(map_a),
@@ -950,8 +1190,11 @@ mod tests {
                 pingpong: None,
                 l2_a: None,
                 l2_b: None,
+                split: None,
             }
         );
+        assert_eq!(Tune::parse("split=4").split, Some(4));
+        assert_eq!(Tune::parse("split=0").split, None);
         let h = Tune::parse("l2a=last,l2b=first");
         assert_eq!(
             (h.l2_a, h.l2_b),

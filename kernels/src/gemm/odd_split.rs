@@ -163,7 +163,7 @@ pub(super) fn launch(gpu: &dyn GpuBackend, s: &Split, padded_d: bool) -> Result<
     if padded_d {
         hopper::launch_into_padded_d(gpu, &s.bulk)
     } else {
-        hopper::launch(gpu, &s.bulk)
+        hopper::launch_unsplit(gpu, &s.bulk)
     }
 }
 

@@ -345,7 +345,7 @@ fn launch_in(gpu: &dyn GpuBackend, plan: &Plan, base: u64) -> Result<()> {
     {
         Some(split) => odd_split::launch(gpu, &split, padded_d)?,
         None if padded_d => hopper::launch_into_padded_d(gpu, &q)?,
-        None => hopper::launch(gpu, &q)?,
+        None => hopper::launch_unsplit(gpu, &q)?,
     }
     let Some((stride, _)) = plan.d else {
         return Ok(());

@@ -78,8 +78,9 @@ kernel_params! {
         group_m: i32,
         alpha: f32,
         beta: f32,
-        /// Keeps the struct free of padding (8-byte aligned size); always 0.
-        reserved: u32,
+        /// Split-K variants (CALICO_GEMM_SPLIT_K): copies of the tile list, each over its own
+        /// range of k-tiles (0 or 1 otherwise). Also keeps the struct free of padding.
+        k_splits: i32,
     }
 }
 
@@ -172,7 +173,7 @@ mod tests {
             "0, 8, 16, 24, 32, 40, 48, 56, 60, 64, 68, 72, 76, 80, 84, 88, 92"
         );
         assert!(defines[2].1.starts_with("\"d,c,bias,d_row_stride,"));
-        assert!(defines[2].1.ends_with(",alpha,beta,reserved,\""));
+        assert!(defines[2].1.ends_with(",alpha,beta,k_splits,\""));
         assert_eq!(Sm80Params::layout_defines()[0].1, "184");
         assert_eq!(WeightParams::layout_defines()[0].1, "120");
     }

@@ -2,7 +2,9 @@
 //! (for `calico bench --dry-run` and the router's tests), and `CALICO_GEMM_ROUTE_AS`, which
 //! routes on the GPU at hand as another target would (e.g. sm_100a's path on an H100).
 
-use super::{cdna, cdna_gemv, portable, route, tile, Epilogue, GemmKernel, GemmProblem, MatrixArg};
+use super::{
+    cdna, cdna_gemv, hopper, portable, route, tile, Epilogue, GemmKernel, GemmProblem, MatrixArg,
+};
 use calico_core::{Arch, DType, Error, KernelSource, KernelVariant, Result, Vendor};
 use std::sync::OnceLock;
 
@@ -66,6 +68,9 @@ pub struct GemmPlan {
     pub kernel: GemmKernel,
     /// The variant's source on AMD targets; `None` on NVIDIA (see `calico compile`).
     pub source: Option<KernelSource>,
+    /// K cut into this many pieces computed side by side and summed by a second kernel (the
+    /// Hopper kernel on problems with few tiles and a long K); 1 otherwise.
+    pub k_splits: usize,
 }
 
 /// The plan for `D[m, n] = A[m, k] @ B` on `target`, with A and D dense row-major, B a dense
@@ -96,7 +101,16 @@ pub fn plan_dense(
         }
         _ => None,
     };
-    Ok(GemmPlan { kernel, source })
+    let k_splits = if kernel == GemmKernel::Hopper {
+        hopper::k_splits(&arch, &p)
+    } else {
+        1
+    };
+    Ok(GemmPlan {
+        kernel,
+        source,
+        k_splits,
+    })
 }
 
 /// The dense problem [`plan_dense`] routes (256-byte-aligned buffers, one batch).
@@ -219,5 +233,26 @@ mod tests {
         let hopper = plan_dense("sm_90a", (4096, 4096, 4096), DType::BF16, DType::BF16, true);
         assert_eq!(hopper.unwrap().kernel, GemmKernel::Hopper);
         assert!(plan_dense("tpu_v5", (1, 1, 1), DType::BF16, DType::BF16, true).is_err());
+    }
+
+    /// Few tiles and a long K: the Hopper kernel splits K so that about a wave of CTAs runs
+    /// (129 x 2048 x 14336: 2 x 8 tiles of 128 x 256, 224 k-tiles); a full wave of tiles or a
+    /// short K keeps one piece per tile.
+    #[test]
+    fn hopper_splits_k_when_tiles_leave_sms_idle() {
+        let plan = |m, n, k, kmajor| {
+            plan_dense("sm_90a", (m, n, k), DType::BF16, DType::BF16, kmajor).unwrap()
+        };
+        let few = plan(129, 2048, 14336, true);
+        assert_eq!(few.kernel, GemmKernel::Hopper);
+        assert!(few.k_splits >= 4, "{}", few.k_splits);
+        let tiles = 129usize.div_ceil(128) * 2048usize.div_ceil(256);
+        assert!(tiles * few.k_splits <= 132);
+        // Every piece gets at least MIN_SPLIT_K_TILES k-tiles.
+        assert!(14336 / 64 / few.k_splits >= 8);
+        assert_eq!(plan(1024, 1536, 11008, false).kernel, GemmKernel::Hopper);
+        assert!(plan(1024, 1536, 11008, false).k_splits >= 2);
+        assert_eq!(plan(4096, 4096, 4096, true).k_splits, 1);
+        assert_eq!(plan(256, 1024, 512, true).k_splits, 1);
     }
 }
