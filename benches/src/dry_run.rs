@@ -77,7 +77,11 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
             true,
         )?;
         let kernel = PlannedKernel {
-            label: format!("{:?} kernel", plan.kernel),
+            label: if plan.k_splits > 1 {
+                format!("{:?} kernel, K in {} pieces", plan.kernel, plan.k_splits)
+            } else {
+                format!("{:?} kernel", plan.kernel)
+            },
             source: plan.source,
         };
         list(spec.name(), vec![kernel])?;

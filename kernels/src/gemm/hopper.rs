@@ -272,19 +272,21 @@ pub(super) fn tile_shape(arch: &Arch, p: &GemmProblem) -> Option<(usize, usize, 
 }
 
 /// The split-K form of `p`, if it takes one: the tile and how many copies of the tile list
-/// (each over its own range of k-tiles) run side by side. Problems whose tiles fill at most
-/// half the SMs leave the rest idle for the whole K loop, and [`pick`] then reaches for small
-/// tiles (an LLM's down-projection at a few hundred tokens, 129 x 2048 x 14336: 192 tiles of
-/// 64 x 32, each MMA a sliver); instead the largest tile runs with its K range cut into as
-/// many pieces as fill about a wave, each at least [`MIN_SPLIT_K_TILES`] k-tiles, and a second
-/// kernel sums them. Not with clusters or ping-pong consumers (tuning runs), and not for the
-/// padded path's internal launches. `split=N` in CALICO_HOPPER_TUNE forces N pieces
+/// (each over its own range of k-tiles) run side by side. Problems whose widest tiles fill at
+/// most half the SMs leave the rest idle for the whole K loop, and [`pick`] then reaches for
+/// small tiles (an LLM's down-projection at a few hundred tokens, 129 x 2048 x 14336: 192
+/// tiles of 64 x 32, 90 us on the H100 against torch's 31); instead the widest tile can run
+/// with its K range cut into pieces that fill about a wave, and a second kernel sums them (38
+/// us there). The pieces cost a write and a read of f32 partials and a launch, which loses
+/// where K is short or M x N large (128 x 4096 x 4096: 31 against 16 us), so [`modeled_us`]
+/// decides, per piece count. Not with clusters or ping-pong consumers (tuning runs), and not
+/// for the padded path's internal launches. `split=N` in CALICO_HOPPER_TUNE forces N pieces
 /// (1: never split).
 fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, usize)> {
     if tune.pingpong == Some(true) || tune.cluster == Some(2) || tune.split == Some(1) {
         return None;
     }
-    // The shape [`pick`] would take for a full wave (or the forced one), on f32 partials.
+    // The widest shape (or the forced one), on f32 partials.
     let b_kmajor = b_k_major(p)?;
     let partial = GemmProblem {
         out_dtype: DType::F32,
@@ -301,26 +303,72 @@ fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, u
     let cfg = pick(arch, &partial, b_kmajor, false, widest)?;
     let k_tiles = p.k.div_ceil(BK);
     let tiles = cfg.tiles(p).max(1);
-    let wanted = match tune.split {
-        Some(s) => s.min(k_tiles),
+    let sms = arch.compute_units.max(1) as usize;
+    // Pieces of `per` k-tiles each: no empty piece.
+    let pieces = |wanted: usize| k_tiles.div_ceil(k_tiles.div_ceil(wanted.max(1)));
+    let partial_bytes = |splits: usize| splits * p.batch * p.m * p.n * 4;
+    let splits = match tune.split {
+        Some(s) => pieces(s.min(k_tiles)),
         None => {
-            let sms = arch.compute_units.max(1) as usize;
             if tiles * 2 > sms {
                 return None;
             }
-            (sms / tiles)
+            // The unsplit launch's own tile and rounds, against each piece count that fits
+            // one wave.
+            let whole = config(arch, p)?;
+            let rounds = whole.work(p).div_ceil(sms);
+            let unsplit = modeled_us(p, rounds, k_tiles, whole, 0);
+            let most = (sms / tiles)
                 .min(k_tiles / MIN_SPLIT_K_TILES)
-                .min(MAX_SPLIT_K)
+                .min(MAX_SPLIT_K);
+            let (best, best_us) = (2..=most)
+                .map(pieces)
+                .map(|s| {
+                    (
+                        s,
+                        modeled_us(p, 1, k_tiles.div_ceil(s), cfg, partial_bytes(s)),
+                    )
+                })
+                .min_by(|a, b| a.1.total_cmp(&b.1))?;
+            if best_us >= unsplit {
+                return None;
+            }
+            best
         }
     };
-    if wanted < 2 {
-        return None;
+    (splits >= 2 && partial_bytes(splits) <= MAX_SPLIT_K_BYTES).then_some((cfg, splits))
+}
+
+/// A rough model of the Hopper kernel's time (microseconds, H100) for `rounds` rounds of
+/// CTAs each running `k_tiles` k-tiles of tile `cfg`, plus, when `partial_bytes` > 0, the
+/// split-K form's partials (written, then read by the reduction) and its second launch. A
+/// 128 x 256 k-tile takes ~0.6 us on one SM; smaller tiles are charged by area but not below
+/// 35% of it (their loads and barriers, not the MMAs, set their pace). The operands' bytes from
+/// DRAM bound it from below, and compute and memory overlap only in part. Fitted to the
+/// calico-sweep runs of docs/perf-log.md (session 24); it only has to rank the unsplit launch
+/// against the split ones.
+fn modeled_us(
+    p: &GemmProblem,
+    rounds: usize,
+    k_tiles: usize,
+    cfg: TileConfig,
+    partial_bytes: usize,
+) -> f64 {
+    const KTILE_US: f64 = 0.6;
+    const DRAM_BYTES_PER_US: f64 = 2.8e6;
+    const PARTIAL_BYTES_PER_US: f64 = 2.5e6;
+    const SPLIT_LAUNCH_US: f64 = 5.0;
+    let area = (cfg.bm * cfg.bn) as f64 / (128.0 * 256.0);
+    let compute = rounds as f64 * k_tiles as f64 * KTILE_US * area.max(0.35);
+    let elem = p.in_dtype.size_bytes() as f64;
+    let operands = (p.m + p.n) as f64 * p.k as f64 * elem * p.batch as f64;
+    let output = (p.m * p.n * p.batch) as f64 * p.out_dtype.size_bytes() as f64;
+    let dram = (operands + output) / DRAM_BYTES_PER_US;
+    let mut us = compute.max(dram) + 0.3 * compute.min(dram);
+    if partial_bytes > 0 {
+        us += SPLIT_LAUNCH_US + 2.0 * partial_bytes as f64 / PARTIAL_BYTES_PER_US;
     }
-    // No empty piece: as many as `per` k-tiles each need.
-    let per = k_tiles.div_ceil(wanted);
-    let splits = k_tiles.div_ceil(per);
-    let bytes = splits * p.batch * p.m * p.n * 4;
-    (splits >= 2 && bytes <= MAX_SPLIT_K_BYTES).then_some((cfg, splits))
+    us
 }
 
 /// The k-splits the router's Hopper launch of `p` would use (1: none); see [`split_plan`].
@@ -857,7 +905,7 @@ struct SplitReduce {
 impl SplitReduce {
     fn label(&self) -> String {
         format!(
-            "hopper splitk reduce ->{} {:?} bias={} c={}",
+            "splitk reduce ->{} {:?} bias={} c={}",
             self.out_dtype, self.epilogue, self.bias, self.c
         )
     }
@@ -1064,7 +1112,12 @@ fn launch_tiles(
         c: c.map_or(0, |c| c.ptr),
         bias: p.bias.unwrap_or(0),
         d_row_stride: as_i64(p.d.row_stride, "D row stride")?,
-        d_batch_stride: as_i64(batched(&p.d), "D batch stride")?,
+        // Split-K partials: matrix split * batch + b, even for one batch.
+        d_batch_stride: if splits > 1 {
+            as_i64(p.m * p.n, "split-K partial stride")?
+        } else {
+            as_i64(batched(&p.d), "D batch stride")?
+        },
         c_row_stride: as_i64(c.map_or(0, |c| c.row_stride), "C row stride")?,
         c_batch_stride: as_i64(c.map_or(0, |c| batched(&c)), "C batch stride")?,
         m: as_i32(p.m, "M")?,

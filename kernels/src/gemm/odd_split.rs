@@ -157,8 +157,13 @@ pub(super) fn split(arch: &Arch, q: &GemmProblem) -> Option<Split> {
 /// Queues the slivers, then the bulk on the Hopper kernel; `padded_d`: D is the padded path's
 /// aligned buffer, which the bulk may write past its last column (TMA stores).
 pub(super) fn launch(gpu: &dyn GpuBackend, s: &Split, padded_d: bool) -> Result<()> {
+    // The padded path holds the device's workspace while this runs: nothing here may take it
+    // again (the Hopper kernel's split-K form would wait on it forever).
     for (kernel, p) in s.rows.iter().chain(s.cols.iter()) {
-        launch_kernel(gpu, *kernel, p)?;
+        match kernel {
+            GemmKernel::Hopper => hopper::launch_unsplit(gpu, p)?,
+            _ => launch_kernel(gpu, *kernel, p)?,
+        }
     }
     if padded_d {
         hopper::launch_into_padded_d(gpu, &s.bulk)
