@@ -1124,6 +1124,121 @@ fn attention_hopper_shapes_backward() {
     }
 }
 
+/// Whether the router sends `c`'s backward on `dev` to the Hopper kernels with the unit's
+/// query heads split over CTAs (`Some(true)`), to them unsplit (`Some(false)`), or elsewhere
+/// (`None`: not sm_90a, or CALICO_ATTN_HOPPER_BWD=0). The split depends on the key blocks
+/// only, so the plan's one length is Nkv.
+fn hopper_head_split(dev: &Device, c: &Case) -> Result<Option<bool>, String> {
+    if dev.arch().target != "sm_90a" {
+        return Ok(None);
+    }
+    let case = ops::AttentionCase {
+        dtype: c.dtype,
+        batch: c.dims.batch,
+        q_heads: c.dims.q_heads,
+        kv_heads: c.dims.kv_heads,
+        seq: c.dims.k_len,
+        head_dim: c.dims.head_dim,
+        causal: c.opts.causal,
+        backward: true,
+        varlen: false,
+        softcap: c.opts.softcap,
+    };
+    let plan = ops::plan_attention(&dev.arch().target, &case).ctx("plan_attention")?;
+    Ok(plan
+        .kernels
+        .first()
+        .filter(|k| k.label.starts_with("hopper bwd"))
+        .map(|k| k.label.contains(" headsplit")))
+}
+
+/// GQA and MQA backward problems with few (key block, KV head, batch) units, which the Hopper
+/// backward runs with each unit's query heads split over several CTAs (HEAD_SPLIT in
+/// kernels/device/attention/hopper_bwd.cu: f32 partials of dK and dV summed in a fixed order
+/// by a combine kernel): B = 1 with Hq / Hkv = 8 / 1 and 16 / 2, odd N (333, 1000), Nq != Nkv,
+/// causal or not, windows, a soft-cap, d = 64 and 128, padded head dims (96, 40), groups of 3
+/// and 4, parts of one head and of four (4096 and 2100 keys: 64 and 34 units, 2 parts of the
+/// group of 8), element, pair and 16-byte stores of dK and dV, and batch 2; then a GQA problem
+/// with more units than an H100 has SMs (not split). On sm_90a the router's choice is checked
+/// too (unless CALICO_ATTN_HOPPER_BWD_TUNE is set), and dK and dV must come out bit for bit
+/// the same on a second run (dQ is summed by atomics, dK and dV are not).
+#[test]
+fn attention_hopper_head_split_backward() {
+    const TEST: &str = "attention_hopper_head_split_backward";
+    let causal = causal_mask();
+    let plain = AttentionOptions::default();
+    let window = window_mask;
+    let capped = AttentionOptions {
+        causal: true,
+        softcap: Some(30.0),
+        ..Default::default()
+    };
+    let aligned_out = |mut c: Case| {
+        c.o_mem = c.q_mem;
+        c
+    };
+    let split = vec![
+        fixed(DType::BF16, (1, 1, 8), (333, 333, 64), causal, 1.0),
+        aligned_out(fixed(DType::F16, (1, 1, 8), (1000, 1000, 64), plain, 1.0)),
+        aligned_out(fixed(DType::BF16, (1, 2, 8), (333, 333, 128), causal, 1.0)),
+        with_o(
+            fixed(DType::F16, (1, 2, 8), (1000, 333, 64), plain, 1.0),
+            2,
+            2,
+        ),
+        fixed(DType::BF16, (1, 1, 8), (333, 1000, 128), causal, 1.0),
+        fixed(DType::F16, (1, 1, 8), (1000, 333, 128), causal, 1.0),
+        fixed(DType::BF16, (1, 2, 4), (300, 700, 64), capped, 1.0),
+        fixed(DType::BF16, (2, 1, 3), (130, 700, 64), window(100, 0), 1.0),
+        aligned_out(fixed(DType::F16, (2, 2, 4), (333, 333, 128), plain, 1.0)),
+        with_o(
+            fixed(DType::BF16, (1, 2, 8), (333, 333, 96), causal, 1.0),
+            8,
+            8,
+        ),
+        with_o(
+            fixed(DType::F16, (1, 1, 8), (200, 333, 40), window(50, 10), 1.0),
+            2,
+            2,
+        ),
+        aligned_out(fixed(DType::BF16, (1, 2, 8), (70, 4096, 64), causal, 1.0)),
+        fixed(DType::F16, (2, 1, 8), (100, 2100, 128), plain, 1.0),
+    ];
+    let unsplit = [fixed(DType::BF16, (1, 33, 2), (100, 600, 64), causal, 1.0)];
+    let check_route = std::env::var_os("CALICO_ATTN_HOPPER_BWD_TUNE").is_none();
+    for dev in gpu_backends(TEST, "the head-split Hopper backward") {
+        for (c, want) in split
+            .iter()
+            .map(|c| (c, true))
+            .chain(unsplit.iter().map(|c| (c, false)))
+        {
+            let fail = |e: String| -> ! { panic!("backend {}: {c:?}: {e}", dev.kind()) };
+            let route = hopper_head_split(&dev, c).unwrap_or_else(|e| fail(e));
+            if check_route && route.is_some() && route != Some(want) {
+                fail(format!("routed with head split {route:?}, expected {want}"));
+            }
+            // backward_case, and a second run whose dK and dV (register sums, or partials
+            // summed in a fixed order) must match the first bit for bit.
+            let x = inputs(&dev, c).unwrap_or_else(|e| fail(e));
+            let feed = backward_feed(c, &x);
+            let [dq, dk, dv] = run_backward(&dev, c, &x, &feed).unwrap_or_else(|e| fail(e));
+            let (rq, rk, rv) = reference::attention_backward_reference(
+                &x.q, &x.k, &x.v, &feed.o, &feed.d_o, &c.dims, &c.opts,
+            );
+            check_grad("dq", c.dtype, &dq, &rq).unwrap_or_else(|e| fail(e));
+            check_grad("dk", c.dtype, &dk, &rk).unwrap_or_else(|e| fail(e));
+            check_grad("dv", c.dtype, &dv, &rv).unwrap_or_else(|e| fail(e));
+            let [_, dk1, dv1] = run_backward(&dev, c, &x, &feed).unwrap_or_else(|e| fail(e));
+            let same = |a: &[f64], b: &[f64]| {
+                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+            };
+            if !same(&dk, &dk1) || !same(&dv, &dv1) {
+                fail("dK or dV differ between two runs".to_string());
+            }
+        }
+    }
+}
+
 /// Head dims that are multiples of 8 but not 64, 128 or 256 (Phi's 80 and 96, 32, 40, 120,
 /// 192): on sm_90a the Hopper kernels run them at the next kernel width (forward 64 / 128 /
 /// 256, backward 64 / 128) on zero-filled columns and store only the real ones. O and the

@@ -281,6 +281,79 @@ fn hopper_attention_disassembles_to_hgmma_and_utmaldg() {
     assert_hgmma_fed_by_tma(entries);
 }
 
+/// The Hopper backward's head-split main kernels (CALICO_ATTN_HEAD_SPLIT: a unit's query heads
+/// over several CTAs, dK and dV stored as f32 partials for the combine kernel) keep the step
+/// loop of the kernel they split: no more local memory (LDL/STL) in the innermost loop around
+/// their wgmma than the unsplit variant of the same label (some d = 128 ones keep a few loads
+/// of loop state there today), and no local memory at all in the combine kernels.
+#[test]
+fn hopper_attention_backward_head_split_keeps_the_step_loop() {
+    if !toolchain_or_skip("sm_90a disassembly", nvrtc_available()) {
+        return;
+    }
+    let all = catalog::entries("sm_90a", Some("attention_hopper")).expect("catalog assembles");
+    let split: Vec<_> = all
+        .iter()
+        .filter(|e| e.label.starts_with("hopper bwd Main") && e.label.contains(" headsplit"))
+        .cloned()
+        .collect();
+    assert!(
+        split.iter().any(|e| e.label.contains("d=64"))
+            && split.iter().any(|e| e.label.contains("d=128")),
+        "head-split main variants at d = 64 and 128"
+    );
+    let unsplit: Vec<_> = split
+        .iter()
+        .map(|e| {
+            let label = e.label.replace(" headsplit", "");
+            all.iter()
+                .find(|u| u.label == label)
+                .unwrap_or_else(|| panic!("{}: no unsplit variant in the catalog", e.label))
+                .clone()
+        })
+        .collect();
+    let combine: Vec<_> = all
+        .iter()
+        .filter(|e| e.label.starts_with("hopper bwd Combine"))
+        .cloned()
+        .collect();
+    assert!(
+        !combine.is_empty(),
+        "the combine kernels are in the catalog"
+    );
+    let step_loop = |label: &str, sass: &str| {
+        let body = calico_cuda::disasm::innermost_loop_with(sass, "HGMMA")
+            .unwrap_or_else(|| panic!("{label}: no loop around HGMMA"));
+        let local = body
+            .iter()
+            .filter(|t| t.starts_with("LDL") || t.starts_with("STL"));
+        (body.len(), local.count())
+    };
+    let Some(split) = nvidia_sass("sm_90a", split) else {
+        return;
+    };
+    let Some(unsplit) = nvidia_sass("sm_90a", unsplit) else {
+        return;
+    };
+    for ((e, sass), (_, base)) in split.iter().zip(&unsplit) {
+        let (n, spills) = step_loop(&e.label, sass);
+        let (base_n, base_spills) = step_loop(&e.label, base);
+        println!(
+            "{}: step loop {n} instructions, {spills} LDL/STL (unsplit: {base_n}, {base_spills})",
+            e.label
+        );
+        assert!(
+            spills <= base_spills,
+            "{}: more local memory in the step loop than unsplit",
+            e.label
+        );
+    }
+    for (e, sass) in nvidia_sass("sm_90a", combine).unwrap_or_default() {
+        let count = |op: &str| calico_cuda::disasm::count_opcode(&sass, op);
+        assert_eq!(count("LDL") + count("STL"), 0, "{}: local memory", e.label);
+    }
+}
+
 /// The lazy-softmax Hopper attention forwards at head dims 128 and 256 (the defaults among
 /// them; 128-, 160- and 176-key blocks, with and without the stale-max softmax, packed,
 /// padded, traced) keep their registers in the key loop: no local memory (LDL/STL) in the

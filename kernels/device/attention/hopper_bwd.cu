@@ -1,11 +1,14 @@
 // Hopper (sm_90a) attention backward: dQ, dK, dV from Q, K, V, O, LSE and dO, bf16/f16 in,
-// f32 accumulation. Three kernels from this one source (CALICO_ATTN_KERNEL picks one):
+// f32 accumulation. Four kernels from this one source (CALICO_ATTN_KERNEL picks one):
 //
 //  0  prepare:  per query row, delta = rowsum(dO * O) and LSE in base 2 (+inf where the row
 //               saw no key, so P = exp2(s - lse) is 0 there), into a workspace padded to whole
 //               query blocks; the f32 dQ accumulator of the row set to 0.
-//  1  main:     one CTA per (key block of 128, KV head, batch); see DESIGN.
+//  1  main:     one CTA per (key block of 128, KV head, batch), or per (that unit, part of its
+//               query heads) under HEAD_SPLIT; see DESIGN.
 //  2  finish:   dQ = scale * accumulator, in the output dtype and strides.
+//  3  combine:  (HEAD_SPLIT only) dK = scale * sum of the parts' f32 partials, dV = their
+//               sum, in the output dtype and strides.
 //
 // DESIGN (main)
 //  * One CTA per unit (key block, KV head, batch), the grid in the order of unit_at: chunks of
@@ -33,6 +36,20 @@
 //    which the other warpgroup reaches only after its dQ product of step i-2 completed.
 //  * dK, dV stay in registers over all query heads of the group (the GQA sum, no atomics) and
 //    are stored once: dK * scale, dV; keys >= Nkv are not stored.
+// DESIGN (HEAD_SPLIT, CALICO_ATTN_HEAD_SPLIT 1)
+//  * GQA / MQA with few units (B * Hkv * key blocks below the SM count) leaves most SMs idle:
+//    each unit walks all `group` query heads alone. The host then picks `head_split` s (a
+//    divisor of the group, hopper_bwd.rs head_split) and runs s CTAs per unit: part r walks
+//    the query heads [r * group / s, (r + 1) * group / s) of the group. The work list is unit
+//    by unit with the part fastest (w = unit * s + part, unit_at): a unit's parts run side by
+//    side (its K / V tiles shared in L2, their dQ reductions on different heads' rows) and the
+//    unit order (chunks, longest key blocks first, WALK_STAGGER) is the unsplit one.
+//  * A part stores its dK and dV (f32, dK not yet scaled, all D columns, all 128 keys of the
+//    block) to the workspace, [s, B * Hkv, nkv_pad, D] for dK then the same for dV (nkv_pad:
+//    Nkv rounded up to 128; a block no row sees stores zeros). The combine kernel sums the
+//    parts in order 0 .. s - 1 (the result does not depend on timing), scales dK and writes
+//    dK and dV (keys < Nkv, the real head-dim columns) with 16-byte stores where alignment
+//    allows. Without the define (s = 1) the main kernel is the one described above.
 // EDGES
 //  * Nq, Nkv not multiples of the blocks: TMA zero-fills Q/dO rows and K/V keys past the end;
 //    padded rows have LSE = +inf (P = 0) and land in the padded part of the accumulator; keys
@@ -55,7 +72,8 @@
 // and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_WIDE_REGS 0 | 1
 // (see PRODUCER_REGS), CALICO_ATTN_DEFER_DQ 0 | 1 (see DEFER_DQ), CALICO_ATTN_FTZ_EXP 0 | 1
 // (see p_exp2), CALICO_ATTN_VARLEN 0 | 1 (main kernel: packed sequences, see EDGES),
-// CALICO_ATTN_PADDED 0 | 1 (all three: `head_dim` below D, see EDGES).
+// CALICO_ATTN_PADDED 0 | 1 (all four: `head_dim` below D, see EDGES), CALICO_ATTN_HEAD_SPLIT
+// 0 | 1 (main kernel: see HEAD_SPLIT; kernel 3 is its combine kernel).
 #include "calico/calico.h"
 #include "calico/mbarrier.cuh"
 #include "calico/pipeline.cuh"
@@ -77,8 +95,8 @@ constexpr int D = CALICO_ATTN_D;
 // A head dim below D (`head_dim`, a multiple of 8; see EDGES): only its columns are read from O
 // and dO and written to dQ, dK and dV.
 constexpr bool PADDED = CALICO_ATTN_PADDED != 0;
-#if CALICO_ATTN_KERNEL == 0 || (CALICO_ATTN_KERNEL == 2 && !CALICO_ATTN_BULK_DQ)
-constexpr int ROW_THREADS = 256;  // prepare / finish: one warp per row
+#if CALICO_ATTN_KERNEL == 0 || (CALICO_ATTN_KERNEL == 2 && !CALICO_ATTN_BULK_DQ) || CALICO_ATTN_KERNEL == 3
+constexpr int ROW_THREADS = 256;  // prepare / finish: one warp per row; combine: D / 8 lanes per row
 #endif
 
 static_assert(sizeof(in_t) == 2, "16-bit inputs");
@@ -251,6 +269,73 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 #endif
 #endif
 
+#if CALICO_ATTN_KERNEL == 3
+namespace attn_hopper_bwd {
+
+// Writes 8 consecutive columns (8-aligned) of a dK or dV row: one 16-byte store, four 4-byte
+// pairs or eight elements, as `mode` (calico::ROW_STORE_*) allows.
+CALICO_DEVICE void store_eight(in_t* at, const float (&v)[8], int mode) {
+    if (mode == calico::ROW_STORE_CHUNKS) {
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) w[i] = calico::pack_word<in_t>(v[2 * i], v[2 * i + 1]);
+        calico::store_chunk(at, w);
+    } else if (mode == calico::ROW_STORE_PAIRS) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) *reinterpret_cast<uint32_t*>(at + 2 * i) = calico::pack_word<in_t>(v[2 * i], v[2 * i + 1]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) at[i] = calico::from_float<in_t>(v[i]);
+    }
+}
+
+// Adds the 8 floats (32 bytes, 16-byte aligned) at `src` to `acc`.
+CALICO_DEVICE void add_eight(float (&acc)[8], const float* src) {
+    const float4 a = *reinterpret_cast<const float4*>(src);
+    const float4 b = *reinterpret_cast<const float4*>(src + 4);
+    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] += x[i];
+}
+
+}  // namespace attn_hopper_bwd
+
+// HEAD_SPLIT's combine: D / 8 threads per key row r = (b * Hkv + hk) * Nkv + j (count: the
+// rows times D / 8), each summing 8 columns of the `splits` f32 partials of dK and of dV
+// (part: [splits, B * Hkv, nkv_pad, D] for dK, then the same for dV; `section` floats per
+// part) in order, dK times `scale`, and storing them in the dtype (stores: dK's
+// calico::ROW_STORE_* mode in bits 0-1, dV's in bits 2-3). Padded head dims: only the chunks
+// below head_dim.
+CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
+    calico_attention_hopper_bwd_combine(const float* part, attn_hopper_bwd::in_t* dk, long long dk_sb, long long dk_sh,
+                                        long long dk_sn, attn_hopper_bwd::in_t* dv, long long dv_sb, long long dv_sh,
+                                        long long dv_sn, float scale, int kv_heads, int k_len, int nkv_pad, int splits,
+                                        long long section, long long count, int stores, int head_dim) {
+    using namespace attn_hopper_bwd;
+    constexpr int LANES = D / 8;
+    const long long idx = (long long)blockIdx.x * ROW_THREADS + threadIdx.x;
+    if (idx >= count) return;
+    const int c = (int)(idx % LANES);
+    if (PADDED && 8 * c >= head_dim) return;
+    const long long r = idx / LANES;
+    const long long bh = r / k_len;
+    const int j = (int)(r - bh * k_len);
+    const long long b = bh / kv_heads, hk = bh - b * kv_heads;
+    const float* src = part + (bh * nkv_pad + j) * D + 8 * c;
+    const long long dv_at = (long long)splits * section;
+    float k[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int s = 0; s < splits; ++s) {
+        add_eight(k, src + s * section);
+        add_eight(v, src + dv_at + s * section);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) k[i] *= scale;
+    store_eight(dk + b * dk_sb + hk * dk_sh + j * dk_sn + 8 * c, k, stores & 3);
+    store_eight(dv + b * dv_sb + hk * dv_sh + j * dv_sn + 8 * c, v, (stores >> 2) & 3);
+}
+#endif
+
 #if CALICO_ATTN_KERNEL == 1
 namespace attn_hopper_bwd {
 
@@ -267,6 +352,11 @@ constexpr bool OVERLAP = CALICO_ATTN_SCHED == 2;
 #endif
 // Packed sequences (see VARLEN in EDGES): the key and query bounds come from the offsets.
 constexpr bool VARLEN = CALICO_ATTN_VARLEN != 0;
+#ifndef CALICO_ATTN_HEAD_SPLIT
+#define CALICO_ATTN_HEAD_SPLIT 0
+#endif
+// A unit's query heads over several CTAs, dK and dV to f32 partials (see HEAD_SPLIT).
+constexpr bool HEAD_SPLIT = CALICO_ATTN_HEAD_SPLIT != 0;
 // Masks as row ranges: blocks that need no mask run a P^T pass with no mask code at all, the
 // others one select per element against the rows that see the thread's key (a branch per
 // element, the form before session 8, kept ptxas from scheduling the exp2s together).
@@ -343,6 +433,8 @@ struct barriers {
 
 struct params {
     int batch, q_heads, kv_heads, group, q_len, k_len, nq_pad, n_blocks;
+    // HEAD_SPLIT: CTAs per unit, and the query heads each walks (1 and group without it).
+    int split, part_heads;
     int has_left, has_right, walk;  // walk: WALK_STAGGER, and the chunk above it (unit_at)
     long long left, right;
     // Packed sequences (VARLEN): offsets of n_seqs sequences in one batch of all the rows.
@@ -353,6 +445,7 @@ struct params {
 
 struct unit {
     int b, hk, n0;
+    int part, hq0;   // HEAD_SPLIT: the part of the unit, its first query head in the group
     int m_lo, m_hi;  // query blocks [m_lo, m_hi) of each head; none when m_hi <= m_lo
     int rot;         // the walk over them starts at m_lo + rot and wraps around
     // VARLEN: the rows that see the block's last key start at vis_lo, those that see its first
@@ -401,12 +494,19 @@ CALICO_DEVICE int block_at(const unit& u, int k) {
 // 1), and inside a chunk every pair's first key block, then every pair's second, .. C = 1 is
 // head by head, each head's key blocks first to last; a larger C starts more heads' first key
 // blocks, which under a causal mask are their longest units (they see every query block), at
-// the start. WALK_STAGGER rotates each key block's walk over the query blocks.
+// the start. WALK_STAGGER rotates each key block's walk over the query blocks. HEAD_SPLIT:
+// entry w is part w % split of the unit at w / split in that order.
 constexpr int WALK_STAGGER = 1;
 
 CALICO_DEVICE unit unit_at(const params& p, int w) {
     unit u;
     u.vis_lo = u.vis_hi = 0;
+    u.part = 0;
+    if constexpr (HEAD_SPLIT) {
+        u.part = w % p.split;
+        w /= p.split;
+    }
+    u.hq0 = u.part * p.part_heads;
     const int pairs = p.batch * p.kv_heads;
     const int chunk = max(1, min(p.walk >> 1, pairs));
     const int per_chunk = chunk * p.n_blocks;
@@ -565,6 +665,19 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
     }
 }
 
+// HEAD_SPLIT: stores a warp's 16 keys x D of a register tile as f32 at `base` (the warp's
+// first key's row of a [keys, D] partial): 8-byte stores, a quad's four fill 32 bytes.
+CALICO_DEVICE void store_partial(const float (&acc)[ACC_REGS], float* base) {
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+        float* row = base + (long long)(g + 8 * hh) * D + 2 * t;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) *reinterpret_cast<float2*>(row + 8 * j) = make_float2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+    }
+}
+
 }  // namespace attn_hopper_bwd
 
 // Parameters (kernels/src/ops/attention/hopper_bwd.rs builds them):
@@ -580,6 +693,8 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
 //  cap_log2 as the forward's. left/right: window sides (flags say whether each is bounded).
 //  walk: WALK_STAGGER (bit 0) rotates each key block's walk over the query blocks; walk >> 1
 //  pairs of (batch, KV head) per chunk of the unit order (see unit_at).
+//  dkv_part, head_split (HEAD_SPLIT): the f32 partials ([head_split, B * Hkv, nkv_pad, D]
+//  for dK, then for dV) and the CTAs per unit; dk, dv and pairs are not used then.
 CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     calico_attention_hopper_bwd(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
                                 const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,
@@ -588,7 +703,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                 long long dk_sb, long long dk_sh, long long dk_sn, long long dv_sb, long long dv_sh, long long dv_sn,
                                 int pairs, float scale, float score_scale, float cap_log2, int has_left, long long left,
                                 int has_right, long long right, int walk, const int* cu_q, const int* cu_k,
-                                int n_seqs, int head_dim) {
+                                int n_seqs, int head_dim, float* dkv_part, int head_split) {
     using namespace attn_hopper_bwd;
     namespace pl = calico::pipeline;
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -612,7 +727,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     p.cu_q = cu_q;
     p.cu_k = cu_k;
     p.n_seqs = n_seqs;
-    const int work = batch * p.kv_heads * p.n_blocks;
+    p.split = HEAD_SPLIT ? head_split : 1;
+    p.part_heads = HEAD_SPLIT ? group / p.split : group;
+    const int work = batch * p.kv_heads * p.n_blocks * p.split;
 
     if (threadIdx.x == 0) {
         bars.q.init(RELEASES);
@@ -654,8 +771,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             calico::tma::load_4d(smem + V_OFFSET + c * BKV * 128, map_v, c * CHUNK, u.n0, u.hk, u.b, bars.kv_full);
         }
         ++kv_loads;
-        for (int hq = 0; hq < p.group; ++hq) {
-            const int h = u.hk * p.group + hq;
+        for (int hq = 0; hq < p.part_heads; ++hq) {
+            const int h = u.hk * p.group + u.hq0 + hq;
             const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
             for (int k = 0; k < u.m_hi - u.m_lo; ++k) {
                 const int m = block_at(u, k);
@@ -754,8 +871,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             };
 #endif
             int step = 0;
-            for (int hq = 0; hq < p.group; ++hq) {
-                const int h = u.hk * p.group + hq;
+            for (int hq = 0; hq < p.part_heads; ++hq) {
+                const int h = u.hk * p.group + u.hq0 + hq;
                 const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
                 for (int k = 0; k < u.m_hi - u.m_lo; ++k, ++step) {
                     const int m0 = block_at(u, k) * BQ;
@@ -1050,8 +1167,18 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         }
 
         const long long key0 = (long long)u.n0 + wg_key0 + 16 * warp;
-        store_keys(dk_acc, scale, dk + u.b * dk_sb + u.hk * dk_sh, dk_sn, (pairs & 1) != 0, key0, p.k_len, head_dim);
-        store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len, head_dim);
+        if constexpr (HEAD_SPLIT) {
+            // This part's partials: all 128 keys of the block (the section's rows are padded).
+            const long long bhs = (long long)batch * p.kv_heads;
+            const long long nkv_pad = (long long)p.n_blocks * BKV;
+            const long long section = bhs * nkv_pad * D;
+            float* at = dkv_part + (((long long)u.part * bhs + (long long)u.b * p.kv_heads + u.hk) * nkv_pad + key0) * D;
+            store_partial(dk_acc, at);
+            store_partial(dv_acc, at + p.split * section);
+        } else {
+            store_keys(dk_acc, scale, dk + u.b * dk_sb + u.hk * dk_sh, dk_sn, (pairs & 1) != 0, key0, p.k_len, head_dim);
+            store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len, head_dim);
+        }
     };
 
     // BULK_DQ: warp 1 adds each staged tile to the accumulator, whose query block of BQ x D
@@ -1060,12 +1187,12 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         const unit u = unit_at(p, w);
         if (u.m_hi <= u.m_lo) return;
         const int lane = threadIdx.x % 32;
-        const int steps = p.group * (u.m_hi - u.m_lo);
+        const int steps = p.part_heads * (u.m_hi - u.m_lo);
         // The staging tiles start empty.
         for (int c = 0; c < CONSUMERS; ++c) calico::named_barrier_arrive(DQ_EMPTY_BARRIER + c, DQ_BARRIER_THREADS);
         int step = 0;
-        for (int hq = 0; hq < p.group; ++hq) {
-            const int h = u.hk * p.group + hq;
+        for (int hq = 0; hq < p.part_heads; ++hq) {
+            const int h = u.hk * p.group + u.hq0 + hq;
             const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
             for (int k = 0; k < u.m_hi - u.m_lo; ++k, ++step) {
                 float* block = dq_acc + (row0 + (long long)block_at(u, k) * BQ) * D;

@@ -302,10 +302,19 @@ pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
             vec![planned(&arch, v.label(), &v)?]
         }
         AttentionChoice::Forward(attn::ForwardRoute::Tile(v)) => vec![tile(v)?],
-        AttentionChoice::Backward(attn::BackwardRoute::Hopper(v)) => vec![PlannedKernel {
-            label: format!("{}, between its prepare and finish kernels", v.label()),
-            source: None,
-        }],
+        AttentionChoice::Backward(attn::BackwardRoute::Hopper(v)) => {
+            let label = v.label();
+            // A head-split main kernel leaves dK and dV to its combine kernel.
+            let combine = if label.contains(" headsplit") {
+                ", and its dK / dV combine kernel"
+            } else {
+                ""
+            };
+            vec![PlannedKernel {
+                label: format!("{label}, between its prepare and finish kernels{combine}"),
+                source: None,
+            }]
+        }
         AttentionChoice::Backward(attn::BackwardRoute::Tile { dq, dkdv }) => {
             vec![tile(dq)?, tile(dkdv)?]
         }

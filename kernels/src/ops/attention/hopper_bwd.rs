@@ -1,9 +1,20 @@
 //! The Hopper (sm_90a) attention backward: TMA + wgmma, warp-specialised, dQ summed exactly in
 //! f32 with global reductions (`kernels/device/attention/hopper_bwd.cu` explains the kernels).
 //! This module decides when it applies, lays out the workspace, encodes the tensor maps and
-//! launches prepare, main and finish; problems it declines (deterministic calls, head dims
-//! that are not multiples of 8 or exceed 128, views TMA cannot express) go to the tile
-//! kernels. Head dims below 64 or 128 run the kernels of that width on zero-filled columns.
+//! launches prepare, main (then combine, when it splits a unit's query heads: [`head_split`])
+//! and finish; problems it declines (deterministic calls, head dims that are not multiples of
+//! 8 or exceed 128, views TMA cannot express) go to the tile kernels. Head dims below 64 or
+//! 128 run the kernels of that width on zero-filled columns.
+//!
+//! Head split (DESIGN): the main kernel's unit is (key block, KV head, batch) and walks every
+//! query head of its KV head's group, so GQA / MQA at a small batch gives fewer CTAs than SMs.
+//! When the units do not fill the SMs, [`head_split`] picks s (a divisor of the group) and the
+//! router a main variant built with CALICO_ATTN_HEAD_SPLIT: the grid has units * s CTAs (the
+//! part fastest in the work list), each walking group / s query heads and storing f32 dK, dV
+//! partials into the workspace ([`Workspace`]: `[s, B * Hkv, nkv_pad, D]` each), and the
+//! combine kernel (kernel 3) sums them in part order (deterministic), scales dK and writes
+//! dK and dV. Packed sequences split too (one batch of all the keys). Without the define the
+//! main kernel compiles to the same SASS as before the split existed.
 
 use super::check::kernel_head_dim;
 use super::check::Problem;
@@ -27,6 +38,8 @@ const ROW_THREADS: u32 = 256;
 const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
 /// Threads of the bulk-dQ finish kernel: one block per 64 x 64 tile of the accumulator.
 const FINISH_TILE_THREADS: u32 = 128;
+/// Threads of the combine kernel (head_dim / 8 per key row).
+const COMBINE_THREADS: u32 = 256;
 /// The deepest Q / dO ring.
 const MAX_STAGES: usize = 4;
 /// Sequence lengths beyond this are left to the tile kernels (32-bit coordinates).
@@ -42,6 +55,8 @@ pub(crate) enum BwdKernel {
     Main,
     /// dQ from its accumulator.
     Finish,
+    /// dK and dV from the f32 partials of a head-split main kernel.
+    Combine,
 }
 
 /// One compiled form of a kernel.
@@ -65,6 +80,9 @@ pub(crate) struct HopperBwdVariant {
     defer_dq: bool,
     /// Main kernel: P = 2^x by one flush-to-zero MUFU.EX2 (CALICO_ATTN_FTZ_EXP).
     ftz_exp: bool,
+    /// Main kernel: each unit's query heads over several CTAs, dK and dV as f32 partials for
+    /// the combine kernel (CALICO_ATTN_HEAD_SPLIT; [`head_split`] picks the count per call).
+    head_split: bool,
     /// Main kernel: packed sequences (CALICO_ATTN_VARLEN), their bounds from the offsets.
     varlen: bool,
     /// The problem's head dim is below `head_dim` (CALICO_ATTN_PADDED): the three kernels read
@@ -91,6 +109,9 @@ pub(crate) struct HopperBwdVariant {
 /// row-range masks, which replaced a branch per element and are the only form since session 9:
 /// together +62-74% at d = 64, +30-52% at d = 128), `deferdq` at d = 64 only (+3-4% there,
 /// -4-5% at d = 128); `narrowregs`, `exp2f` and `syncdq` / `deferdq` turn each off / on.
+/// `headsplit=N` runs each unit's query heads over N CTAs (the largest divisor of the group
+/// not above N; dK and dV then go through f32 partials and the combine kernel), `noheadsplit`
+/// never splits; by default [`head_split`] splits when the units do not fill the SMs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
@@ -104,6 +125,8 @@ struct Tune {
     /// `None`: by head dim (on at d = 64).
     defer_dq: Option<bool>,
     ftz_exp: bool,
+    /// CTAs per unit (`headsplit=N`, `noheadsplit`: 1); `None`: [`head_split`] decides.
+    head_split: Option<usize>,
 }
 
 impl Default for Tune {
@@ -116,6 +139,7 @@ impl Default for Tune {
             wide_regs: true,
             defer_dq: None,
             ftz_exp: true,
+            head_split: None,
         }
     }
 }
@@ -141,6 +165,14 @@ impl Tune {
                 "syncdq" => t.defer_dq = Some(false),
                 "ftzexp" => t.ftz_exp = true,
                 "exp2f" => t.ftz_exp = false,
+                "noheadsplit" => t.head_split = Some(1),
+                _ if part.starts_with("headsplit=") => {
+                    t.head_split = part["headsplit=".len()..]
+                        .parse()
+                        .ok()
+                        .map(|n: usize| n.max(1))
+                        .or(t.head_split);
+                }
                 _ => {}
             }
         }
@@ -171,27 +203,64 @@ const MIN_CHUNKED_BLOCKS: usize = 16;
 /// within 1%; all pairs at once lost 40% on MHA at 2048 (128 heads' rows at once, none shared).
 /// Below 16 key blocks it measured slower (the full report of that session: 4 and 8 key blocks,
 /// N = 512 to 1024, causal, -4 to -11%; not understood), so short heads keep head by head, as
-/// do units of equal length (no mask, or a window on both sides).
-fn walk_chunk(arch: &Arch, p: &Problem, params: &AttentionParams) -> usize {
+/// do units of equal length (no mask, or a window on both sides). With `split` CTAs per unit
+/// ([`head_split`]) a pair has `split` times as many CTAs: the chunk counts them.
+fn walk_chunk(arch: &Arch, p: &Problem, params: &AttentionParams, split: usize) -> usize {
     let sms = (arch.compute_units as usize).max(1);
     let blocks = p.k_len.div_ceil(BKV).max(1);
     let pairs = (p.batch * p.kv_heads).max(1);
+    let ctas = blocks * split.max(1);
     if params.right.is_some() && params.left.is_none() && blocks >= MIN_CHUNKED_BLOCKS {
-        ((sms + blocks / 2) / blocks).clamp(1, pairs)
+        ((sms + ctas / 2) / ctas).clamp(1, pairs)
     } else {
         1
     }
 }
 
 /// The kernel's `walk` argument: WALK_STAGGER (bit 0), the chunk above it.
-fn walk(tune: &Tune, arch: &Arch, p: &Problem, params: &AttentionParams) -> i32 {
+fn walk(tune: &Tune, arch: &Arch, p: &Problem, params: &AttentionParams, split: usize) -> i32 {
     let pairs = (p.batch * p.kv_heads).max(1);
     let chunk = match tune.chunk {
         Some(0) => pairs,
         Some(c) => c.min(pairs),
-        None => walk_chunk(arch, p, params),
+        None => walk_chunk(arch, p, params, split),
     };
     i32::from(tune.stagger) | (chunk.min(i32::MAX as usize >> 1) as i32) << 1
+}
+
+/// CTAs per unit of the main kernel (HEAD_SPLIT in hopper_bwd.cu): a divisor of the group
+/// `Hq / Hkv`, each CTA walking that share of the unit's query heads. One unit (key block,
+/// KV head, batch) walks all `group` query heads of its KV head, so with GQA / MQA and a small
+/// batch the units leave most SMs idle (measured on the H100 before the split: B = 1, Hq = 16,
+/// Hkv = 2, N = 2048, d = 96: 32 CTAs, 3x PyTorch's time; 2.8x faster split). When the units
+/// fill at most half the SMs, the largest divisor s >= 2 with units * s within one wave (else
+/// the smallest s >= 2); 1 otherwise (a second wave of shorter parts gains nothing and the
+/// partials and the combine launch cost: B = 4, Hq = 32, Hkv = 8, N = 500, d = 64 causal, 128
+/// units, ran 15% slower split), and for group 1. `headsplit=N` forces the largest divisor not
+/// above N, `noheadsplit` 1. `p` is the kernel's problem: packed sequences as one batch.
+fn head_split(tune: &Tune, arch: &Arch, p: &Problem) -> usize {
+    let group = p.q_heads / p.kv_heads.max(1);
+    let units = p.batch * p.kv_heads * p.k_len.div_ceil(BKV).max(1);
+    let divisors = (1..=group.max(1)).filter(|s| group.is_multiple_of(*s));
+    let split = match tune.head_split {
+        Some(n) => divisors.filter(|&s| s <= n).max().unwrap_or(1),
+        None => {
+            let sms = (arch.compute_units as usize).max(1);
+            if units * 2 > sms {
+                1
+            } else {
+                let splits: Vec<usize> = divisors.filter(|&s| s >= 2).collect();
+                let one_wave = splits.iter().copied().filter(|&s| units * s <= sms).max();
+                one_wave.or_else(|| splits.first().copied()).unwrap_or(1)
+            }
+        }
+    };
+    // The work list is 32-bit.
+    if units * split > i32::MAX as usize {
+        1
+    } else {
+        split
+    }
 }
 
 /// Query rows per streamed block: 128 at head dim 64, 64 at 128 (see hopper_bwd.cu).
@@ -223,6 +292,7 @@ impl HopperBwdVariant {
             wide_regs: false,
             defer_dq: false,
             ftz_exp: false,
+            head_split: false,
             varlen: false,
             padded,
         }
@@ -249,6 +319,7 @@ impl HopperBwdVariant {
             wide_regs: tune.wide_regs && tune.bulk,
             defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && tune.overlapped && tune.bulk,
             ftz_exp: tune.ftz_exp,
+            head_split: false,
             varlen,
             padded: false,
         };
@@ -281,12 +352,13 @@ impl HopperBwdVariant {
             BwdKernel::Prepare => "calico_attention_hopper_bwd_prepare",
             BwdKernel::Main => "calico_attention_hopper_bwd",
             BwdKernel::Finish => "calico_attention_hopper_bwd_finish",
+            BwdKernel::Combine => "calico_attention_hopper_bwd_combine",
         }
     }
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -297,6 +369,7 @@ impl HopperBwdVariant {
             if self.wide_regs { " wideregs" } else { "" },
             if self.defer_dq { " deferdq" } else { "" },
             if self.ftz_exp { " ftzexp" } else { "" },
+            if self.head_split { " headsplit" } else { "" },
             if self.varlen { " varlen" } else { "" },
             if self.padded { " padded" } else { "" }
         )
@@ -309,6 +382,7 @@ impl KernelVariant for HopperBwdVariant {
             BwdKernel::Prepare => 0,
             BwdKernel::Main => 1,
             BwdKernel::Finish => 2,
+            BwdKernel::Combine => 3,
         };
         let defines = [
             ("CALICO_ATTN_KERNEL", kernel.to_string()),
@@ -328,6 +402,10 @@ impl KernelVariant for HopperBwdVariant {
             ("CALICO_ATTN_DEFER_DQ", u8::from(self.defer_dq).to_string()),
             ("CALICO_ATTN_FTZ_EXP", u8::from(self.ftz_exp).to_string()),
             ("CALICO_ATTN_VARLEN", u8::from(self.varlen).to_string()),
+            (
+                "CALICO_ATTN_HEAD_SPLIT",
+                u8::from(self.head_split).to_string(),
+            ),
             ("CALICO_ATTN_PADDED", u8::from(self.padded).to_string()),
         ];
         KernelSource::assemble(
@@ -354,6 +432,7 @@ pub(crate) fn catalog(
                 HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false, false),
                 HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false, false),
                 HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true, false),
+                HopperBwdVariant::helper(BwdKernel::Combine, dtype, d, false, false),
             ];
             // The default (overlapped, bulk dQ, wide registers, ftz exp2) with and without the
             // soft cap, then the A/B forms: serial with per-thread dQ atomics (also
@@ -367,6 +446,7 @@ pub(crate) fn catalog(
                 wide_regs,
                 defer_dq: Some(false),
                 ftz_exp: true,
+                head_split: None,
             };
             let deferred = |wide_regs| Tune {
                 defer_dq: Some(true),
@@ -398,6 +478,30 @@ pub(crate) fn catalog(
                 ..tune(true, true, true)
             };
             variants.extend(HopperBwdVariant::main(arch, dtype, d, false, default, true));
+            // The unit's query heads split over CTAs (HEAD_SPLIT), with the default tune; in
+            // bf16 also soft-capped, packed and padded.
+            let split = |softcap, varlen| {
+                HopperBwdVariant::main(arch, dtype, d, softcap, default, varlen).map(|v| {
+                    HopperBwdVariant {
+                        head_split: true,
+                        ..v
+                    }
+                })
+            };
+            variants.extend(split(false, false));
+            if dtype == DType::BF16 {
+                variants.extend(split(true, false));
+                variants.extend(split(false, true));
+                variants
+                    .extend(split(false, false).map(|v| HopperBwdVariant { padded: true, ..v }));
+                variants.push(HopperBwdVariant::helper(
+                    BwdKernel::Combine,
+                    dtype,
+                    d,
+                    false,
+                    true,
+                ));
+            }
             // Head dims below d (padded), with the default tune: the three kernels.
             if dtype == DType::BF16 {
                 variants.push(HopperBwdVariant::helper(
@@ -442,29 +546,43 @@ fn enabled() -> bool {
 }
 
 /// The workspace: LSE in base 2 and delta, f32 `[B * Hq, nq_pad]` each, then the dQ
-/// accumulator f32 `[B * Hq, nq_pad, D]`. Offsets in bytes.
+/// accumulator f32 `[B * Hq, nq_pad, D]`, then (a head-split main kernel, `parts` CTAs per
+/// unit) the f32 partials of dK and of dV, `[parts, B * Hkv, nkv_pad, D]` each (nkv_pad: Nkv
+/// rounded up to the 128-key blocks). Offsets in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Workspace {
     nq_pad: usize,
     rows: usize,
     delta: usize,
     dq_acc: usize,
+    /// The dK partials (the dV partials follow them); `bytes` when there are none.
+    part: usize,
+    nkv_pad: usize,
+    /// Floats per part of one tensor's partials: `B * Hkv * nkv_pad * D`.
+    part_section: usize,
     bytes: usize,
 }
 
 impl Workspace {
-    fn new(p: &Problem) -> Self {
+    /// `parts`: the main kernel's CTAs per unit with HEAD_SPLIT, 0 without it.
+    fn new(p: &Problem, parts: usize) -> Self {
         let nq_pad = p.q_len.div_ceil(block_q(p.head_dim)) * block_q(p.head_dim);
         let rows = p.batch * p.q_heads * nq_pad;
-        // rows is a multiple of 64: every section starts 256-byte aligned.
+        // rows is a multiple of 64 and nkv_pad of 128: every section starts 256-byte aligned.
         let delta = rows * 4;
         let dq_acc = 2 * rows * 4;
+        let part = dq_acc + rows * p.head_dim * 4;
+        let nkv_pad = p.k_len.div_ceil(BKV) * BKV;
+        let part_section = p.batch * p.kv_heads * nkv_pad * p.head_dim;
         Workspace {
             nq_pad,
             rows,
             delta,
             dq_acc,
-            bytes: dq_acc + rows * p.head_dim * 4,
+            part,
+            nkv_pad,
+            part_section,
+            bytes: part + 2 * parts * part_section * 4,
         }
     }
 }
@@ -500,20 +618,21 @@ pub(crate) fn backward_variant(
         && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize;
     let d = kernel_head_dim(p.head_dim, 128)?;
     // TMA coordinates of the LSE / delta rows are 32-bit.
-    if !fits || Workspace::new(&Problem { head_dim: d, ..*p }).rows > i32::MAX as usize {
+    if !fits || Workspace::new(&Problem { head_dim: d, ..*p }, 0).rows > i32::MAX as usize {
         return None;
     }
-    HopperBwdVariant::main(
-        arch,
-        p.dtype,
-        d,
-        params.softcap.is_some(),
-        Tune::get(),
-        varlen,
-    )
-    .map(|v| HopperBwdVariant {
-        padded: d != p.head_dim,
-        ..v
+    let tune = Tune::get();
+    // Packed sequences run as one batch of all the rows (try_backward).
+    let kernel_problem = Problem {
+        batch: if varlen { 1 } else { p.batch },
+        ..*p
+    };
+    HopperBwdVariant::main(arch, p.dtype, d, params.softcap.is_some(), tune, varlen).map(|v| {
+        HopperBwdVariant {
+            padded: d != p.head_dim,
+            head_split: head_split(&tune, arch, &kernel_problem) > 1,
+            ..v
+        }
     })
 }
 
@@ -566,13 +685,20 @@ pub(crate) fn try_backward(
         view_map(v, BKV)?,
         view_map(d_o, bq)?,
     ];
-    let ws = Workspace::new(p);
+    // CTAs per unit: the router chose the variant on the same rule (a head-split variant runs
+    // with 1 too, through the partials).
+    let split = if main.head_split {
+        head_split(&tune, dev.arch(), p)
+    } else {
+        1
+    };
+    let ws = Workspace::new(p, if main.head_split { split } else { 0 });
     Some(gpu.with_workspace(ws.bytes, &mut |base| {
         launch(
             gpu,
             p,
             params,
-            (main, walk(&tune, dev.arch(), p, params)),
+            (main, walk(&tune, dev.arch(), p, params, split), split),
             maps,
             t,
             ws,
@@ -587,7 +713,7 @@ fn launch(
     gpu: &dyn GpuBackend,
     p: &Problem,
     params: &AttentionParams,
-    (main, walk): (HopperBwdVariant, i32),
+    (main, walk, split): (HopperBwdVariant, i32, usize),
     maps: [OpaqueParam128; 4],
     [_q, _k, _v, o, lse, d_o, dq, dk, dv]: [&Tensor; 9],
     ws: Workspace,
@@ -653,7 +779,7 @@ fn launch(
     let [dk_sb, dk_sh, dk_sn] = strides3(dk);
     let [dv_sb, dv_sh, dv_sn] = strides3(dv);
     let pairs = i32::from(pairs_ok(dk)) | (i32::from(pairs_ok(dv)) << 1);
-    let work = p.batch * p.kv_heads * p.k_len.div_ceil(BKV);
+    let work = p.batch * p.kv_heads * p.k_len.div_ceil(BKV) * split;
     let [map_q, map_k, map_v, map_do] = maps;
     // The LSE and delta rows, back to back in the workspace, as one 2-D map: row index, then
     // 0 (LSE) or 1 (delta).
@@ -701,10 +827,47 @@ fn launch(
         cu_k,
         n_seqs,
         KernelArg::I32(head_dim as i32),
+        KernelArg::Ptr(base + ws.part as u64),
+        KernelArg::I32(split as i32),
     ];
-    // One CTA per key block: the grid is the work list, so each CTA runs one unit.
+    // One CTA per key block (and part): the grid is the work list, so each CTA runs one unit.
     let config = LaunchConfig::linear(work as u32, THREADS, main.smem_bytes() as u32);
     gpu.launch_variant(&main, &config, &args)?;
+
+    if main.head_split {
+        // dK and dV from the partials: head_dim / 8 threads per key row.
+        let combine =
+            HopperBwdVariant::helper(BwdKernel::Combine, p.dtype, p.head_dim, false, main.padded);
+        let count = p.batch * p.kv_heads * p.k_len * (p.head_dim / 8);
+        let config = LaunchConfig::linear(
+            count.div_ceil(COMBINE_THREADS as usize) as u32,
+            COMBINE_THREADS,
+            0,
+        );
+        let stores = super::hopper::o_store(dk.shape(), dk.strides(), ptr(dk), true)
+            | (super::hopper::o_store(dv.shape(), dv.strides(), ptr(dv), true) << 2);
+        let args = [
+            KernelArg::Ptr(base + ws.part as u64),
+            KernelArg::Ptr(ptr(dk)),
+            KernelArg::I64(dk_sb),
+            KernelArg::I64(dk_sh),
+            KernelArg::I64(dk_sn),
+            KernelArg::Ptr(ptr(dv)),
+            KernelArg::I64(dv_sb),
+            KernelArg::I64(dv_sh),
+            KernelArg::I64(dv_sn),
+            KernelArg::F32(params.scale),
+            KernelArg::I32(p.kv_heads as i32),
+            KernelArg::I32(p.k_len as i32),
+            KernelArg::I32(ws.nkv_pad as i32),
+            KernelArg::I32(split as i32),
+            KernelArg::I64(ws.part_section as i64),
+            KernelArg::I64(count as i64),
+            KernelArg::I32(stores),
+            KernelArg::I32(head_dim as i32),
+        ];
+        gpu.launch_variant(&combine, &config, &args)?;
+    }
 
     let finish = HopperBwdVariant::helper(
         BwdKernel::Finish,
@@ -800,7 +963,7 @@ mod tests {
             right: Some(0),
             ..plain
         };
-        let chunk = |p: Problem, params| walk_chunk(&arch, &p, &params);
+        let chunk = |p: Problem, params| walk_chunk(&arch, &p, &params, 1);
         // 64, 16 and 33 key blocks: 2, 8 and 4 pairs make about 132 units.
         assert_eq!(chunk(problem(2, 16, 4, 8192), causal), 2);
         assert_eq!(chunk(problem(8, 16, 4, 2048), causal), 8);
@@ -820,7 +983,7 @@ mod tests {
         };
         assert_eq!(chunk(problem(8, 16, 4, 2048), window), 1);
         // The walk argument: stagger in bit 0, pairs per chunk above it.
-        let walk_of = |spec, p: Problem, params| walk(&Tune::parse(spec), &arch, &p, &params);
+        let walk_of = |spec, p: Problem, params| walk(&Tune::parse(spec), &arch, &p, &params, 1);
         assert_eq!(walk_of("", problem(2, 16, 4, 8192), causal), 2 << 1);
         assert_eq!(
             walk_of("nolongest,stagger", problem(2, 16, 4, 8192), causal),
@@ -835,6 +998,76 @@ mod tests {
     }
 
     #[test]
+    fn query_heads_split_over_ctas_when_the_units_do_not_fill_the_sms() {
+        let arch = Arch::for_target("sm_90a").unwrap(); // 132 SMs
+        let problem = |batch, q_heads, kv_heads, q_len, k_len| Problem {
+            dtype: DType::BF16,
+            batch,
+            q_heads,
+            kv_heads,
+            q_len,
+            k_len,
+            head_dim: 128,
+        };
+        let split = |spec, p: Problem| head_split(&Tune::parse(spec), &arch, &p);
+        // 32 units (2 KV heads x 16 key blocks), group 8: 4 x 32 = 128 fits one wave of 132.
+        assert_eq!(split("", problem(1, 16, 2, 2048, 2048)), 4);
+        // 64 units, group 8: 2; Nkv = 1000 (8 key blocks) over 2 x 2 pairs: 4.
+        assert_eq!(split("", problem(4, 8, 1, 2048, 2048)), 2);
+        assert_eq!(split("", problem(2, 16, 2, 4096, 1000)), 4);
+        // 128 units: more than half the SMs busy, no split.
+        assert_eq!(split("", problem(4, 32, 8, 500, 500)), 1);
+        // Tiny problems split the whole group; group 3: 3.
+        assert_eq!(split("", problem(1, 8, 1, 333, 333)), 8);
+        assert_eq!(split("", problem(1, 6, 2, 100, 100)), 3);
+        // Enough units, or no group: no split.
+        assert_eq!(split("", problem(8, 16, 16, 2048, 2048)), 1);
+        assert_eq!(split("", problem(1, 1, 1, 64, 64)), 1);
+        assert_eq!(split("", problem(8, 16, 4, 2048, 2048)), 1);
+        assert_eq!(split("", problem(1, 66, 33, 100, 600)), 1);
+        // Forced: the largest divisor of the group not above N; noheadsplit: 1.
+        assert_eq!(split("headsplit=3", problem(1, 16, 2, 2048, 2048)), 2);
+        assert_eq!(split("headsplit=100", problem(8, 16, 4, 2048, 2048)), 4);
+        assert_eq!(split("headsplit=4", problem(8, 32, 4, 2048, 2048)), 4);
+        assert_eq!(split("headsplit=0", problem(1, 16, 2, 2048, 2048)), 1);
+        assert_eq!(split("noheadsplit", problem(1, 16, 2, 2048, 2048)), 1);
+        assert_eq!(split("headsplit=8", problem(1, 4, 4, 2048, 2048)), 1);
+        // The chunk of the unit order counts a pair's CTAs: 16 blocks x 4 parts, about 2 pairs
+        // per wave.
+        let causal = AttentionParams {
+            scale: 0.1,
+            softcap: None,
+            left: None,
+            right: Some(0),
+        };
+        assert_eq!(
+            walk_chunk(&arch, &problem(4, 8, 1, 2048, 2048), &causal, 4),
+            2
+        );
+        assert_eq!(
+            walk_chunk(&arch, &problem(4, 8, 1, 2048, 2048), &causal, 1),
+            4
+        );
+        // The router's variant says whether it splits (packed sequences as one batch).
+        if std::env::var_os("CALICO_ATTN_HOPPER_BWD_TUNE").is_none() {
+            let variant = |p: Problem, varlen| {
+                backward_variant(&arch, &p, &causal, false, varlen)
+                    .unwrap()
+                    .head_split
+            };
+            assert!(variant(problem(1, 16, 2, 2048, 2048), false));
+            assert!(!variant(problem(8, 16, 16, 2048, 2048), false));
+            // 16384 packed keys (128 blocks) over 2 KV heads: 256 units; 2048 keys: 32.
+            assert!(!variant(problem(8, 16, 2, 16384, 16384), true));
+            assert!(variant(problem(8, 16, 2, 2048, 2048), true));
+            let label = backward_variant(&arch, &problem(1, 8, 1, 333, 333), &causal, false, false)
+                .unwrap()
+                .label();
+            assert!(label.ends_with(" ftzexp headsplit"), "{label}");
+        }
+    }
+
+    #[test]
     fn tune_knobs_parse_and_default_to_the_measured_winners() {
         let default = Tune {
             overlapped: true,
@@ -844,6 +1077,7 @@ mod tests {
             wide_regs: true,
             defer_dq: None,
             ftz_exp: true,
+            head_split: None,
         };
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
@@ -857,6 +1091,7 @@ mod tests {
                 wide_regs: false,
                 defer_dq: None,
                 ftz_exp: false,
+                head_split: None,
             }
         );
         assert_eq!(Tune::parse("overlapped,bulk,wideregs,ftzexp"), default);
@@ -880,6 +1115,10 @@ mod tests {
         assert!(main(64, default).defer_dq && !main(128, default).defer_dq);
         assert!(!main(64, Tune::parse("syncdq")).defer_dq);
         assert!(main(128, Tune::parse("deferdq")).defer_dq);
+        assert_eq!(Tune::parse("headsplit=4").head_split, Some(4));
+        assert_eq!(Tune::parse("headsplit=0").head_split, Some(1));
+        assert_eq!(Tune::parse("headsplit=x").head_split, None);
+        assert_eq!(Tune::parse("headsplit=4,noheadsplit").head_split, Some(1));
     }
 
     #[test]
@@ -893,17 +1132,32 @@ mod tests {
             k_len: 7,
             head_dim: 128,
         };
-        let ws = Workspace::new(&p);
+        let ws = Workspace::new(&p, 0);
         assert_eq!(ws.nq_pad, 128);
         assert_eq!(ws.rows, 2 * 3 * 128);
         assert_eq!(ws.delta % 256, 0);
         assert_eq!(ws.dq_acc % 256, 0);
         assert_eq!(ws.bytes, 2 * ws.rows * 4 + ws.rows * 128 * 4);
+        assert_eq!(ws.part, ws.bytes);
         let p64 = Problem {
             head_dim: 64,
             q_len: 129,
             ..p
         };
-        assert_eq!(Workspace::new(&p64).nq_pad, 256);
+        assert_eq!(Workspace::new(&p64, 0).nq_pad, 256);
+        // Head-split partials after the dQ accumulator: [parts, B * Hkv, nkv_pad, D] for dK,
+        // then dV; Nkv = 7 pads to one 128-key block.
+        for (p, parts) in [(p, 3), (p64, 2), (Problem { k_len: 1000, ..p }, 8)] {
+            let ws = Workspace::new(&p, parts);
+            assert_eq!(ws.part, Workspace::new(&p, 0).bytes);
+            assert_eq!(ws.nkv_pad, p.k_len.div_ceil(128) * 128);
+            assert_eq!(
+                ws.part_section,
+                p.batch * p.kv_heads * ws.nkv_pad * p.head_dim
+            );
+            assert_eq!(ws.part % 256, 0);
+            assert_eq!((ws.part_section * 4) % 256, 0);
+            assert_eq!(ws.bytes, ws.part + 2 * parts * ws.part_section * 4);
+        }
     }
 }
