@@ -1157,8 +1157,9 @@ fn hopper_head_split(dev: &Device, c: &Case) -> Result<Option<bool>, String> {
 /// kernels/device/attention/hopper_bwd.cu: f32 partials of dK and dV summed in a fixed order
 /// by a combine kernel): B = 1 with Hq / Hkv = 8 / 1 and 16 / 2, odd N (333, 1000), Nq != Nkv,
 /// causal or not, windows, a soft-cap, d = 64 and 128, padded head dims (96, 40), groups of 3
-/// and 4, parts of one head and of four (4096 and 2100 keys: 64 and 34 units, 2 parts of the
-/// group of 8), element, pair and 16-byte stores of dK and dV, and batch 2; then a GQA problem
+/// and 4, parts of one, two and four heads (4096 keys causal and 2100 keys unmasked: 64 and 34
+/// units, 4 and 2 parts of the group of 8), element, pair and 16-byte stores of dK and dV, and
+/// batch 2; then a GQA problem
 /// with more units than an H100 has SMs (not split). On sm_90a the router's choice is checked
 /// too (unless CALICO_ATTN_HOPPER_BWD_TUNE is set), and dK and dV must come out bit for bit
 /// the same on a second run (dQ is summed by atomics, dK and dV are not).

@@ -232,13 +232,18 @@ fn walk(tune: &Tune, arch: &Arch, p: &Problem, params: &AttentionParams, split: 
 /// `Hq / Hkv`, each CTA walking that share of the unit's query heads. One unit (key block,
 /// KV head, batch) walks all `group` query heads of its KV head, so with GQA / MQA and a small
 /// batch the units leave most SMs idle (measured on the H100 before the split: B = 1, Hq = 16,
-/// Hkv = 2, N = 2048, d = 96: 32 CTAs, 3x PyTorch's time; 2.8x faster split). When the units
-/// fill at most half the SMs, the largest divisor s >= 2 with units * s within one wave (else
-/// the smallest s >= 2); 1 otherwise (a second wave of shorter parts gains nothing and the
-/// partials and the combine launch cost: B = 4, Hq = 32, Hkv = 8, N = 500, d = 64 causal, 128
-/// units, ran 15% slower split), and for group 1. `headsplit=N` forces the largest divisor not
-/// above N, `noheadsplit` 1. `p` is the kernel's problem: packed sequences as one batch.
-fn head_split(tune: &Tune, arch: &Arch, p: &Problem) -> usize {
+/// Hkv = 2, N = 2048, d = 96: 32 CTAs, 3x PyTorch's time; 3.1x faster split). Without a mask
+/// the units are equally long and the total work per SM sets the time: when they fill at most
+/// half the SMs, the largest divisor s >= 2 with units * s within one wave (a second wave of
+/// shorter parts gains nothing and the partials and the combine launch cost). Under a mask
+/// (`masked`: causal or windowed) a head's first key blocks are its longest units and the
+/// longest sets the time, so more, shorter parts pay even past one wave: when the units fill
+/// at most 3/4 of the SMs, the smallest s >= 2 with units * s >= SMs (H100, session 24: B = 2,
+/// Hq = 16, Hkv = 2, N = 3000, d = 128 causal, 96 units: 1.55x faster with s = 2; B = 4, Hq =
+/// 32, Hkv = 8, N = 500, d = 64 causal, 128 units: 15% slower with s = 2, so not split). 1 for
+/// group 1. `headsplit=N` forces the largest divisor not above N, `noheadsplit` 1. `p` is the
+/// kernel's problem: packed sequences as one batch.
+fn head_split(tune: &Tune, arch: &Arch, p: &Problem, masked: bool) -> usize {
     let group = p.q_heads / p.kv_heads.max(1);
     let units = p.batch * p.kv_heads * p.k_len.div_ceil(BKV).max(1);
     let divisors = (1..=group.max(1)).filter(|s| group.is_multiple_of(*s));
@@ -246,12 +251,19 @@ fn head_split(tune: &Tune, arch: &Arch, p: &Problem) -> usize {
         Some(n) => divisors.filter(|&s| s <= n).max().unwrap_or(1),
         None => {
             let sms = (arch.compute_units as usize).max(1);
-            if units * 2 > sms {
-                1
-            } else {
-                let splits: Vec<usize> = divisors.filter(|&s| s >= 2).collect();
+            let splits: Vec<usize> = divisors.filter(|&s| s >= 2).collect();
+            if masked && units * 4 <= sms * 3 {
+                splits
+                    .iter()
+                    .copied()
+                    .find(|&s| units * s >= sms)
+                    .or_else(|| splits.last().copied())
+                    .unwrap_or(1)
+            } else if !masked && units * 2 <= sms {
                 let one_wave = splits.iter().copied().filter(|&s| units * s <= sms).max();
                 one_wave.or_else(|| splits.first().copied()).unwrap_or(1)
+            } else {
+                1
             }
         }
     };
@@ -598,6 +610,11 @@ fn pairs_ok(t: &Tensor) -> bool {
     super::hopper::o_store(t.shape(), t.strides(), t.device_ptr().unwrap_or(0), false) >= 1
 }
 
+/// A causal mask or a window: units of unequal length ([`head_split`]).
+fn masked(params: &AttentionParams) -> bool {
+    params.left.is_some() || params.right.is_some()
+}
+
 /// The Hopper backward's main variant for a problem on `arch`, or `None` when the kernels
 /// do not cover it (the router's rule; the operands must also be TMA views, see
 /// [`try_backward`]).
@@ -630,7 +647,7 @@ pub(crate) fn backward_variant(
     HopperBwdVariant::main(arch, p.dtype, d, params.softcap.is_some(), tune, varlen).map(|v| {
         HopperBwdVariant {
             padded: d != p.head_dim,
-            head_split: head_split(&tune, arch, &kernel_problem) > 1,
+            head_split: head_split(&tune, arch, &kernel_problem, masked(params)) > 1,
             ..v
         }
     })
@@ -688,7 +705,7 @@ pub(crate) fn try_backward(
     // CTAs per unit: the router chose the variant on the same rule (a head-split variant runs
     // with 1 too, through the partials).
     let split = if main.head_split {
-        head_split(&tune, dev.arch(), p)
+        head_split(&tune, dev.arch(), p, masked(params))
     } else {
         1
     };
@@ -1009,7 +1026,8 @@ mod tests {
             k_len,
             head_dim: 128,
         };
-        let split = |spec, p: Problem| head_split(&Tune::parse(spec), &arch, &p);
+        let split = |spec, p: Problem| head_split(&Tune::parse(spec), &arch, &p, false);
+        let split_masked = |p: Problem| head_split(&Tune::default(), &arch, &p, true);
         // 32 units (2 KV heads x 16 key blocks), group 8: 4 x 32 = 128 fits one wave of 132.
         assert_eq!(split("", problem(1, 16, 2, 2048, 2048)), 4);
         // 64 units, group 8: 2; Nkv = 1000 (8 key blocks) over 2 x 2 pairs: 4.
@@ -1017,6 +1035,13 @@ mod tests {
         assert_eq!(split("", problem(2, 16, 2, 4096, 1000)), 4);
         // 128 units: more than half the SMs busy, no split.
         assert_eq!(split("", problem(4, 32, 8, 500, 500)), 1);
+        // Under a mask the longest unit sets the time: parts past one wave, from fewer units
+        // (96: split in 2; 48: in 4), but not at 128 units.
+        assert_eq!(split_masked(problem(2, 16, 2, 3000, 3000)), 2);
+        assert_eq!(split_masked(problem(1, 16, 2, 3000, 3000)), 4);
+        assert_eq!(split_masked(problem(4, 8, 1, 2048, 2048)), 4);
+        assert_eq!(split_masked(problem(4, 32, 8, 500, 500)), 1);
+        assert_eq!(split_masked(problem(1, 8, 1, 333, 333)), 8);
         // Tiny problems split the whole group; group 3: 3.
         assert_eq!(split("", problem(1, 8, 1, 333, 333)), 8);
         assert_eq!(split("", problem(1, 6, 2, 100, 100)), 3);
