@@ -21,6 +21,10 @@ const SPLITK_COLS: usize = 4;
 /// [`MIN_SPLIT_K_TILES`] k-tiles, and only when the tiles fill at most half the SMs.
 const MAX_SPLIT_K: usize = 16;
 const MIN_SPLIT_K_TILES: usize = 8;
+/// K below this many k-tiles (2048 elements) never gained from a split in the H100 sweep
+/// (docs/perf-log.md, session 24): not weighed at all, which keeps the router's host work per
+/// launch where it was for short K.
+const MIN_SPLIT_K_TOTAL: usize = 32;
 /// The split-K partials (f32, splits x batch x M x N) stay under this many bytes.
 const MAX_SPLIT_K_BYTES: usize = 1 << 30;
 /// One producer and two consumer warpgroups.
@@ -286,6 +290,14 @@ fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, u
     if tune.pingpong == Some(true) || tune.cluster == Some(2) || tune.split == Some(1) {
         return None;
     }
+    let sms = arch.compute_units.max(1) as usize;
+    if tune.split.is_none() && tune.bm.is_none() && tune.bn.is_none() {
+        // The cheap refusals first: the widest tile's count needs no shape search.
+        let widest_tiles = p.m.div_ceil(128) * p.n.div_ceil(256) * p.batch;
+        if p.k.div_ceil(BK) < MIN_SPLIT_K_TOTAL || widest_tiles * 2 > sms {
+            return None;
+        }
+    }
     // The widest shape (or the forced one), on f32 partials.
     let b_kmajor = b_k_major(p)?;
     let partial = GemmProblem {
@@ -303,7 +315,6 @@ fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, u
     let cfg = pick(arch, &partial, b_kmajor, false, widest)?;
     let k_tiles = p.k.div_ceil(BK);
     let tiles = cfg.tiles(p).max(1);
-    let sms = arch.compute_units.max(1) as usize;
     // Pieces of `per` k-tiles each: no empty piece.
     let pieces = |wanted: usize| k_tiles.div_ceil(k_tiles.div_ceil(wanted.max(1)));
     let partial_bytes = |splits: usize| splits * p.batch * p.m * p.n * 4;
