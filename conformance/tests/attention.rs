@@ -26,6 +26,21 @@ fn causal_mask() -> AttentionOptions {
     }
 }
 
+/// A causal mask with Grok-1's logit soft-cap (30).
+fn softcapped_causal() -> AttentionOptions {
+    AttentionOptions {
+        causal: true,
+        softcap: Some(30.0),
+        ..Default::default()
+    }
+}
+
+/// `c` with O (and dO) stored like Q: the aligned output views.
+fn aligned_out(mut c: Case) -> Case {
+    c.o_mem = c.q_mem;
+    c
+}
+
 /// Options with a sliding window of `left` keys before and `right` after the diagonal.
 fn window_mask(left: usize, right: usize) -> AttentionOptions {
     AttentionOptions {
@@ -387,6 +402,14 @@ fn run_backward(
 }
 
 fn backward_case(dev: &Device, c: &Case) -> Result<(), String> {
+    checked_backward(dev, c).map(|_| ())
+}
+
+/// [`backward_case`], returning the inputs, the feed and the gradients it checked.
+fn checked_backward(
+    dev: &Device,
+    c: &Case,
+) -> Result<(Inputs, BackwardFeed, [Vec<f64>; 3]), String> {
     let x = inputs(dev, c)?;
     let feed = backward_feed(c, &x);
     let [dq, dk, dv] = run_backward(dev, c, &x, &feed)?;
@@ -395,7 +418,8 @@ fn backward_case(dev: &Device, c: &Case) -> Result<(), String> {
     );
     check_grad("dq", c.dtype, &dq, &rq)?;
     check_grad("dk", c.dtype, &dk, &rk)?;
-    check_grad("dv", c.dtype, &dv, &rv)
+    check_grad("dv", c.dtype, &dv, &rv)?;
+    Ok((x, feed, [dq, dk, dv]))
 }
 
 #[test]
@@ -504,11 +528,7 @@ fn edge_cases() -> Vec<Case> {
             DType::BF16,
             (1, 1, 8),
             (65, 129, 64),
-            AttentionOptions {
-                causal: true,
-                softcap: Some(30.0),
-                ..Default::default()
-            },
+            softcapped_causal(),
             4.0,
         ),
         // Large logits without a cap: the online softmax must rescale, not overflow.
@@ -1004,11 +1024,7 @@ fn attention_hopper_shapes_forward() {
             DType::F16,
             (1, 1, 8),
             (257, 129, 128),
-            AttentionOptions {
-                causal: true,
-                softcap: Some(30.0),
-                ..Default::default()
-            },
+            softcapped_causal(),
             4.0,
         ),
         fixed(DType::BF16, (1, 1, 1), (191, 65, 128), causal, 1.0),
@@ -1076,10 +1092,6 @@ fn attention_hopper_shapes_backward() {
     let causal = causal_mask();
     let plain = AttentionOptions::default();
     let window = window_mask;
-    let aligned_out = |mut c: Case| {
-        c.o_mem = c.q_mem;
-        c
-    };
     let cases = vec![
         fixed(DType::BF16, (1, 2, 2), (300, 300, 128), causal, 1.0),
         fixed(DType::F16, (2, 1, 4), (1, 1, 64), plain, 1.0),
@@ -1088,11 +1100,7 @@ fn attention_hopper_shapes_backward() {
             DType::F16,
             (1, 1, 8),
             (257, 129, 128),
-            AttentionOptions {
-                causal: true,
-                softcap: Some(30.0),
-                ..Default::default()
-            },
+            softcapped_causal(),
             1.0,
         ),
         fixed(DType::BF16, (1, 1, 1), (191, 65, 128), causal, 1.0),
@@ -1169,15 +1177,7 @@ fn attention_hopper_head_split_backward() {
     let causal = causal_mask();
     let plain = AttentionOptions::default();
     let window = window_mask;
-    let capped = AttentionOptions {
-        causal: true,
-        softcap: Some(30.0),
-        ..Default::default()
-    };
-    let aligned_out = |mut c: Case| {
-        c.o_mem = c.q_mem;
-        c
-    };
+    let capped = softcapped_causal();
     let split = vec![
         fixed(DType::BF16, (1, 1, 8), (333, 333, 64), causal, 1.0),
         aligned_out(fixed(DType::F16, (1, 1, 8), (1000, 1000, 64), plain, 1.0)),
@@ -1220,15 +1220,7 @@ fn attention_hopper_head_split_backward() {
             }
             // backward_case, and a second run whose dK and dV (register sums, or partials
             // summed in a fixed order) must match the first bit for bit.
-            let x = inputs(&dev, c).unwrap_or_else(|e| fail(e));
-            let feed = backward_feed(c, &x);
-            let [dq, dk, dv] = run_backward(&dev, c, &x, &feed).unwrap_or_else(|e| fail(e));
-            let (rq, rk, rv) = reference::attention_backward_reference(
-                &x.q, &x.k, &x.v, &feed.o, &feed.d_o, &c.dims, &c.opts,
-            );
-            check_grad("dq", c.dtype, &dq, &rq).unwrap_or_else(|e| fail(e));
-            check_grad("dk", c.dtype, &dk, &rk).unwrap_or_else(|e| fail(e));
-            check_grad("dv", c.dtype, &dv, &rv).unwrap_or_else(|e| fail(e));
+            let (x, feed, [_, dk, dv]) = checked_backward(&dev, c).unwrap_or_else(|e| fail(e));
             let [_, dk1, dv1] = run_backward(&dev, c, &x, &feed).unwrap_or_else(|e| fail(e));
             let same = |a: &[f64], b: &[f64]| {
                 a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
@@ -1252,15 +1244,7 @@ fn attention_hopper_padded_head_dims() {
     let causal = causal_mask();
     let plain = AttentionOptions::default();
     let window = window_mask;
-    let capped = AttentionOptions {
-        causal: true,
-        softcap: Some(30.0),
-        ..Default::default()
-    };
-    let aligned_out = |mut c: Case| {
-        c.o_mem = c.q_mem;
-        c
-    };
+    let capped = softcapped_causal();
     let forward = vec![
         fixed(DType::BF16, (1, 2, 2), (300, 300, 96), causal, 1.0),
         with_o(

@@ -133,6 +133,38 @@ fn gemm_case() -> impl Strategy<Value = GemmCase> {
     )
 }
 
+/// A dense bf16 -> bf16 `m x n x k` case: every operand row-major, D = A @ B with no C, bias
+/// or activation.
+fn plain_case(m: usize, n: usize, k: usize, seed: u64) -> GemmCase {
+    let row = MatrixMemory::default();
+    GemmCase {
+        in_dtype: DType::BF16,
+        out_dtype: DType::BF16,
+        batch: None,
+        m,
+        n,
+        k,
+        a_mem: row,
+        b_mem: row,
+        c_mem: row,
+        d_mem: row,
+        alpha: 1.0,
+        beta: 0.0,
+        c_mode: CMode::None,
+        bias: false,
+        epilogue: Epilogue::None,
+        seed,
+    }
+}
+
+/// Column-major storage (a K x N operand stored as an N x K weight).
+fn col_major() -> MatrixMemory {
+    MatrixMemory {
+        col_major: true,
+        ..MatrixMemory::default()
+    }
+}
+
 /// Host values and device operands of one case.
 struct Operands {
     a: Vec<f64>,
@@ -370,29 +402,8 @@ fn gemm_large_on_gpu() {
     if gpus.is_empty() {
         return;
     }
-    let row = MatrixMemory::default();
-    let col = MatrixMemory {
-        col_major: true,
-        ..row
-    };
-    let base = GemmCase {
-        in_dtype: DType::BF16,
-        out_dtype: DType::BF16,
-        batch: None,
-        m: 1024,
-        n: 1024,
-        k: 1024,
-        a_mem: row,
-        b_mem: row,
-        c_mem: row,
-        d_mem: row,
-        alpha: 1.0,
-        beta: 0.0,
-        c_mode: CMode::None,
-        bias: false,
-        epilogue: Epilogue::None,
-        seed: 1,
-    };
+    let col = col_major();
+    let base = plain_case(1024, 1024, 1024, 1);
     let cases = [
         base.clone(),
         GemmCase {
@@ -516,29 +527,8 @@ fn gemm_large_on_gpu() {
 /// gives bit-identical D (the sum's order does not depend on timing).
 #[test]
 fn gemm_split_k_on_gpu() {
-    let row = MatrixMemory::default();
-    let col = MatrixMemory {
-        col_major: true,
-        ..row
-    };
-    let base = GemmCase {
-        in_dtype: DType::BF16,
-        out_dtype: DType::BF16,
-        batch: None,
-        m: 129,
-        n: 304,
-        k: 4104,
-        a_mem: row,
-        b_mem: row,
-        c_mem: row,
-        d_mem: row,
-        alpha: 1.0,
-        beta: 0.0,
-        c_mode: CMode::None,
-        bias: false,
-        epilogue: Epilogue::None,
-        seed: 31,
-    };
+    let col = col_major();
+    let base = plain_case(129, 304, 4104, 31);
     let cases = [
         base.clone(),
         GemmCase {
@@ -816,10 +806,7 @@ fn gemm_epilogue_agrees_across_kernels() {
     // M <= 16 (skinny), K and N past whole tiles, pre-activations spanning about -8..8.
     let (m, n, k) = (16, 200, 136);
     let row = MatrixMemory::default();
-    let col = MatrixMemory {
-        col_major: true,
-        ..row
-    };
+    let col = col_major();
     let odd = MatrixMemory { offset: 1, ..row };
     let layouts = [
         (
@@ -1001,27 +988,10 @@ fn gemv_and_odd_shapes_on_gpu() {
         return;
     }
     let row = MatrixMemory::default();
-    let weight = MatrixMemory {
-        col_major: true,
-        ..row
-    };
+    let weight = col_major();
     let base = GemmCase {
-        in_dtype: DType::BF16,
-        out_dtype: DType::BF16,
-        batch: None,
-        m: 1,
-        n: 4096,
-        k: 4096,
-        a_mem: row,
         b_mem: weight,
-        c_mem: row,
-        d_mem: row,
-        alpha: 1.0,
-        beta: 0.0,
-        c_mode: CMode::None,
-        bias: false,
-        epilogue: Epilogue::None,
-        seed: 200,
+        ..plain_case(1, 4096, 4096, 200)
     };
     let mut cases = Vec::new();
     for (i, &(m, n, k)) in [

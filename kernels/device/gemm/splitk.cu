@@ -59,27 +59,12 @@ CALICO_KERNEL void __launch_bounds__(gemm_splitk::THREADS)
     }
 
     out_t* dst = d + (long long)b * d_batch_stride + (long long)row * d_row_stride + col0;
-#if CALICO_GEMM_HAS_C
-    const out_t* cs = c + (long long)b * c_batch_stride + (long long)row * c_row_stride + col0;
-#else
-    (void)c;
-    (void)c_row_stride;
-    (void)c_batch_stride;
-    (void)beta;
-#endif
-#if !CALICO_GEMM_HAS_BIAS
-    (void)bias;
-#endif
+    // C and bias are read only under their defines (gemm/epilogue.cuh's finish).
+    constexpr bool HAS_C = CALICO_GEMM_HAS_C != 0, HAS_BIAS = CALICO_GEMM_HAS_BIAS != 0;
+    const out_t* cs = HAS_C ? c + (long long)b * c_batch_stride + (long long)row * c_row_stride + col0 : nullptr;
 #pragma unroll
     for (int j = 0; j < COLS; ++j) {
         if (j >= cols) break;
-        float v = alpha * acc[j];
-#if CALICO_GEMM_HAS_C
-        v += beta * calico::to_float(cs[j]);
-#endif
-#if CALICO_GEMM_HAS_BIAS
-        v += calico::to_float(bias[col0 + j]);
-#endif
-        dst[j] = calico::from_float<out_t>(calico::gemm::activation(v));
+        dst[j] = calico::gemm::finish<out_t>(acc[j], alpha, beta, HAS_C ? cs + j : nullptr, HAS_BIAS ? bias + col0 + j : nullptr);
     }
 }

@@ -291,10 +291,11 @@ fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, u
         return None;
     }
     let sms = arch.compute_units.max(1) as usize;
+    let k_tiles = p.k.div_ceil(BK);
     if tune.split.is_none() && tune.bm.is_none() && tune.bn.is_none() {
         // The cheap refusals first: the widest tile's count needs no shape search.
         let widest_tiles = p.m.div_ceil(128) * p.n.div_ceil(256) * p.batch;
-        if p.k.div_ceil(BK) < MIN_SPLIT_K_TOTAL || widest_tiles * 2 > sms {
+        if k_tiles < MIN_SPLIT_K_TOTAL || widest_tiles * 2 > sms {
             return None;
         }
     }
@@ -313,7 +314,6 @@ fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, u
         ..tune
     };
     let cfg = pick(arch, &partial, b_kmajor, false, widest)?;
-    let k_tiles = p.k.div_ceil(BK);
     let tiles = cfg.tiles(p).max(1);
     // Pieces of `per` k-tiles each: no empty piece.
     let pieces = |wanted: usize| k_tiles.div_ceil(k_tiles.div_ceil(wanted.max(1)));
