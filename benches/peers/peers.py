@@ -32,14 +32,19 @@ DECODES += [(16, 8192, 96)]  # head_dim 96, as calico-bench's "... contiguous d9
 ATTN_TOKENS, ATTN_HIDDEN = 16384, 2048
 ATTN_SEQS = [512, 1024, 2048, 4096, 8192, 16384]
 ATTN_ODD_SEQS = [1000, 4097]  # full profile, head_dim 128: batch 16384 // N
-ATTN_DIMS = [64, 128, 256]  # 256: forward only, as calico-bench (Calico's backward takes 64 and 128)
+ATTN_DIMS = [64, 128, 256]  # 256: the backward only at the (N, causal) pairs below, as calico-bench
+# Head dim 256 backward: (N, causal) of calico-bench's full profile, and its quick profile's one.
+ATTN_D256_BWD = [(n, causal) for n in (1024, 2048, 4096, 8192) for causal in (False, True)]
+ATTN_D256_BWD_QUICK = [(4096, True)]
 
 
-def attention_cases(seqs):
+def attention_cases(seqs, d256_bwd=ATTN_D256_BWD):
     """(op, shape [B, H, N, D, causal], make, fn) for SDPA forward and backward through the
     cuDNN and flash backends (bf16, [B, H, N, D] contiguous): head dims 64, 128 and 256 at every
-    length, 96 (21 heads) at 2048 and 8192, GQA and the odd lengths at 128, as calico-bench's
-    full profile."""
+    length (256 backward only at the (N, causal) pairs of `d256_bwd`), 96 (21 heads) at 2048 and
+    8192, GQA and the odd lengths at 128, as calico-bench's full profile. A backend that cannot
+    run a case (flash's backward at head dim 256 on some builds) raises when timed, and main's
+    `record` writes the error in place of a time."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     F = torch.nn.functional
@@ -76,7 +81,7 @@ def attention_cases(seqs):
                     return torch.autograd.grad(o, inputs, g, retain_graph=True)
 
                 yield f"attention fwd {name}", shape, make, fwd
-                if d <= 128:
+                if d <= 128 or (d == 256 and (n, causal) in d256_bwd):
                     yield f"attention bwd {name}", shape, make_bwd, bwd
 
 
@@ -247,7 +252,8 @@ def main():
             results.append(entry)
             print(json.dumps(entry), flush=True)
     attn_seqs = [1024, 4096] if args.quick else ATTN_SEQS
-    for op, shape, make, fn in attention_cases(attn_seqs):
+    d256_bwd = ATTN_D256_BWD_QUICK if args.quick else ATTN_D256_BWD
+    for op, shape, make, fn in attention_cases(attn_seqs, d256_bwd):
         # calico-bench's name of the case ("attention fwd d128 N2048 causal"), or the peer's op.
         b, h, n, d, causal = shape[:5]
         gqa = f" gqa{h // shape[5]}" if len(shape) > 5 else ""

@@ -1,5 +1,6 @@
 //! Attention forward and backward in TFLOP/s at FlashAttention-3's shapes (16384 tokens in
-//! all, hidden 2048, head dims 64 and 128, N from 512 to 16384, causal and not), next to torch
+//! all, hidden 2048, head dims 64 and 128, N from 512 to 16384, causal and not; head dim 256
+//! forward at the same lengths and backward from 1024 to 8192, without a target), next to torch
 //! SDPA through cuDNN and flash (merged from peers.py). Forward FLOPs 4 B H N^2 D, halved when
 //! causal; backward 2.5x the forward. The soft-capped cases (`s = cap * tanh(s / cap)`) have no
 //! peer (SDPA has no soft-cap) and no target.
@@ -20,6 +21,9 @@ const HIDDEN: usize = 2048;
 /// none a multiple of a row block, 16384 in all, in no particular order (as a data loader
 /// packs them).
 const MIXED_LENS: [usize; 10] = [4000, 300, 2100, 500, 3100, 1000, 1500, 800, 2600, 484];
+/// The lengths of the head-dim-256 backward cases in the full profile, each causal and not
+/// (peers.py's `ATTN_D256_BWD`; the quick profile's one case is its `ATTN_D256_BWD_QUICK`).
+const D256_BWD_SEQS: [usize; 4] = [1024, 2048, 4096, 8192];
 
 /// One attention problem.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -158,9 +162,21 @@ pub fn specs(gpu: bool, profile: Profile) -> Vec<AttnSpec> {
         ..plain
     };
     let mut out = Vec::new();
-    // head_dim 256 (Gemma-style models) forward only: the backward takes 64 and 128.
     push_grid(&mut out, &[64, 128, 256], seqs, plain);
     push_grid(&mut out, &[64, 128], seqs, bwd);
+    // head_dim 256 (Gemma-style models) backward, no target: N from 1024 to 8192 in the full
+    // profile, the causal N4096 case alone in the quick one (8 heads: the FLOPs of the d = 128
+    // case of the same length).
+    if profile == Profile::Full {
+        push_grid(&mut out, &[256], &D256_BWD_SEQS, bwd);
+    } else {
+        out.push(AttnSpec {
+            head_dim: 256,
+            seq: 4096,
+            causal: true,
+            ..bwd
+        });
+    }
     // Packed sequences at one length, beside the fixed-length cases of the same shape (the
     // cuDNN column is torch SDPA on that unpacked shape); the same shape stored [B, N, H, D]
     // (the layout models and flash_attn_func hand over; cuDNN column as for packed); head dim
@@ -538,6 +554,47 @@ mod tests {
         assert_eq!(names.len(), full.len(), "two cases share a name");
         for profile in [Profile::Quick, Profile::Tiny] {
             assert!(specs(true, profile).iter().all(|s| s.softcap.is_none()));
+        }
+    }
+
+    #[test]
+    fn head_dim_256_backward_cases_take_peers_but_no_target() {
+        let bwd256 = |profile| -> Vec<AttnSpec> {
+            specs(true, profile)
+                .into_iter()
+                .filter(|s| s.backward && s.head_dim == 256)
+                .collect()
+        };
+        let full = bwd256(Profile::Full);
+        let names: Vec<String> = full.iter().map(AttnSpec::name).collect();
+        let want: Vec<String> = D256_BWD_SEQS
+            .iter()
+            .flat_map(|n| {
+                [
+                    format!("attention bwd d256 N{n}"),
+                    format!("attention bwd d256 N{n} causal"),
+                ]
+            })
+            .collect();
+        assert_eq!(names, want);
+        let quick: Vec<String> = bwd256(Profile::Quick).iter().map(AttnSpec::name).collect();
+        assert_eq!(quick, ["attention bwd d256 N4096 causal"]);
+        let mut cases: Vec<AttnCase> = full
+            .iter()
+            .map(|s| skipped_case(s, Timed::not_available("not run")))
+            .collect();
+        for (c, s) in cases.iter().zip(&full) {
+            // The d256 forward's convention: 16384 tokens, 2048 / 256 = 8 heads.
+            assert_eq!(c.shape[..4], [16384 / s.seq, 8, s.seq, 256], "{}", c.name);
+            assert_eq!(c.target_ratio, None, "{}", c.name);
+        }
+        let shape = full[1].shape();
+        assert!(merge_peer(&mut cases, "attention bwd cudnn", &shape, 1.0));
+        assert!(merge_peer(&mut cases, "attention bwd flash", &shape, 2.0));
+        for c in &cases {
+            let merged = c.shape == shape;
+            assert_eq!(c.cudnn_ms, merged.then_some(1.0), "{}", c.name);
+            assert_eq!(c.flash_ms, merged.then_some(2.0), "{}", c.name);
         }
     }
 

@@ -436,7 +436,7 @@ fn attention_forward_matches_reference() {
 /// gradient is ~0 relative to rounding.
 #[test]
 fn attention_backward_matches_reference() {
-    let strategy = case(vec![64, 128]).prop_map(|mut c| {
+    let strategy = case(vec![64, 128, 256]).prop_map(|mut c| {
         c.spread = c.spread.min(1.0);
         c
     });
@@ -558,7 +558,7 @@ fn attention_edges_forward() {
 fn attention_edges_backward() {
     report_skipped("attention_edges_backward");
     for dev in calico_conformance::backends().0 {
-        for mut c in edge_cases().into_iter().filter(|c| c.dims.head_dim <= 128) {
+        for mut c in edge_cases() {
             c.spread = c.spread.min(1.0);
             if let Err(e) = backward_case(&dev, &c) {
                 panic!("backend {}: {c:?}: {e}", dev.kind());
@@ -909,7 +909,8 @@ fn attention_varlen_matches_reference() {
 /// backward key blocks of 128 that span sequences, several blocks per sequence
 /// (80-key forward blocks at d = 256 where the mean sequence is long enough), empty sequences
 /// on either side, causal and windowed. The backward is checked
-/// where its f64 reference stays quick (it takes head dims 64 and 128).
+/// where its f64 reference stays quick (head dims 64 and 128 here; packed backward calls at
+/// 192 and 256 are in attention_hopper_wide_backward).
 #[test]
 fn attention_hopper_varlen() {
     report_skipped("attention_hopper_varlen");
@@ -1137,6 +1138,13 @@ fn attention_hopper_shapes_backward() {
 /// (`None`: not sm_90a, or CALICO_ATTN_HOPPER_BWD=0). The split depends on the key blocks
 /// only, so the plan's one length is Nkv.
 fn hopper_head_split(dev: &Device, c: &Case) -> Result<Option<bool>, String> {
+    Ok(hopper_backward_label(dev, c)?.map(|label| label.contains(" headsplit")))
+}
+
+/// The label of the Hopper main kernel the router picks for `c`'s backward on `dev`, or `None`
+/// where the Hopper backward does not take it (not sm_90a, CALICO_ATTN_HOPPER_BWD=0, a head
+/// dim it declines). The plan's one length is Nkv (the key blocks and units count it).
+fn hopper_backward_label(dev: &Device, c: &Case) -> Result<Option<String>, String> {
     if dev.arch().target != "sm_90a" {
         return Ok(None);
     }
@@ -1157,7 +1165,7 @@ fn hopper_head_split(dev: &Device, c: &Case) -> Result<Option<bool>, String> {
         .kernels
         .first()
         .filter(|k| k.label.starts_with("hopper bwd"))
-        .map(|k| k.label.contains(" headsplit")))
+        .map(|k| k.label.clone()))
 }
 
 /// GQA and MQA backward problems with few (key block, KV head, batch) units, which the Hopper
@@ -1232,9 +1240,164 @@ fn attention_hopper_head_split_backward() {
     }
 }
 
+/// The Hopper backward at head dim 256 (the main kernel's wide mode: 64-key CTAs, each
+/// consumer warpgroup computing S^T and dP^T for half of a step's 64 query rows and dV, dK and
+/// dQ for half the head dim; two stages; dQ by red.global.add, the per-row finish kernel):
+/// MHA, GQA 2 / 4 / 8 and MQA, N = 1, odd N (65, 129, 130, 200), Nq != Nkv both ways (rows that
+/// see no key, key blocks no row sees), causal, windows (one wider than the sequence), soft-caps,
+/// f16 and bf16, larger logits (scale 0.3: scores of standard deviation ~5), 1100 keys (18
+/// key blocks, the last partial) under a causal mask, element / pair stores of the gradients
+/// (O rows offset by one element, or padded by 8), head-split GQA / MQA with few units (split
+/// checked on sm_90a, dK and dV then bit-identical on a second run), packed sequences
+/// whose 64-key blocks span sequences, and head dims 136, 192 and 248 at width 256 (padded;
+/// run_backward checks the gradients' row padding is untouched). On sm_90a the router's
+/// choice is checked too (the d = 256 main kernel, no bulk dQ); other GPUs run their own
+/// backward (the portable kernels above 128).
+#[test]
+fn attention_hopper_wide_backward() {
+    const TEST: &str = "attention_hopper_wide_backward";
+    let causal = causal_mask();
+    let plain = AttentionOptions::default();
+    let window = window_mask;
+    let capped = softcapped_causal();
+    let hot = AttentionOptions {
+        scale: Some(0.3),
+        ..plain
+    };
+    let hot_capped = AttentionOptions {
+        scale: Some(0.3),
+        softcap: Some(5.0),
+        causal: true,
+        ..plain
+    };
+    let cases = vec![
+        // MHA, two batches; GQA 2 causal (pairs: O and the gradients 16-byte aligned, padded).
+        fixed(DType::BF16, (2, 2, 1), (130, 130, 256), plain, 1.0),
+        with_o(
+            fixed(DType::F16, (1, 2, 2), (200, 200, 256), causal, 1.0),
+            8,
+            0,
+        ),
+        // N = 1; Nq > Nkv causal (the first 64 rows see no key), MQA with 8 query heads,
+        // soft-capped.
+        fixed(DType::BF16, (2, 1, 2), (1, 1, 256), plain, 1.0),
+        fixed(DType::F16, (1, 1, 8), (129, 65, 256), capped, 1.0),
+        // Nq < Nkv under a window: the first three key blocks no row sees; a window wider than
+        // the sequence.
+        fixed(DType::BF16, (1, 1, 4), (65, 300, 256), window(40, 7), 1.0),
+        aligned_out(fixed(
+            DType::F16,
+            (1, 2, 1),
+            (65, 200, 256),
+            window(1000, 5000),
+            1.0,
+        )),
+        // Larger logits, plain and soft-capped (the cap saturates).
+        fixed(DType::BF16, (1, 2, 2), (100, 150, 256), hot, 1.0),
+        fixed(DType::F16, (1, 1, 4), (100, 100, 256), hot_capped, 1.0),
+        // 1100 keys under a causal mask: 18 key blocks per unit, the last partial.
+        fixed(DType::BF16, (1, 1, 2), (70, 1100, 256), causal, 1.0),
+    ];
+    // Few units (key blocks x KV heads): the query heads split over CTAs on sm_90a.
+    let split = [
+        fixed(DType::BF16, (1, 1, 8), (100, 200, 256), plain, 1.0),
+        with_o(
+            fixed(DType::F16, (1, 2, 4), (150, 150, 256), causal, 1.0),
+            2,
+            2,
+        ),
+        with_o(
+            fixed(DType::BF16, (1, 1, 8), (100, 200, 192), plain, 1.0),
+            8,
+            8,
+        ),
+    ];
+    // Head dims between 128 and 256 at width 256: only their columns are read and written.
+    let padded = [
+        fixed(DType::BF16, (1, 2, 2), (130, 200, 136), causal, 1.0),
+        with_o(
+            fixed(DType::F16, (1, 1, 4), (65, 129, 192), window(50, 10), 1.0),
+            8,
+            8,
+        ),
+        with_o(
+            fixed(DType::BF16, (1, 1, 2), (200, 70, 248), capped, 1.0),
+            2,
+            2,
+        ),
+    ];
+    let check_split = std::env::var_os("CALICO_ATTN_HOPPER_BWD_TUNE").is_none();
+    let hopper_on = ["CALICO_ATTN_HOPPER", "CALICO_ATTN_HOPPER_BWD"]
+        .iter()
+        .all(|v| std::env::var(v).as_deref() != Ok("0"));
+    for dev in gpu_backends(TEST, "the head-dim-256 backward") {
+        let all = cases
+            .iter()
+            .map(|c| (c, false))
+            .chain(split.iter().map(|c| (c, true)))
+            .chain(padded.iter().map(|c| (c, false)));
+        for (c, want_split) in all {
+            let fail = |e: String| -> ! { panic!("backend {}: {c:?}: {e}", dev.kind()) };
+            let label = hopper_backward_label(&dev, c).unwrap_or_else(|e| fail(e));
+            if dev.arch().target == "sm_90a" && hopper_on {
+                let Some(label) = &label else {
+                    fail("not routed to the Hopper backward".to_string());
+                };
+                if !label.contains(" d=256 ") || label.contains(" bulk") {
+                    fail(format!("routed to {label}"));
+                }
+                if label.ends_with(" padded") != (c.dims.head_dim != 256) {
+                    fail(format!("routed to {label}"));
+                }
+                if check_split && want_split && !label.contains(" headsplit") {
+                    fail(format!("not split: {label}"));
+                }
+            }
+            let (x, feed, [_, dk, dv]) = checked_backward(&dev, c).unwrap_or_else(|e| fail(e));
+            if want_split {
+                // dK and dV from the partials, summed in part order: the same bits again.
+                let [_, dk1, dv1] = run_backward(&dev, c, &x, &feed).unwrap_or_else(|e| fail(e));
+                let same = |a: &[f64], b: &[f64]| {
+                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+                };
+                if !same(&dk, &dk1) || !same(&dv, &dv1) {
+                    fail("dK or dV differ between two runs".to_string());
+                }
+            }
+        }
+        // Packed sequences: 64-key blocks that span sequences (empty and one-token ones among
+        // them), causal at d = 256, windowed at 192.
+        let packed = [
+            (
+                DType::BF16,
+                vec![(130, 200), (1, 5), (0, 10), (70, 64)],
+                causal,
+                256,
+            ),
+            (
+                DType::F16,
+                vec![(65, 100), (100, 70), (3, 3)],
+                window(30, 10),
+                192,
+            ),
+        ];
+        for (i, (dtype, lens, opts, head_dim)) in packed.iter().enumerate() {
+            let form = VarlenForm {
+                head_dim: *head_dim,
+                aligned: true,
+                backward: true,
+            };
+            if let Err(e) = varlen_case(&dev, *dtype, lens, *opts, 256 + i as u64, form) {
+                panic!("backend {}: packed {lens:?} d{head_dim}: {e}", dev.kind());
+            }
+        }
+    }
+}
+
 /// Head dims that are multiples of 8 but not 64, 128 or 256 (Phi's 80 and 96, 32, 40, 120,
-/// 192): on sm_90a the Hopper kernels run them at the next kernel width (forward 64 / 128 /
-/// 256, backward 64 / 128) on zero-filled columns and store only the real ones. O and the
+/// 192): on sm_90a the Hopper kernels run them at the next kernel width (64 / 128 / 256) on
+/// zero-filled columns and store only the real ones (the backward's 136 to 248 are checked in
+/// attention_hopper_wide_backward). O and the
 /// gradients are checked against the f64 reference and, through their padded rows (pad 3 or
 /// 8), for writes past the head dim; chunk (16-byte), pair and element stores; GQA, causal,
 /// windows, a soft-cap, Nq != Nkv, packed sequences; and the sm_80 tile kernels the same way.

@@ -4,8 +4,8 @@
 //  0  prepare:  per query row, delta = rowsum(dO * O) and LSE in base 2 (+inf where the row
 //               saw no key, so P = exp2(s - lse) is 0 there), into a workspace padded to whole
 //               query blocks; the f32 dQ accumulator of the row set to 0.
-//  1  main:     one CTA per (key block of 128, KV head, batch), or per (that unit, part of its
-//               query heads) under HEAD_SPLIT; see DESIGN.
+//  1  main:     one CTA per (key block of 128 (64 at D = 256), KV head, batch), or per (that
+//               unit, part of its query heads) under HEAD_SPLIT; see DESIGN.
 //  2  finish:   dQ = scale * accumulator, in the output dtype and strides.
 //  3  combine:  (HEAD_SPLIT only) dK = scale * sum of the parts' f32 partials, dV = their
 //               sum, in the output dtype and strides.
@@ -36,6 +36,20 @@
 //    which the other warpgroup reaches only after its dQ product of step i-2 completed.
 //  * dK, dV stay in registers over all query heads of the group (the GQA sum, no atomics) and
 //    are stored once: dK * scale, dV; keys >= Nkv are not stored.
+// DESIGN (WIDE, D = 256)
+//  * dK and dV of 128 keys x 256 columns would need 256 f32 registers per consumer thread, so a
+//    unit is a block of BKV = 64 keys, and the consumers split the work differently: for each
+//    query block (BQ = 64 rows) consumer c computes S^T = K Q_c^T and dP^T = V dO_c^T for all
+//    64 keys and its 32 query rows (m64n32 wgmma, both operands K-major), turns them into P^T
+//    and dS^T, and writes both (16-bit) into two shared tiles [64 keys][64 rows] (128B swizzle).
+//    After a named barrier each consumer owns half of the head dim: dV[:, c] += P^T dO[:, c],
+//    dK[:, c] += dS^T Q[:, c] (A K-major from the tiles) and the dQ tile dQ[:, c] = dS K[:, c]
+//    (A M-major from the dS^T tile), each m64n128, 64 registers per accumulator. The dQ tile
+//    goes to the accumulator with red.global.add while dK runs (the bulk staging of 2 x 32 KiB
+//    does not fit beside K, V and two stages of Q and dO: 208 KiB).
+//  * One P^T / dS^T pair of tiles: a consumer overwrites them only after a second named
+//    barrier per step, which the other consumer reaches after its MMAs of the step before
+//    (their readers) completed.
 // DESIGN (HEAD_SPLIT, CALICO_ATTN_HEAD_SPLIT 1)
 //  * GQA / MQA with few units (B * Hkv * key blocks below the SM count) leaves most SMs idle:
 //    each unit walks all `group` query heads alone. The host then picks `head_split` s (a
@@ -67,7 +81,7 @@
 //    each key's row range drops the other sequences' rows.
 //
 // DEFINES (kernels/src/ops/attention/hopper_bwd.rs): CALICO_ATTN_KERNEL 0|1|2, CALICO_ATTN_T
-// bf16|f16, CALICO_ATTN_D 64|128, CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
+// bf16|f16, CALICO_ATTN_D 64|128|256 (256: see WIDE), CALICO_ATTN_STAGES 2.., CALICO_ATTN_SOFTCAP 0|1,
 // CALICO_ATTN_SCHED 1 (serial) | 2 (overlapped, see OVERLAP), CALICO_ATTN_BULK_DQ 0 | 1 (main
 // and finish kernels: dQ tiles by bulk reductions, see BULK_DQ), CALICO_ATTN_WIDE_REGS 0 | 1
 // (see PRODUCER_REGS), CALICO_ATTN_DEFER_DQ 0 | 1 (see DEFER_DQ), CALICO_ATTN_FTZ_EXP 0 | 1
@@ -100,7 +114,7 @@ constexpr int ROW_THREADS = 256;  // prepare / finish: one warp per row; combine
 #endif
 
 static_assert(sizeof(in_t) == 2, "16-bit inputs");
-static_assert(D == 64 || D == 128, "head dim 64 or 128");
+static_assert(D == 64 || D == 128 || D == 256, "head dim 64, 128 or 256");
 
 #define ATTN_POS_INF __int_as_float(0x7f800000u)
 #define ATTN_NEG_INF __int_as_float(0xff800000u)
@@ -340,7 +354,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 namespace attn_hopper_bwd {
 
 constexpr int BQ = D == 64 ? 128 : 64;  // query rows per streamed block
-constexpr int BKV = 128;                 // keys per CTA, 64 per consumer warpgroup
+// Head dim 256 (see WIDE): 64 keys per CTA, each consumer owning half the head dim.
+constexpr bool WIDE = D == 256;
+constexpr int BKV = WIDE ? 64 : 128;     // keys per CTA, 64 per consumer warpgroup (WIDE: 64 shared)
 constexpr int STAGES = CALICO_ATTN_STAGES;
 constexpr bool SOFTCAP = CALICO_ATTN_SOFTCAP != 0;
 constexpr bool BULK_DQ = CALICO_ATTN_BULK_DQ != 0;
@@ -372,6 +388,12 @@ constexpr int S_REGS = BQ / 2;      // S^T, dP^T: 64 keys x BQ rows per warpgrou
 constexpr int ACC_REGS = D / 2;     // dK, dV: 64 keys x D
 constexpr int DQ_REGS = 32;         // one 64 x 64 tile of dQ per warpgroup
 constexpr int P_STEPS = BQ / 16;    // k-steps of dV += P^T dO
+// WIDE: a consumer's S^T and dP^T are 64 keys x half the block's query rows; its dK, dV and
+// dQ tile are half the head dim's columns.
+constexpr int WIDE_ROWS = BQ / 2;
+constexpr int WIDE_COLS = D / 2;
+constexpr int WIDE_S_REGS = WIDE_ROWS / 2;
+constexpr int WIDE_ACC_REGS = WIDE_COLS / 2;
 constexpr int CONSUMERS = 2;
 constexpr int THREADS = (CONSUMERS + 1) * calico::WARPGROUP_THREADS;
 constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each consumer warp
@@ -398,8 +420,9 @@ constexpr int DS_BARRIER = 1;  // named barrier of the two consumer warpgroups
 
 static_assert(STAGES >= 2, "at least two stages");
 // dQ_block (BQ x D) is two 64 x 64 tiles, one per consumer: split along D at 128, along the
-// query rows at 64.
-static_assert(BQ * D == CONSUMERS * 64 * 64, "one 64 x 64 dQ tile per consumer");
+// query rows at 64 (WIDE: two 64 x 128 tiles, split along D).
+static_assert(WIDE || BQ * D == CONSUMERS * 64 * 64, "one 64 x 64 dQ tile per consumer");
+static_assert(!WIDE || (BQ == 64 && !BULK_DQ && !DEFER_DQ), "WIDE: 64-row query blocks, dQ by reductions from registers");
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int K_OFFSET = 0;
@@ -605,22 +628,29 @@ template <bool B>
 struct flag {
     static constexpr bool value = B;
 };
+// WIDE's element pass over S^T / dP^T: 0 P^T only, 1 P^T and dS^T together, 2 dS^T from P^T.
+template <int K>
+struct pass_kind {
+    static constexpr int value = K;
+};
 
 // Adds two adjacent floats to global memory (8-byte aligned), result unused.
 CALICO_DEVICE void red_add2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
 }
 
-// Adds a warpgroup's 64 x 64 dQ tile (accumulator layout) to the f32 accumulator at `tile`
-// (row stride D): exact f32 sums of every key block's share; rows past Nq land in the padding.
-CALICO_DEVICE void add_dq_tile(const float (&dq)[DQ_REGS], float* tile, int warp) {
+// Adds a warpgroup's 64 x (2 R) dQ tile (accumulator layout; 64 x 64, WIDE 64 x 128) to the
+// f32 accumulator at `tile` (row stride D): exact f32 sums of every key block's share; rows
+// past Nq land in the padding.
+template <int R>
+CALICO_DEVICE void add_dq_tile(const float (&dq)[R], float* tile, int warp) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         float* row = tile + (long long)(16 * warp + g + 8 * hh) * D + 2 * t;
 #pragma unroll
-        for (int j = 0; j < 8; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
+        for (int j = 0; j < R / 4; ++j) red_add2(row + 8 * j, dq[4 * j + 2 * hh], dq[4 * j + 2 * hh + 1]);
     }
 }
 
@@ -644,18 +674,20 @@ CALICO_DEVICE void keep_fragments(uint32_t (&a)[N][4]) {
         for (int r = 0; r < 4; ++r) asm volatile("" : "+r"(a[i][r])::"memory");
 }
 
-// Stores a warp's 16 keys x D of a register tile (accumulator layout) times `mul`, keys from
-// key0; keys >= k_len skipped.
-CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* base, long long sn, bool pairs, long long key0,
-                              int k_len, int head_dim) {
+// Stores a warp's 16 keys x (2 R) columns of a register tile (accumulator layout; D columns,
+// WIDE half of them from `base`) times `mul`, keys from key0; keys >= k_len skipped, and under
+// PADDED the columns from `head_dim` (counted from `base`) on.
+template <int R>
+CALICO_DEVICE void store_keys(const float (&acc)[R], float mul, in_t* base, long long sn, bool pairs, long long key0, int k_len,
+                              int head_dim) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         const long long key = key0 + g + 8 * hh;
-        float2 v[D / 8];
+        float2 v[R / 4];
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) v[j] = make_float2(acc[4 * j + 2 * hh] * mul, acc[4 * j + 2 * hh + 1] * mul);
+        for (int j = 0; j < R / 4; ++j) v[j] = make_float2(acc[4 * j + 2 * hh] * mul, acc[4 * j + 2 * hh + 1] * mul);
         const int mode = pairs ? calico::ROW_STORE_PAIRS : calico::ROW_STORE_ELEMENTS;
         if constexpr (PADDED) {
             calico::store_row_upto(base + key * sn, v, t, mode, key < k_len, head_dim);
@@ -665,16 +697,18 @@ CALICO_DEVICE void store_keys(const float (&acc)[ACC_REGS], float mul, in_t* bas
     }
 }
 
-// HEAD_SPLIT: stores a warp's 16 keys x D of a register tile as f32 at `base` (the warp's
-// first key's row of a [keys, D] partial): 8-byte stores, a quad's four fill 32 bytes.
-CALICO_DEVICE void store_partial(const float (&acc)[ACC_REGS], float* base) {
+// HEAD_SPLIT: stores a warp's 16 keys x (2 R) columns of a register tile as f32 at `base` (the
+// warp's first key's row of a [keys, D] partial, WIDE offset to the warpgroup's half): 8-byte
+// stores, a quad's four fill 32 bytes.
+template <int R>
+CALICO_DEVICE void store_partial(const float (&acc)[R], float* base) {
     const int lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
         float* row = base + (long long)(g + 8 * hh) * D + 2 * t;
 #pragma unroll
-        for (int j = 0; j < D / 8; ++j) *reinterpret_cast<float2*>(row + 8 * j) = make_float2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
+        for (int j = 0; j < R / 4; ++j) *reinterpret_cast<float2*>(row + 8 * j) = make_float2(acc[4 * j + 2 * hh], acc[4 * j + 2 * hh + 1]);
     }
 }
 
@@ -682,7 +716,7 @@ CALICO_DEVICE void store_partial(const float (&acc)[ACC_REGS], float* base) {
 
 // Parameters (kernels/src/ops/attention/hopper_bwd.rs builds them):
 //  map_q, map_do: 4-D maps {D, Nq, Hq, B} (real strides), box {64, BQ, 1, 1}, 128B swizzle.
-//  map_k, map_v: {D, Nkv, Hkv, B}, box {64, 128, 1, 1}, 128B swizzle.
+//  map_k, map_v: {D, Nkv, Hkv, B}, box {64, BKV, 1, 1}, 128B swizzle.
 //  map_rows: 2-D map {B * Hq * nq_pad, 2} over the prepare kernel's f32 rows, LSE (base 2) at
 //  index 0 and delta at 1 (back to back in the workspace), box {BQ, 1}, no swizzle: a TMA tensor
 //  load like the Q and dO tiles (a non-tensor cp.async.bulk is reported as a race by
@@ -792,6 +826,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         }
     };
 
+#if CALICO_ATTN_D != 256
     auto consume = [&](int consumer, int w) {
         const unit u = unit_at(p, w);
         const int warp = calico::warpgroup_warp();
@@ -1180,6 +1215,219 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh, dv_sn, (pairs & 2) != 0, key0, p.k_len, head_dim);
         }
     };
+#else
+    // WIDE (head dim 256; see DESIGN (WIDE)): consumer c computes S^T and dP^T for the block's
+    // 64 keys and its half of the step's query rows, writes P^T and dS^T into the shared tiles,
+    // and after both halves are in, dV, dK and the dQ tile for its half of the head dim.
+    auto consume = [&](int consumer, int w) {
+        const unit u = unit_at(p, w);
+        const int warp = calico::warpgroup_warp();
+        const int lane = threadIdx.x % 32;
+        const int g = lane / 4;
+        const int t = lane % 4;
+        const int key_in_block = 16 * warp + g;        // and + 8
+        const int row_half = consumer * WIDE_ROWS;     // S^T / dP^T columns: query rows of a block
+        const int col_half = consumer * WIDE_COLS;     // dK, dV, dQ columns: the head dim
+        float dk_acc[WIDE_ACC_REGS], dv_acc[WIDE_ACC_REGS];
+#pragma unroll
+        for (int i = 0; i < WIDE_ACC_REGS; ++i) {
+            dk_acc[i] = 0.0f;
+            dv_acc[i] = 0.0f;
+        }
+        int key_lo[2] = {0, 0}, key_hi[2] = {-1, -1};
+        if constexpr (VARLEN) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) packed_key_rows(p, u.n0 + key_in_block + 8 * hh, key_lo[hh], key_hi[hh]);
+        }
+
+        if (u.m_hi > u.m_lo) {
+            calico::wait(bars.kv_full, kv_loads & 1u);
+            ++kv_loads;
+            const uint32_t k_base = calico::smem_addr(smem + K_OFFSET);
+            const uint32_t v_base = calico::smem_addr(smem + V_OFFSET);
+            const uint32_t k_half = k_base + (col_half / CHUNK) * BKV * 128;  // K's 64-column chunks of this half
+            const uint32_t q_base = calico::smem_addr(smem + Q_OFFSET);
+            const uint32_t do_base = calico::smem_addr(smem + DO_OFFSET);
+            const uint32_t p_tile = calico::smem_addr(smem + DS_OFFSET);
+            const uint32_t ds_tile = p_tile + DS_BYTES;
+            // [key][64 query rows], 128B swizzle: element (key, col) at key * 128 + ((col / 8) ^ (key % 8)) * 16.
+            unsigned char* const p_buf = smem + DS_OFFSET;
+            unsigned char* const ds_buf = smem + DS_OFFSET + DS_BYTES;
+            for (int hq = 0; hq < p.part_heads; ++hq) {
+                const int h = u.hk * p.group + u.hq0 + hq;
+                const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
+                for (int k = 0; k < u.m_hi - u.m_lo; ++k) {
+                    const int m0 = block_at(u, k) * BQ;
+                    float s[WIDE_S_REGS], dp[WIDE_S_REGS];
+                    // S^T = K Q^T and dP^T = V dO^T over this consumer's query rows.
+                    bars.q.wait_full(qc);
+                    const uint32_t q_slot = q_base + qc.slot() * Q_BYTES;
+                    calico::wgmma::fence();
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; ++kk) {
+                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(k_base), (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(q_slot + row_half * 128), (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                        calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(s, da, db, kk > 0 ? 1 : 0);
+                    }
+                    calico::wgmma::commit_group();
+                    bars.d.wait_full(dc);
+                    const uint32_t do_slot = do_base + dc.slot() * Q_BYTES;
+                    calico::wgmma::fence();
+#pragma unroll
+                    for (int kk = 0; kk < D / 16; ++kk) {
+                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(v_base), (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(do_slot + row_half * 128), (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                        calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
+                    }
+                    calico::wgmma::commit_group();
+
+                    // P^T and dS^T in place of S^T and dP^T; column j of the registers is query
+                    // row row_half + j of the block.
+                    const float* lse_s = reinterpret_cast<const float*>(smem + LSE_OFFSET + qc.slot() * ROW_BYTES);
+                    const float* delta_s = reinterpret_cast<const float*>(smem + DELTA_OFFSET + dc.slot() * ROW_BYTES);
+                    const bool need_mask = !block_visible(p, u, m0, u.n0);
+                    row_range seen[2] = {{0, BQ}, {0, BQ}};
+                    if (need_mask) {
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            seen[hh] = VARLEN ? rows_in_block(key_lo[hh], key_hi[hh], m0)
+                                              : rows_seeing(p, m0, u.n0 + key_in_block + 8 * hh);
+                        }
+                    }
+                    auto pass = [&](auto masked, auto with_ds) {
+#pragma unroll
+                        for (int j = 0; j < WIDE_ROWS / 8; ++j) {
+                            const int col = row_half + 8 * j + 2 * t;
+                            const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
+                            const float2 dl = *reinterpret_cast<const float2*>(delta_s + col);
+#pragma unroll
+                            for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+                                for (int e = 0; e < 2; ++e) {
+                                    const int i = 4 * j + 2 * hh + e;
+                                    if constexpr (decltype(with_ds)::value != 2) {
+                                        // P^T (pass 0: P only; pass 1: P and dS together).
+                                        float x = s[i], dcap = 1.0f;
+                                        if constexpr (SOFTCAP) {
+                                            const float th = tanhf(x * score_scale);
+                                            x = cap_log2 * th;
+                                            dcap = 1.0f - th * th;
+                                        } else {
+                                            x *= score_scale;
+                                        }
+                                        float pr = p_exp2(x - (e ? l.y : l.x));
+                                        if constexpr (decltype(masked)::value) pr = seen[hh].has(col + e) ? pr : 0.0f;
+                                        s[i] = pr;
+                                        if constexpr (decltype(with_ds)::value == 1) dp[i] = pr * (dp[i] - (e ? dl.y : dl.x)) * dcap;
+                                    } else {
+                                        dp[i] = s[i] * (dp[i] - (e ? dl.y : dl.x));
+                                    }
+                                }
+                            }
+                        }
+                    };
+                    // Runs pass(masked, kind) with the mask as a compile-time flag.
+                    auto with_mask = [&](auto kind) {
+                        if (need_mask) {
+                            pass(flag<true>{}, kind);
+                        } else {
+                            pass(flag<false>{}, kind);
+                        }
+                    };
+                    if constexpr (!SOFTCAP) {
+                        // P^T while dP^T is still being computed, then dS^T.
+                        calico::wgmma::wait_group<1>();
+                        calico::wgmma::fence_operands(s);
+                        with_mask(pass_kind<0>{});
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(dp);
+                        pass(flag<false>{}, pass_kind<2>{});
+                    } else {
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(s);
+                        calico::wgmma::fence_operands(dp);
+                        with_mask(pass_kind<1>{});
+                    }
+                    // The tiles are rewritten once both consumers' MMAs of the last step (the
+                    // tiles' readers) completed: each waited for its own before getting here.
+                    calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+#pragma unroll
+                    for (int j = 0; j < WIDE_ROWS / 8; ++j) {
+#pragma unroll
+                        for (int hh = 0; hh < 2; ++hh) {
+                            const int key = key_in_block + 8 * hh;
+                            const int at = key * 128 + ((((row_half / 8) + j) ^ g) * 16) + 4 * t;
+                            const int i = 4 * j + 2 * hh;
+                            *reinterpret_cast<uint32_t*>(p_buf + at) = calico::pack_word<in_t>(s[i], s[i + 1]);
+                            *reinterpret_cast<uint32_t*>(ds_buf + at) = calico::pack_word<in_t>(dp[i], dp[i + 1]);
+                        }
+                    }
+                    calico::fence_proxy_async();
+                    calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+
+                    // dV += P^T dO and dK += dS^T Q over the block's 64 query rows (A K-major:
+                    // the tiles' rows are keys; B N-major: the head dim's half, contiguous), and
+                    // the dQ tile = dS K (A M-major from the dS^T tile, B N-major) in between.
+                    float dq[WIDE_ACC_REGS];
+                    calico::wgmma::fence_operands(dv_acc);
+                    calico::wgmma::fence_operands(dk_acc);
+                    calico::wgmma::fence();
+#pragma unroll
+                    for (int kk = 0; kk < P_STEPS; ++kk) {
+                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(p_tile), kk * 32);
+                        const uint64_t db = calico::wgmma::desc_advance(
+                            calico::wgmma::desc_mnmajor_128b(do_slot + (col_half / CHUNK) * BQ * 128, BQ), kk * 16 * 128);
+                        calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1>(dv_acc, da, db, 1);
+                    }
+                    calico::wgmma::commit_group();
+#pragma unroll
+                    for (int kk = 0; kk < BKV / 16; ++kk) {
+                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(ds_tile, BKV), kk * 16 * 128);
+                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(k_half, BKV), kk * 16 * 128);
+                        calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+                    }
+                    calico::wgmma::commit_group();
+#pragma unroll
+                    for (int kk = 0; kk < P_STEPS; ++kk) {
+                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(ds_tile), kk * 32);
+                        const uint64_t db = calico::wgmma::desc_advance(
+                            calico::wgmma::desc_mnmajor_128b(q_slot + (col_half / CHUNK) * BQ * 128, BQ), kk * 16 * 128);
+                        calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1>(dk_acc, da, db, 1);
+                    }
+                    calico::wgmma::commit_group();
+                    calico::wgmma::wait_group<2>();  // dV done: dO's last reader
+                    calico::wgmma::fence_operands(dv_acc);
+                    if (lane == 0) bars.d.release(dc);
+                    dc.advance();
+                    calico::wgmma::wait_group<1>();  // the dQ tile, added while dK runs
+                    calico::wgmma::fence_operands(dq);
+                    add_dq_tile(dq, dq_acc + (row0 + m0) * D + col_half, warp);
+                    calico::wgmma::wait_group<0>();  // dK done: Q's last reader
+                    calico::wgmma::fence_operands(dk_acc);
+                    if (lane == 0) bars.q.release(qc);
+                    qc.advance();
+                }
+            }
+            if (lane == 0) calico::arrive(bars.kv_empty);
+        }
+
+        const long long key0 = (long long)u.n0 + 16 * warp;
+        if constexpr (HEAD_SPLIT) {
+            // This part's partials: all 64 keys of the block, this consumer's half of the columns.
+            const long long bhs = (long long)batch * p.kv_heads;
+            const long long nkv_pad = (long long)p.n_blocks * BKV;
+            const long long section = bhs * nkv_pad * D;
+            float* at = dkv_part + (((long long)u.part * bhs + (long long)u.b * p.kv_heads + u.hk) * nkv_pad + key0) * D + col_half;
+            store_partial(dk_acc, at);
+            store_partial(dv_acc, at + p.split * section);
+        } else {
+            store_keys(dk_acc, scale, dk + u.b * dk_sb + u.hk * dk_sh + col_half, dk_sn, (pairs & 1) != 0, key0, p.k_len,
+                       head_dim - col_half);
+            store_keys(dv_acc, 1.0f, dv + u.b * dv_sb + u.hk * dv_sh + col_half, dv_sn, (pairs & 2) != 0, key0, p.k_len,
+                       head_dim - col_half);
+        }
+    };
+#endif
 
     // BULK_DQ: warp 1 adds each staged tile to the accumulator, whose query block of BQ x D
     // floats holds the two consumers' tiles back to back (4096 floats each, staging order).

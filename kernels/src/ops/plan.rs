@@ -473,12 +473,35 @@ mod tests {
         }
     }
 
-    /// Head dims between the kernel widths (multiples of 8): the Hopper kernels on sm_90a, the
-    /// sm_80 tile backward at the next width elsewhere on NVIDIA (it was the portable kernel),
-    /// the portable backward on AMD; not a multiple of 8: the portable backward everywhere.
+    /// Head dims between the kernel widths (multiples of 8): the Hopper kernels on sm_90a (the
+    /// backward up to 256), the sm_80 tile backward at the next width up to 128 elsewhere on
+    /// NVIDIA (it was the portable kernel), the portable backward on AMD and above 128 off
+    /// sm_90a; not a multiple of 8: the portable backward everywhere.
     #[test]
     fn padded_head_dims_take_the_matrix_kernels() {
         let bwd = |t: &str, d| attention_choice(&arch(t), &case(true, d)).unwrap();
+        // Head dim 256 and those that run at it: the wide Hopper backward (the per-row dQ
+        // finish, no bulk dQ), padded below 256; the portable backward on sm_80.
+        for d in [136, 192, 248, 256] {
+            let AttentionChoice::Backward(BackwardRoute::Hopper(v)) = bwd("sm_90a", d) else {
+                panic!("sm_90a d{d}: not the Hopper backward");
+            };
+            let label = v.label();
+            assert!(
+                label.contains(" d=256 ") && !label.contains(" bulk"),
+                "{label}"
+            );
+            assert_eq!(label.ends_with(" padded"), d != 256, "{label}");
+            let plan = plan_attention("sm_90a", &case(true, d)).unwrap();
+            assert!(
+                plan.kernels[0].label.starts_with("hopper bwd Main"),
+                "{plan:?}"
+            );
+            let AttentionChoice::Backward(BackwardRoute::Tile { dq, .. }) = bwd("sm_80", d) else {
+                panic!("sm_80 d{d}");
+            };
+            assert_eq!(dq.kernel, Kernel::PortableDq, "sm_80 d{d}");
+        }
         for d in [40, 96, 120] {
             assert!(
                 matches!(

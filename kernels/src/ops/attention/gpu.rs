@@ -3,10 +3,11 @@
 //! sm_90a runs the Hopper kernels (hopper.rs, hopper_bwd.rs). The other NVIDIA GPUs with
 //! mma.sync and cp.async (sm_80 and later) run the tile kernels here, and CDNA GPUs run the
 //! CDNA forward (cdna.rs) where it applies; all of these take head dims that are multiples
-//! of 8 at the next width of 64, 128 or 256 (the backward up to 128). A forward whose head dim
-//! is a multiple of 16 that only a padded vendor kernel would take runs the vendor-neutral
-//! tile forward (tiles.rs) instead; every other case (the backward on AMD, head dims off
-//! multiples of 8) runs the portable kernels, one warp per row.
+//! of 8 at the next width of 64, 128 or 256 (the tile backward up to 128; the Hopper backward
+//! up to 256). A forward whose head dim is a multiple of 16 that only a padded vendor kernel
+//! would take runs the vendor-neutral tile forward (tiles.rs) instead; every other case (the
+//! backward on AMD, the backward above 128 off sm_90a or where the Hopper kernels decline it,
+//! head dims off multiples of 8) runs the portable kernels, one warp per row.
 
 use super::check::Problem;
 use crate::Device;
@@ -129,7 +130,8 @@ impl KernelVariant for AttentionVariant {
 }
 
 /// The head dim the tile kernels run `head_dim` at here (NVIDIA with mma.sync and cp.async):
-/// 64, 128 or 256 (backward 64 or 128), the next one up for a multiple of 8 in between (its
+/// 64, 128 or 256 (backward 64 or 128: backward.cu's tiles stop at 128, even on sm_90a, whose
+/// Hopper backward takes 256), the next one up for a multiple of 8 in between (its
 /// columns past the real ones load as zeros and are not stored); `None` where they do not run.
 fn tile_kernel_dim(arch: &Arch, dtype: DType, head_dim: usize, backward: bool) -> Option<usize> {
     let widest = if backward { 128 } else { 256 };

@@ -3,8 +3,11 @@
 //! This module decides when it applies, lays out the workspace, encodes the tensor maps and
 //! launches prepare, main (then combine, when it splits a unit's query heads: [`head_split`])
 //! and finish; problems it declines (deterministic calls, head dims that are not multiples of
-//! 8 or exceed 128, views TMA cannot express) go to the tile kernels. Head dims below 64 or
-//! 128 run the kernels of that width on zero-filled columns.
+//! 8 or exceed 256, views TMA cannot express) go to the tile kernels (the portable ones above
+//! 128). Head dims below 64, 128 or 256 run the kernels of that width on zero-filled columns.
+//! Head dim 256 (the "wide" mode of the main kernel) has 64-key CTAs ([`block_kv`]) and one
+//! schedule: the A/B knobs of [`Tune`] other than `ftzexp`, the unit order and the head split
+//! do not apply there ([`HopperBwdVariant::main`] turns them off).
 //!
 //! Head split (DESIGN): the main kernel's unit is (key block, KV head, batch) and walks every
 //! query head of its KV head's group, so GQA / MQA at a small batch gives fewer CTAs than SMs.
@@ -31,8 +34,17 @@ const SOURCE: &str = include_str!("../../../device/attention/hopper_bwd.cu");
 use super::hopper::{Packed, PACKED_HEADERS};
 /// One producer and two consumer warpgroups.
 const THREADS: u32 = 384;
-/// Keys per CTA.
-const BKV: usize = 128;
+/// Keys per CTA of the main kernel at head dim `head_dim` (its width, or a head dim that runs
+/// at it): 128 (64 per consumer warpgroup) up to 128; 64 at 256 (the wide mode, where both
+/// consumer warpgroups share the 64 keys, each computing S^T and dP^T for half the query rows
+/// and dV, dK, dQ for half the head dim).
+fn block_kv(head_dim: usize) -> usize {
+    if head_dim > 128 {
+        64
+    } else {
+        128
+    }
+}
 /// Threads of the prepare and finish kernels (a warp per row).
 const ROW_THREADS: u32 = 256;
 const ROWS_PER_BLOCK: usize = ROW_THREADS as usize / 32;
@@ -111,7 +123,9 @@ pub(crate) struct HopperBwdVariant {
 /// -4-5% at d = 128); `narrowregs`, `exp2f` and `syncdq` / `deferdq` turn each off / on.
 /// `headsplit=N` runs each unit's query heads over N CTAs (the largest divisor of the group
 /// not above N; dK and dV then go through f32 partials and the combine kernel), `noheadsplit`
-/// never splits; by default [`head_split`] splits when the units do not fill the SMs.
+/// never splits; by default [`head_split`] splits when the units do not fill the SMs. At head
+/// dim 256 the main kernel has one schedule: only `ftzexp` / `exp2f`, `stagger`, the chunks
+/// and the head split apply there ([`HopperBwdVariant::main`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
@@ -204,10 +218,12 @@ const MIN_CHUNKED_BLOCKS: usize = 16;
 /// Below 16 key blocks it measured slower (the full report of that session: 4 and 8 key blocks,
 /// N = 512 to 1024, causal, -4 to -11%; not understood), so short heads keep head by head, as
 /// do units of equal length (no mask, or a window on both sides). With `split` CTAs per unit
-/// ([`head_split`]) a pair has `split` times as many CTAs: the chunk counts them.
+/// ([`head_split`]) a pair has `split` times as many CTAs: the chunk counts them. Key blocks
+/// are those of the head dim ([`block_kv`]: 64 keys at d = 256; the thresholds above were
+/// measured at d = 64 and 128).
 fn walk_chunk(arch: &Arch, p: &Problem, params: &AttentionParams, split: usize) -> usize {
     let sms = (arch.compute_units as usize).max(1);
-    let blocks = p.k_len.div_ceil(BKV).max(1);
+    let blocks = p.k_len.div_ceil(block_kv(p.head_dim)).max(1);
     let pairs = (p.batch * p.kv_heads).max(1);
     let ctas = blocks * split.max(1);
     if params.right.is_some() && params.left.is_none() && blocks >= MIN_CHUNKED_BLOCKS {
@@ -242,10 +258,10 @@ fn walk(tune: &Tune, arch: &Arch, p: &Problem, params: &AttentionParams, split: 
 /// Hq = 16, Hkv = 2, N = 3000, d = 128 causal, 96 units: 1.55x faster with s = 2; B = 4, Hq =
 /// 32, Hkv = 8, N = 500, d = 64 causal, 128 units: 15% slower with s = 2, so not split). 1 for
 /// group 1. `headsplit=N` forces the largest divisor not above N, `noheadsplit` 1. `p` is the
-/// kernel's problem: packed sequences as one batch.
+/// kernel's problem: packed sequences as one batch, key blocks of its head dim ([`block_kv`]).
 fn head_split(tune: &Tune, arch: &Arch, p: &Problem, masked: bool) -> usize {
     let group = p.q_heads / p.kv_heads.max(1);
-    let units = p.batch * p.kv_heads * p.k_len.div_ceil(BKV).max(1);
+    let units = p.batch * p.kv_heads * p.k_len.div_ceil(block_kv(p.head_dim)).max(1);
     let divisors = (1..=group.max(1)).filter(|s| group.is_multiple_of(*s));
     let split = match tune.head_split {
         Some(n) => divisors.filter(|&s| s <= n).max().unwrap_or(1),
@@ -275,7 +291,7 @@ fn head_split(tune: &Tune, arch: &Arch, p: &Problem, masked: bool) -> usize {
     }
 }
 
-/// Query rows per streamed block: 128 at head dim 64, 64 at 128 (see hopper_bwd.cu).
+/// Query rows per streamed block: 128 at head dim 64, 64 at 128 and 256 (see hopper_bwd.cu).
 fn block_q(head_dim: usize) -> usize {
     if head_dim == 64 {
         128
@@ -311,7 +327,10 @@ impl HopperBwdVariant {
     }
 
     /// The main kernel for `head_dim` on `arch`, with as many stages as shared memory holds
-    /// (at most [`MAX_STAGES`]); `None` when not even two fit.
+    /// (at most [`MAX_STAGES`]); `None` when not even two fit. Head dim 256 has one schedule
+    /// (serial, dQ by per-thread reductions, the default registers): the tune's `serial` /
+    /// `overlapped`, `bulk` / `nobulk`, `wideregs` and `deferdq` do not apply there, and the
+    /// finish kernel that goes with it is the per-row one (`bulk_dq` false).
     fn main(
         arch: &Arch,
         dtype: DType,
@@ -320,16 +339,19 @@ impl HopperBwdVariant {
         tune: Tune,
         varlen: bool,
     ) -> Option<Self> {
+        let wide = head_dim == 256;
+        let overlapped = tune.overlapped && !wide;
+        let bulk = tune.bulk && !wide;
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
             dtype,
             head_dim,
             stages: 0,
             softcap,
-            overlapped: tune.overlapped,
-            bulk_dq: tune.bulk,
-            wide_regs: tune.wide_regs && tune.bulk,
-            defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && tune.overlapped && tune.bulk,
+            overlapped,
+            bulk_dq: bulk,
+            wide_regs: tune.wide_regs && bulk,
+            defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && overlapped && bulk,
             ftz_exp: tune.ftz_exp,
             head_split: false,
             varlen,
@@ -342,18 +364,20 @@ impl HopperBwdVariant {
         Some(HopperBwdVariant { stages, ..one })
     }
 
-    /// Must match hopper_bwd.cu: alignment slack, K and V, the Q and dO rings, two dS
-    /// buffers, the LSE and delta rows of each stage, two 16 KiB dQ staging tiles (bulk_dq),
-    /// 4 * STAGES + 2 mbarriers (+ 4 with defer_dq).
+    /// Must match hopper_bwd.cu: alignment slack, K and V (BKV keys, [`block_kv`]), the Q
+    /// and dO rings, two dS buffers (at d = 256 the P^T and dS^T tiles), the LSE and delta rows
+    /// of each stage, two 16 KiB dQ staging tiles (bulk_dq), 4 * STAGES + 2 mbarriers (+ 4
+    /// with defer_dq).
     fn smem_bytes(&self) -> usize {
         if self.kernel != BwdKernel::Main {
             return 0;
         }
         let d = self.head_dim;
         let bq = block_q(d);
-        1024 + 2 * BKV * d * 2
+        let bkv = block_kv(d);
+        1024 + 2 * bkv * d * 2
             + 2 * self.stages * bq * d * 2
-            + 2 * BKV * bq * 2
+            + 2 * bkv * bq * 2
             + 2 * self.stages * bq * 4
             + if self.bulk_dq { 2 * 64 * 64 * 4 } else { 0 }
             + (4 * self.stages + 2 + if self.defer_dq { 4 } else { 0 }) * 8
@@ -543,6 +567,62 @@ pub(crate) fn catalog(
                 });
             }
         }
+        // Head dim 256 has one main-kernel schedule (HopperBwdVariant::main turns the A/B
+        // knobs off) and the per-row finish kernel: the default with and without the soft cap,
+        // packed and split; in bf16 also split soft-capped, packed and padded, and the padded
+        // forms of the four kernels.
+        let d = 256;
+        let main = |softcap, varlen| {
+            HopperBwdVariant::main(arch, dtype, d, softcap, Tune::default(), varlen)
+        };
+        let split = |v: HopperBwdVariant| HopperBwdVariant {
+            head_split: true,
+            ..v
+        };
+        let padded = |v: HopperBwdVariant| HopperBwdVariant { padded: true, ..v };
+        let mut variants = vec![
+            HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false, false),
+            HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false, false),
+            HopperBwdVariant::helper(BwdKernel::Combine, dtype, d, false, false),
+        ];
+        variants.extend(main(false, false));
+        variants.extend(main(true, false));
+        variants.extend(main(false, true));
+        variants.extend(main(false, false).map(split));
+        if dtype == DType::BF16 {
+            variants.extend(main(true, false).map(split));
+            variants.extend(main(false, true).map(split));
+            variants.extend(main(false, false).map(split).map(padded));
+            variants.push(HopperBwdVariant::helper(
+                BwdKernel::Combine,
+                dtype,
+                d,
+                false,
+                true,
+            ));
+            variants.push(HopperBwdVariant::helper(
+                BwdKernel::Prepare,
+                dtype,
+                d,
+                false,
+                true,
+            ));
+            variants.push(HopperBwdVariant::helper(
+                BwdKernel::Finish,
+                dtype,
+                d,
+                false,
+                true,
+            ));
+            variants.extend(main(false, false).map(padded));
+        }
+        for v in variants {
+            out.push(crate::catalog::CatalogEntry {
+                op: "attention_hopper",
+                label: v.label(),
+                source: v.source(vendor)?,
+            });
+        }
     }
     Ok(out)
 }
@@ -560,7 +640,7 @@ fn enabled() -> bool {
 /// The workspace: LSE in base 2 and delta, f32 `[B * Hq, nq_pad]` each, then the dQ
 /// accumulator f32 `[B * Hq, nq_pad, D]`, then (a head-split main kernel, `parts` CTAs per
 /// unit) the f32 partials of dK and of dV, `[parts, B * Hkv, nkv_pad, D]` each (nkv_pad: Nkv
-/// rounded up to the 128-key blocks). Offsets in bytes.
+/// rounded up to the key blocks, [`block_kv`]: 128 keys, 64 at d = 256). Offsets in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Workspace {
     nq_pad: usize,
@@ -580,11 +660,12 @@ impl Workspace {
     fn new(p: &Problem, parts: usize) -> Self {
         let nq_pad = p.q_len.div_ceil(block_q(p.head_dim)) * block_q(p.head_dim);
         let rows = p.batch * p.q_heads * nq_pad;
-        // rows is a multiple of 64 and nkv_pad of 128: every section starts 256-byte aligned.
+        // rows and nkv_pad are multiples of 64: every section starts 256-byte aligned.
         let delta = rows * 4;
         let dq_acc = 2 * rows * 4;
         let part = dq_acc + rows * p.head_dim * 4;
-        let nkv_pad = p.k_len.div_ceil(BKV) * BKV;
+        let bkv = block_kv(p.head_dim);
+        let nkv_pad = p.k_len.div_ceil(bkv) * bkv;
         let part_section = p.batch * p.kv_heads * nkv_pad * p.head_dim;
         Workspace {
             nq_pad,
@@ -625,6 +706,8 @@ pub(crate) fn backward_variant(
     deterministic: bool,
     varlen: bool,
 ) -> Option<HopperBwdVariant> {
+    // Head dims that are multiples of 8 up to 256, at the kernel width 64, 128 or 256.
+    let d = kernel_head_dim(p.head_dim, 256)?;
     // Deterministic calls keep the tile kernels: the dQ reductions here add in timing order.
     let fits = !deterministic
         && enabled()
@@ -632,16 +715,16 @@ pub(crate) fn backward_variant(
         && matches!(p.dtype, DType::BF16 | DType::F16)
         && (1..=MAX_LEN).contains(&p.q_len)
         && (1..=MAX_LEN).contains(&p.k_len)
-        && p.batch * p.kv_heads * p.k_len.div_ceil(BKV) <= i32::MAX as usize;
-    let d = kernel_head_dim(p.head_dim, 128)?;
+        && p.batch * p.kv_heads * p.k_len.div_ceil(block_kv(d)) <= i32::MAX as usize;
     // TMA coordinates of the LSE / delta rows are 32-bit.
     if !fits || Workspace::new(&Problem { head_dim: d, ..*p }, 0).rows > i32::MAX as usize {
         return None;
     }
     let tune = Tune::get();
-    // Packed sequences run as one batch of all the rows (try_backward).
+    // Packed sequences run as one batch of all the rows (try_backward), at the kernel width.
     let kernel_problem = Problem {
         batch: if varlen { 1 } else { p.batch },
+        head_dim: d,
         ..*p
     };
     HopperBwdVariant::main(arch, p.dtype, d, params.softcap.is_some(), tune, varlen).map(|v| {
@@ -695,11 +778,11 @@ pub(crate) fn try_backward(
     let [q, k, v, _o, _lse, d_o, _dq, _dk, _dv] = t;
     let gpu = dev.as_gpu()?;
     let tune = Tune::get();
-    let bq = block_q(p.head_dim);
+    let (bq, bkv) = (block_q(p.head_dim), block_kv(p.head_dim));
     let maps = [
         view_map(q, bq)?,
-        view_map(k, BKV)?,
-        view_map(v, BKV)?,
+        view_map(k, bkv)?,
+        view_map(v, bkv)?,
         view_map(d_o, bq)?,
     ];
     // CTAs per unit: the router chose the variant on the same rule (a head-split variant runs
@@ -796,7 +879,7 @@ fn launch(
     let [dk_sb, dk_sh, dk_sn] = strides3(dk);
     let [dv_sb, dv_sh, dv_sn] = strides3(dv);
     let pairs = i32::from(pairs_ok(dk)) | (i32::from(pairs_ok(dv)) << 1);
-    let work = p.batch * p.kv_heads * p.k_len.div_ceil(BKV) * split;
+    let work = p.batch * p.kv_heads * p.k_len.div_ceil(block_kv(p.head_dim)) * split;
     let [map_q, map_k, map_v, map_do] = maps;
     // The LSE and delta rows, back to back in the workspace, as one 2-D map: row index, then
     // 0 (LSE) or 1 (delta).
@@ -931,7 +1014,7 @@ mod tests {
     #[test]
     fn main_variants_fit_shared_memory_with_two_stages_or_more() {
         let arch = Arch::for_target("sm_90a").unwrap();
-        for d in [64, 128] {
+        for d in [64, 128, 256] {
             for tune in [
                 Tune::parse("serial,nobulk"),
                 Tune::default(),
@@ -956,6 +1039,103 @@ mod tests {
             v.smem_bytes(),
             1024 + 65536 + v.stages * (32768 + 512) + 32768 + (4 * v.stages + 2) * 8
         );
+    }
+
+    /// Head dim 256 (the wide mode): one schedule whatever the tune says (serial, per-thread
+    /// dQ reductions, the default registers, no deferred dQ), 64-key blocks and two stages in
+    /// 227 KiB.
+    #[test]
+    fn head_dim_256_main_variants_take_one_schedule_in_two_stages() {
+        let arch = Arch::for_target("sm_90a").unwrap();
+        for tune in [
+            Tune::parse("serial,nobulk"),
+            Tune::default(),
+            Tune::parse("wideregs,deferdq"),
+            Tune::parse("overlapped,bulk,narrowregs,exp2f"),
+        ] {
+            for (dtype, softcap, varlen) in [
+                (DType::BF16, false, false),
+                (DType::F16, true, false),
+                (DType::BF16, false, true),
+            ] {
+                let v = HopperBwdVariant::main(&arch, dtype, 256, softcap, tune, varlen).unwrap();
+                assert_eq!(v.stages, 2, "{v:?}");
+                assert!(
+                    !v.overlapped && !v.bulk_dq && !v.wide_regs && !v.defer_dq,
+                    "{v:?}"
+                );
+                assert_eq!(
+                    (v.ftz_exp, v.softcap, v.varlen),
+                    (tune.ftz_exp, softcap, varlen)
+                );
+                // K, V 64 KiB (64 keys); per stage Q + dO 64 KiB and two 256-byte rows; the
+                // P^T and dS^T tiles 16 KiB; 10 mbarriers.
+                assert_eq!(
+                    v.smem_bytes(),
+                    1024 + 65536 + 2 * (65536 + 512) + 16384 + 10 * 8
+                );
+                assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block, "{v:?}");
+                // A third stage does not fit.
+                let three = HopperBwdVariant { stages: 3, ..v };
+                assert!(three.smem_bytes() + 1024 > arch.shared_mem_per_block);
+                assert_eq!(v.label().contains(" ftzexp"), tune.ftz_exp);
+                assert!(!v.label().contains(" bulk"), "{}", v.label());
+            }
+        }
+        // The widths below keep their knobs.
+        let v =
+            HopperBwdVariant::main(&arch, DType::BF16, 128, false, Tune::default(), false).unwrap();
+        assert!(v.overlapped && v.bulk_dq && v.wide_regs, "{v:?}");
+        assert_eq!((block_kv(64), block_kv(128), block_kv(256)), (128, 128, 64));
+        assert_eq!((block_q(64), block_q(128), block_q(256)), (128, 64, 64));
+    }
+
+    /// The catalog: no label twice, the d = 64 / 128 variants with their A/B forms, and at
+    /// d = 256 the one schedule (no bulk dQ) in its default, packed, split and padded forms,
+    /// each split main kernel beside its unsplit one (compile_all compares them).
+    #[test]
+    fn catalog_labels_are_unique_and_cover_head_dim_256() {
+        let arch = Arch::for_target("sm_90a").unwrap();
+        let entries = catalog(&arch, calico_cuda::device_headers()).unwrap();
+        let labels: Vec<&str> = entries.iter().map(|e| e.label.as_str()).collect();
+        let mut unique = labels.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), labels.len(), "duplicate labels");
+        let wide: Vec<&str> = labels
+            .iter()
+            .copied()
+            .filter(|l| l.contains(" d=256 "))
+            .collect();
+        // Per dtype: prepare, finish, combine, main (plain, soft-capped, packed, split); in
+        // bf16 also split soft-capped, packed and padded, and four padded kernels.
+        assert_eq!(wide.len(), 2 * 7 + 7, "{wide:#?}");
+        assert!(wide.iter().all(|l| !l.contains(" bulk")), "{wide:#?}");
+        assert!(wide
+            .iter()
+            .filter(|l| l.starts_with("hopper bwd Main"))
+            .all(|l| l.contains("stages=2 ") && !l.contains(" overlapped")));
+        for l in wide.iter().filter(|l| l.contains(" headsplit")) {
+            let unsplit = l.replace(" headsplit", "");
+            assert!(
+                labels.contains(&unsplit.as_str()),
+                "{l}: no unsplit variant"
+            );
+        }
+        for kernel in ["Prepare", "Finish", "Combine", "Main"] {
+            let name = format!("hopper bwd {kernel} bf16 d=256 ");
+            assert!(
+                wide.iter()
+                    .any(|l| l.starts_with(&name) && l.ends_with(" padded")),
+                "{kernel} padded at d = 256"
+            );
+        }
+        for d in [64, 128] {
+            let tag = format!(" d={d} ");
+            let n = labels.iter().filter(|l| l.contains(&tag)).count();
+            // f16 18 (prepare, two finish, combine, 12 main, packed, split), bf16 7 more.
+            assert_eq!(n, 18 + 25, "d = {d}");
+        }
     }
 
     #[test]
@@ -1183,6 +1363,166 @@ mod tests {
             assert_eq!(ws.part % 256, 0);
             assert_eq!((ws.part_section * 4) % 256, 0);
             assert_eq!(ws.bytes, ws.part + 2 * parts * ws.part_section * 4);
+        }
+        // Head dim 256: 64-row query blocks and 64-key blocks; the sections stay 256-byte
+        // aligned (Nkv = 7 pads to 64, 65 to 128, 1000 to 1024).
+        let p256 = Problem { head_dim: 256, ..p };
+        assert_eq!(Workspace::new(&p256, 0).nq_pad, 128);
+        for (k_len, nkv_pad) in [(7, 64), (64, 64), (65, 128), (1000, 1024)] {
+            for (batch, kv_heads, parts) in [(2, 1, 3), (1, 3, 2), (3, 1, 1)] {
+                let p = Problem {
+                    k_len,
+                    batch,
+                    kv_heads,
+                    q_heads: kv_heads * 3,
+                    ..p256
+                };
+                let ws = Workspace::new(&p, parts);
+                assert_eq!(ws.nkv_pad, nkv_pad, "{p:?}");
+                assert_eq!(ws.nkv_pad % 64, 0);
+                assert_eq!(ws.part_section, batch * kv_heads * nkv_pad * 256);
+                for offset in [ws.delta, ws.dq_acc, ws.part, ws.part_section * 4] {
+                    assert_eq!(offset % 256, 0, "{p:?}");
+                }
+                assert_eq!(ws.bytes, ws.part + 2 * parts * ws.part_section * 4);
+            }
+        }
+    }
+
+    /// Units, the head split and the chunks of the unit order count 64-key blocks at d = 256
+    /// (also for head dims that run at 256, 136 to 248).
+    #[test]
+    fn head_dim_256_counts_64_key_blocks() {
+        let arch = Arch::for_target("sm_90a").unwrap(); // 132 SMs
+        let problem = |batch, q_heads, kv_heads, len, head_dim| Problem {
+            dtype: DType::BF16,
+            batch,
+            q_heads,
+            kv_heads,
+            q_len: len,
+            k_len: len,
+            head_dim,
+        };
+        let causal = AttentionParams {
+            scale: 0.1,
+            softcap: None,
+            left: None,
+            right: Some(0),
+        };
+        let tune = Tune::default();
+        // 2 KV heads x 32 key blocks = 64 units: split in 2 within one wave (d = 128: 32
+        // units, 4), under a mask in 4 (64 x 2 < 132).
+        assert_eq!(
+            head_split(&tune, &arch, &problem(1, 16, 2, 2048, 256), false),
+            2
+        );
+        assert_eq!(
+            head_split(&tune, &arch, &problem(1, 16, 2, 2048, 128), false),
+            4
+        );
+        assert_eq!(
+            head_split(&tune, &arch, &problem(1, 16, 2, 2048, 256), true),
+            4
+        );
+        // 8 x 16 = 128 units at 256 (d = 128: 64): more than half the SMs, no split.
+        assert_eq!(
+            head_split(&tune, &arch, &problem(4, 8, 2, 1024, 256), false),
+            1
+        );
+        assert_eq!(
+            head_split(&tune, &arch, &problem(4, 8, 2, 1024, 128), false),
+            2
+        );
+        // 1024 keys are 16 blocks at 256 (chunked, 8 pairs per wave), 8 at 128 (head by head);
+        // 2048 keys 32 blocks (4 pairs) and 16 (8 pairs).
+        let chunk = |p: Problem| walk_chunk(&arch, &p, &causal, 1);
+        assert_eq!(chunk(problem(16, 16, 16, 1024, 256)), 8);
+        assert_eq!(chunk(problem(16, 16, 16, 1024, 128)), 1);
+        assert_eq!(chunk(problem(8, 16, 4, 2048, 256)), 4);
+        assert_eq!(chunk(problem(8, 16, 4, 2048, 128)), 8);
+        assert_eq!(chunk(problem(8, 16, 4, 2048, 192)), 4);
+    }
+
+    /// The router sends head dim 256, and the multiples of 8 from 136 to 248 (padded), to the
+    /// Hopper backward on sm_90a, with the per-row finish kernel (no bulk dQ); not past 256,
+    /// not off multiples of 8, not deterministic calls, not other targets.
+    #[test]
+    fn head_dims_up_to_256_take_the_hopper_backward_without_bulk_dq() {
+        let arch = Arch::for_target("sm_90a").unwrap();
+        let problem = |head_dim| Problem {
+            dtype: DType::BF16,
+            batch: 2,
+            q_heads: 8,
+            kv_heads: 2,
+            q_len: 1000,
+            k_len: 1000,
+            head_dim,
+        };
+        let causal = AttentionParams {
+            scale: 0.1,
+            softcap: None,
+            left: None,
+            right: Some(0),
+        };
+        for (d, varlen) in [
+            (256, false),
+            (192, false),
+            (136, false),
+            (248, true),
+            (256, true),
+        ] {
+            let v = backward_variant(&arch, &problem(d), &causal, false, varlen)
+                .unwrap_or_else(|| panic!("d = {d}: not the Hopper backward"));
+            assert_eq!((v.kernel, v.head_dim, v.stages), (BwdKernel::Main, 256, 2));
+            assert!(
+                !v.bulk_dq && !v.overlapped && !v.wide_regs && !v.defer_dq,
+                "d = {d}: {v:?}"
+            );
+            assert_eq!((v.padded, v.varlen), (d != 256, varlen), "d = {d}");
+            assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block);
+            // The finish kernel that launch pairs with it is the per-row one.
+            let finish =
+                HopperBwdVariant::helper(BwdKernel::Finish, v.dtype, 256, v.bulk_dq, v.padded);
+            assert!(!finish.bulk_dq);
+            let capped = AttentionParams {
+                softcap: Some(30.0),
+                ..causal
+            };
+            let v = backward_variant(&arch, &problem(d), &capped, false, varlen).unwrap();
+            assert!(v.softcap && !v.bulk_dq, "d = {d}");
+        }
+        // 1 x 2 KV heads x 32 key blocks: split (64 units, causal); 8 x 2 x 16 = 256 units:
+        // not split.
+        let small = Problem {
+            batch: 1,
+            q_heads: 16,
+            k_len: 2048,
+            q_len: 2048,
+            ..problem(256)
+        };
+        if std::env::var_os("CALICO_ATTN_HOPPER_BWD_TUNE").is_none() {
+            assert!(
+                backward_variant(&arch, &small, &causal, false, false)
+                    .unwrap()
+                    .head_split
+            );
+            let large = Problem {
+                batch: 8,
+                ..problem(256)
+            };
+            assert!(
+                !backward_variant(&arch, &large, &causal, false, false)
+                    .unwrap()
+                    .head_split
+            );
+        }
+        for d in [100, 260, 264] {
+            assert!(backward_variant(&arch, &problem(d), &causal, false, false).is_none());
+        }
+        assert!(backward_variant(&arch, &problem(256), &causal, true, false).is_none());
+        for t in ["sm_80", "sm_100a", "gfx942"] {
+            let other = Arch::for_target(t).unwrap();
+            assert!(backward_variant(&other, &problem(256), &causal, false, false).is_none());
         }
     }
 }
