@@ -44,12 +44,20 @@
 //    and dS^T, and writes both (16-bit) into two shared tiles [64 keys][64 rows] (128B swizzle).
 //    After a named barrier each consumer owns half of the head dim: dV[:, c] += P^T dO[:, c],
 //    dK[:, c] += dS^T Q[:, c] (A K-major from the tiles) and the dQ tile dQ[:, c] = dS K[:, c]
-//    (A M-major from the dS^T tile), each m64n128, 64 registers per accumulator. The dQ tile
-//    goes to the accumulator with red.global.add while dK runs (the bulk staging of 2 x 32 KiB
-//    does not fit beside K, V and two stages of Q and dO: 208 KiB).
-//  * One P^T / dS^T pair of tiles: a consumer overwrites them only after a second named
-//    barrier per step, which the other consumer reaches after its MMAs of the step before
-//    (their readers) completed.
+//    (A M-major from the dS^T tile), each m64n128, 64 registers per accumulator.
+//  * dQ (BULK_DQ, the default): a step's dQ is 64 KiB of f32 sums per 64 x 64 x 256 block,
+//    twice the d = 128 kernel's per FLOP, too many for per-thread reductions, and no staging
+//    tiles fit beside K, V and two stages of Q and dO (208 KiB). So after a second named
+//    barrier (both consumers' MMAs of the step done) consumer 0 stages its 64 x 128 tile in
+//    the step's Q slot and consumer 1 in its dO slot (32 KiB each, the finish kernel's tile
+//    order), one thread of each adds it with one bulk reduction, and the slot goes back to the
+//    producer once the reduction has read it (checked during the next step's S^T MMAs); the
+//    other slot goes back at once. The accumulator is then in tile order: per query block of
+//    64 rows, four 64 x 64 tiles of the head dim's column chunks. Without BULK_DQ the tile
+//    goes out with red.global.add from registers while dK runs (the per-row finish kernel).
+//  * One P^T / dS^T pair of tiles: a consumer overwrites them only after a named barrier
+//    that the other consumer reaches after its MMAs of the step before (their readers)
+//    completed: the staging barrier under BULK_DQ, else a second barrier per step.
 // DESIGN (HEAD_SPLIT, CALICO_ATTN_HEAD_SPLIT 1)
 //  * GQA / MQA with few units (B * Hkv * key blocks below the SM count) leaves most SMs idle:
 //    each unit walks all `group` query heads alone. The host then picks `head_split` s (a
@@ -210,7 +218,8 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 #if CALICO_ATTN_KERNEL == 2
 #if CALICO_ATTN_BULK_DQ
 // One block of 128 threads per 64 x 64 tile of the accumulator (two per query block of BQ
-// rows: split along the head dim at d = 128, along the rows at d = 64), so that it reads and
+// rows: split along the head dim at d = 128, along the rows at d = 64; four along the head dim
+// at d = 256), so that it reads and
 // writes whole lines. Thread T holds what consumer thread T of the main kernel staged
 // (stage_dq_tile): 32 floats at T * 32, its 16-byte pieces rotated by T % 8, taken as eight
 // 16-byte loads; piece p holds columns 8p + 2t, +1 of the thread's rows g and g + 8 of its
@@ -224,15 +233,16 @@ CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
                                        int store, int head_dim) {
     using namespace attn_hopper_bwd;
     constexpr int BQ = D == 64 ? 128 : 64;
-    static_assert(BQ * D == 2 * 64 * 64, "two 64 x 64 tiles per query block");
+    constexpr int TILES = BQ * D / (64 * 64);
+    static_assert(TILES == 2 || (D == 256 && TILES == 4), "two 64 x 64 tiles per query block (four at d = 256)");
     const long long tile = blockIdx.x;
     if (tile >= count) return;
     const int thread = threadIdx.x;
     const int lane = thread % 32;
     const int g = lane / 4;
     const int t = lane % 4;
-    const long long qblock = tile / 2;
-    const int c = (int)(tile % 2);
+    const long long qblock = tile / TILES;
+    const int c = (int)(tile % TILES);
     const int blocks = nq_pad / BQ;
     const long long bh = qblock / blocks;
     const int qb = (int)(qblock - bh * blocks);
@@ -242,7 +252,7 @@ CALICO_KERNEL void __launch_bounds__(calico::WARPGROUP_THREADS)
     for (int p = 0; p < 8; ++p) piece[p] = *reinterpret_cast<const float4*>(src + 4 * (p ^ (thread % 8)));
     const long long b = bh / q_heads, h = bh - b * q_heads;
     const int row0 = qb * BQ + (D == 64 ? 64 * c : 0) + 16 * (thread / 32) + g;
-    const int col0 = D == 128 ? 64 * c : 0;
+    const int col0 = D >= 128 ? 64 * c : 0;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
         const int i = row0 + 8 * half;
@@ -413,8 +423,8 @@ constexpr int RELEASES = CONSUMERS * calico::WARPGROUP_WARPS;  // lane 0 of each
 #endif
 constexpr bool DEFER_DQ = CALICO_ATTN_DEFER_DQ != 0;
 static_assert(!DEFER_DQ || (OVERLAP && BULK_DQ), "deferred dQ needs the overlapped schedule and bulk dQ");
-constexpr int PRODUCER_REGS = BULK_DQ && !CALICO_ATTN_WIDE_REGS ? 40 : 24;
-constexpr int CONSUMER_REGS = BULK_DQ && !CALICO_ATTN_WIDE_REGS ? 232 : 240;
+constexpr int PRODUCER_REGS = BULK_DQ && !WIDE && !CALICO_ATTN_WIDE_REGS ? 40 : 24;
+constexpr int CONSUMER_REGS = BULK_DQ && !WIDE && !CALICO_ATTN_WIDE_REGS ? 232 : 240;
 static_assert(PRODUCER_REGS * 128 + CONSUMER_REGS * 256 <= 168 * 384, "setmaxnreg within the launch registers");
 constexpr int DS_BARRIER = 1;  // named barrier of the two consumer warpgroups
 
@@ -422,7 +432,11 @@ static_assert(STAGES >= 2, "at least two stages");
 // dQ_block (BQ x D) is two 64 x 64 tiles, one per consumer: split along D at 128, along the
 // query rows at 64 (WIDE: two 64 x 128 tiles, split along D).
 static_assert(WIDE || BQ * D == CONSUMERS * 64 * 64, "one 64 x 64 dQ tile per consumer");
-static_assert(!WIDE || (BQ == 64 && !BULK_DQ && !DEFER_DQ), "WIDE: 64-row query blocks, dQ by reductions from registers");
+static_assert(!WIDE || (BQ == 64 && !DEFER_DQ), "WIDE: 64-row query blocks, no deferred dQ tiles");
+// WIDE with BULK_DQ: a consumer stages its 64 x 128 dQ tile (32 KiB) in a Q or dO slot its step
+// has finished with, and one bulk reduction adds it (see DESIGN (WIDE)).
+constexpr bool WIDE_BULK = WIDE && BULK_DQ;
+constexpr int WIDE_STAGE_BARRIER = 2;  // + consumer: a consumer's staging writes done
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
 constexpr int K_OFFSET = 0;
@@ -434,7 +448,7 @@ constexpr int LSE_OFFSET = DS_OFFSET + 2 * DS_BYTES;
 constexpr int DELTA_OFFSET = LSE_OFFSET + STAGES * ROW_BYTES;
 constexpr int DQ_TILE_BYTES = 64 * 64 * 4;
 constexpr int DQ_STAGE_OFFSET = DELTA_OFFSET + STAGES * ROW_BYTES;
-constexpr int BAR_OFFSET = DQ_STAGE_OFFSET + (BULK_DQ ? CONSUMERS * DQ_TILE_BYTES : 0);
+constexpr int BAR_OFFSET = DQ_STAGE_OFFSET + (BULK_DQ && !WIDE ? CONSUMERS * DQ_TILE_BYTES : 0);
 // Barriers: the Q ring, the dO ring, kv_full, kv_empty (DEFER_DQ: and ds_full, ds_empty). The
 // host allocates SMEM_BYTES = 1024 + BAR_OFFSET + (4 * STAGES + 2 + (DEFER_DQ ? 4 : 0)) * 8.
 // Named barriers of a consumer warpgroup (128 threads) and the dQ warp (32): staging tile full,
@@ -1253,6 +1267,21 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             // [key][64 query rows], 128B swizzle: element (key, col) at key * 128 + ((col / 8) ^ (key % 8)) * 16.
             unsigned char* const p_buf = smem + DS_OFFSET;
             unsigned char* const ds_buf = smem + DS_OFFSET + DS_BYTES;
+            // WIDE_BULK: the slot (Q ring for consumer 0, dO ring for 1) holding this consumer's
+            // last staged dQ tile, handed back once its bulk reduction has read it; -1: none.
+            int staged_slot = -1;
+            auto hand_back_staged = [&] {
+                if (staged_slot < 0) return;
+                if (calico::warpgroup_thread() == 0) {
+                    calico::tma::store_wait_read<0>();
+                    if (consumer == 0) {
+                        bars.q.release_slot(staged_slot, calico::WARPGROUP_WARPS);
+                    } else {
+                        bars.d.release_slot(staged_slot, calico::WARPGROUP_WARPS);
+                    }
+                }
+                staged_slot = -1;
+            };
             for (int hq = 0; hq < p.part_heads; ++hq) {
                 const int h = u.hk * p.group + u.hq0 + hq;
                 const long long row0 = ((long long)u.b * p.q_heads + h) * p.nq_pad;
@@ -1280,6 +1309,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
                     }
                     calico::wgmma::commit_group();
+                    if constexpr (WIDE_BULK) hand_back_staged();  // the last step's, read by now
 
                     // P^T and dS^T in place of S^T and dP^T; column j of the registers is query
                     // row row_half + j of the block.
@@ -1349,8 +1379,9 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         with_mask(pass_kind<1>{});
                     }
                     // The tiles are rewritten once both consumers' MMAs of the last step (the
-                    // tiles' readers) completed: each waited for its own before getting here.
-                    calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+                    // tiles' readers) completed: each waited for its own before getting here
+                    // (WIDE_BULK: the barrier that ended the last step said so).
+                    if constexpr (!WIDE_BULK) calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
 #pragma unroll
                     for (int j = 0; j < WIDE_ROWS / 8; ++j) {
 #pragma unroll
@@ -1395,6 +1426,38 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1>(dk_acc, da, db, 1);
                     }
                     calico::wgmma::commit_group();
+                    if constexpr (WIDE_BULK) {
+                        // Both consumers' MMAs of the step done: consumer 0 stages its dQ tile in
+                        // the step's Q slot and hands the dO slot back, consumer 1 the other way.
+                        calico::wgmma::wait_group<0>();
+                        calico::wgmma::fence_operands(dv_acc);
+                        calico::wgmma::fence_operands(dq);
+                        calico::wgmma::fence_operands(dk_acc);
+                        calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+                        const int slot = consumer == 0 ? qc.slot() : dc.slot();
+                        if (lane == 0) {
+                            if (consumer == 0) {
+                                bars.d.release(dc);
+                            } else {
+                                bars.q.release(qc);
+                            }
+                        }
+                        unsigned char* stage = smem + (consumer == 0 ? Q_OFFSET : DO_OFFSET) + slot * Q_BYTES;
+                        // Registers 0-31 are columns 0-63 of the half, 32-63 the next 64: two
+                        // 64 x 64 tiles in the order the finish kernel decodes.
+                        stage_dq_tile(*reinterpret_cast<const float(*)[DQ_REGS]>(&dq[0]), stage);
+                        stage_dq_tile(*reinterpret_cast<const float(*)[DQ_REGS]>(&dq[DQ_REGS]), stage + DQ_TILE_BYTES);
+                        calico::fence_proxy_async();
+                        calico::named_barrier_sync(WIDE_STAGE_BARRIER + consumer, calico::WARPGROUP_THREADS);
+                        if (calico::warpgroup_thread() == 0) {
+                            calico::tma::bulk_reduce_add_f32(dq_acc + (row0 + m0) * D + consumer * 2 * 64 * 64, stage, 2 * DQ_TILE_BYTES);
+                            calico::tma::store_commit();
+                        }
+                        staged_slot = slot;
+                        qc.advance();
+                        dc.advance();
+                        continue;
+                    }
                     calico::wgmma::wait_group<2>();  // dV done: dO's last reader
                     calico::wgmma::fence_operands(dv_acc);
                     if (lane == 0) bars.d.release(dc);
@@ -1407,6 +1470,11 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     if (lane == 0) bars.q.release(qc);
                     qc.advance();
                 }
+            }
+            if constexpr (WIDE_BULK) {
+                hand_back_staged();
+                // The reductions complete before the CTA goes away.
+                if (calico::warpgroup_thread() == 0) calico::tma::store_wait<0>();
             }
             if (lane == 0) calico::arrive(bars.kv_empty);
         }
@@ -1466,7 +1534,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
         __syncwarp();
     };
 
-    if constexpr (BULK_DQ) {
+    if constexpr (BULK_DQ && !WIDE) {
         pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume, reduce_dq);
     } else {
         pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);

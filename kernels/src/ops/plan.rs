@@ -480,15 +480,15 @@ mod tests {
     #[test]
     fn padded_head_dims_take_the_matrix_kernels() {
         let bwd = |t: &str, d| attention_choice(&arch(t), &case(true, d)).unwrap();
-        // Head dim 256 and those that run at it: the wide Hopper backward (the per-row dQ
-        // finish, no bulk dQ), padded below 256; the portable backward on sm_80.
+        // Head dim 256 and those that run at it: the wide Hopper backward (bulk dQ through the
+        // Q / dO slots, the tiled finish), padded below 256; the portable backward on sm_80.
         for d in [136, 192, 248, 256] {
             let AttentionChoice::Backward(BackwardRoute::Hopper(v)) = bwd("sm_90a", d) else {
                 panic!("sm_90a d{d}: not the Hopper backward");
             };
             let label = v.label();
             assert!(
-                label.contains(" d=256 ") && !label.contains(" bulk"),
+                label.contains(" d=256 ") && label.contains(" bulk"),
                 "{label}"
             );
             assert_eq!(label.ends_with(" padded"), d != 256, "{label}");

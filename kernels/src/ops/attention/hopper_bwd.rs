@@ -328,9 +328,11 @@ impl HopperBwdVariant {
 
     /// The main kernel for `head_dim` on `arch`, with as many stages as shared memory holds
     /// (at most [`MAX_STAGES`]); `None` when not even two fit. Head dim 256 has one schedule
-    /// (serial, dQ by per-thread reductions, the default registers): the tune's `serial` /
-    /// `overlapped`, `bulk` / `nobulk`, `wideregs` and `deferdq` do not apply there, and the
-    /// finish kernel that goes with it is the per-row one (`bulk_dq` false).
+    /// (hopper_bwd.cu, WIDE) with two forms of the dQ reductions: `bulk` (the default: each
+    /// consumer's dQ tile staged in a Q or dO slot its step is done with and added by one bulk
+    /// reduction, the tiled accumulator and finish kernel) and `nobulk` (red.global.add from
+    /// registers, the per-row finish kernel); the tune's `serial` / `overlapped`, `wideregs`
+    /// and `deferdq` do not apply there.
     fn main(
         arch: &Arch,
         dtype: DType,
@@ -341,7 +343,7 @@ impl HopperBwdVariant {
     ) -> Option<Self> {
         let wide = head_dim == 256;
         let overlapped = tune.overlapped && !wide;
-        let bulk = tune.bulk && !wide;
+        let bulk = tune.bulk;
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
             dtype,
@@ -350,7 +352,7 @@ impl HopperBwdVariant {
             softcap,
             overlapped,
             bulk_dq: bulk,
-            wide_regs: tune.wide_regs && bulk,
+            wide_regs: tune.wide_regs && bulk && !wide,
             defer_dq: tune.defer_dq.unwrap_or(head_dim == 64) && overlapped && bulk,
             ftz_exp: tune.ftz_exp,
             head_split: false,
@@ -366,8 +368,8 @@ impl HopperBwdVariant {
 
     /// Must match hopper_bwd.cu: alignment slack, K and V (BKV keys, [`block_kv`]), the Q
     /// and dO rings, two dS buffers (at d = 256 the P^T and dS^T tiles), the LSE and delta rows
-    /// of each stage, two 16 KiB dQ staging tiles (bulk_dq), 4 * STAGES + 2 mbarriers (+ 4
-    /// with defer_dq).
+    /// of each stage, two 16 KiB dQ staging tiles (bulk_dq below 256: at 256 the dQ tiles are
+    /// staged in the Q and dO slots), 4 * STAGES + 2 mbarriers (+ 4 with defer_dq).
     fn smem_bytes(&self) -> usize {
         if self.kernel != BwdKernel::Main {
             return 0;
@@ -379,7 +381,11 @@ impl HopperBwdVariant {
             + 2 * self.stages * bq * d * 2
             + 2 * bkv * bq * 2
             + 2 * self.stages * bq * 4
-            + if self.bulk_dq { 2 * 64 * 64 * 4 } else { 0 }
+            + if self.bulk_dq && d != 256 {
+                2 * 64 * 64 * 4
+            } else {
+                0
+            }
             + (4 * self.stages + 2 + if self.defer_dq { 4 } else { 0 }) * 8
     }
 
@@ -567,10 +573,11 @@ pub(crate) fn catalog(
                 });
             }
         }
-        // Head dim 256 has one main-kernel schedule (HopperBwdVariant::main turns the A/B
-        // knobs off) and the per-row finish kernel: the default with and without the soft cap,
-        // packed and split; in bf16 also split soft-capped, packed and padded, and the padded
-        // forms of the four kernels.
+        // Head dim 256 has one main-kernel schedule (HopperBwdVariant::main turns the other
+        // A/B knobs off) with bulk dQ (the tiled finish kernel) by default: the default with
+        // and without the soft cap, packed and split; in bf16 also split soft-capped, packed
+        // and padded, the padded forms of the four kernels, and the per-thread reductions
+        // (`nobulk`, the per-row finish kernel).
         let d = 256;
         let main = |softcap, varlen| {
             HopperBwdVariant::main(arch, dtype, d, softcap, Tune::default(), varlen)
@@ -582,7 +589,7 @@ pub(crate) fn catalog(
         let padded = |v: HopperBwdVariant| HopperBwdVariant { padded: true, ..v };
         let mut variants = vec![
             HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false, false),
-            HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, false, false),
+            HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true, false),
             HopperBwdVariant::helper(BwdKernel::Combine, dtype, d, false, false),
         ];
         variants.extend(main(false, false));
@@ -611,10 +618,24 @@ pub(crate) fn catalog(
                 BwdKernel::Finish,
                 dtype,
                 d,
-                false,
+                true,
                 true,
             ));
             variants.extend(main(false, false).map(padded));
+            let per_thread = Tune {
+                bulk: false,
+                ..Tune::default()
+            };
+            variants.extend(HopperBwdVariant::main(
+                arch, dtype, d, false, per_thread, false,
+            ));
+            variants.push(HopperBwdVariant::helper(
+                BwdKernel::Finish,
+                dtype,
+                d,
+                false,
+                false,
+            ));
         }
         for v in variants {
             out.push(crate::catalog::CatalogEntry {
@@ -1041,9 +1062,9 @@ mod tests {
         );
     }
 
-    /// Head dim 256 (the wide mode): one schedule whatever the tune says (serial, per-thread
-    /// dQ reductions, the default registers, no deferred dQ), 64-key blocks and two stages in
-    /// 227 KiB.
+    /// Head dim 256 (the wide mode): one schedule whatever the tune says (not overlapped, the
+    /// default registers, no deferred dQ) with bulk dQ unless `nobulk` (the dQ tiles staged in
+    /// the Q / dO slots: no staging tiles of their own), 64-key blocks and two stages in 227 KiB.
     #[test]
     fn head_dim_256_main_variants_take_one_schedule_in_two_stages() {
         let arch = Arch::for_target("sm_90a").unwrap();
@@ -1060,10 +1081,8 @@ mod tests {
             ] {
                 let v = HopperBwdVariant::main(&arch, dtype, 256, softcap, tune, varlen).unwrap();
                 assert_eq!(v.stages, 2, "{v:?}");
-                assert!(
-                    !v.overlapped && !v.bulk_dq && !v.wide_regs && !v.defer_dq,
-                    "{v:?}"
-                );
+                assert!(!v.overlapped && !v.wide_regs && !v.defer_dq, "{v:?}");
+                assert_eq!(v.bulk_dq, tune.bulk, "{v:?}");
                 assert_eq!(
                     (v.ftz_exp, v.softcap, v.varlen),
                     (tune.ftz_exp, softcap, varlen)
@@ -1079,7 +1098,7 @@ mod tests {
                 let three = HopperBwdVariant { stages: 3, ..v };
                 assert!(three.smem_bytes() + 1024 > arch.shared_mem_per_block);
                 assert_eq!(v.label().contains(" ftzexp"), tune.ftz_exp);
-                assert!(!v.label().contains(" bulk"), "{}", v.label());
+                assert_eq!(v.label().contains(" bulk"), tune.bulk, "{}", v.label());
             }
         }
         // The widths below keep their knobs.
@@ -1091,7 +1110,8 @@ mod tests {
     }
 
     /// The catalog: no label twice, the d = 64 / 128 variants with their A/B forms, and at
-    /// d = 256 the one schedule (no bulk dQ) in its default, packed, split and padded forms,
+    /// d = 256 the one schedule (bulk dQ) in its default, packed, split and padded forms and the
+    /// per-thread dQ reductions,
     /// each split main kernel beside its unsplit one (compile_all compares them).
     #[test]
     fn catalog_labels_are_unique_and_cover_head_dim_256() {
@@ -1108,9 +1128,16 @@ mod tests {
             .filter(|l| l.contains(" d=256 "))
             .collect();
         // Per dtype: prepare, finish, combine, main (plain, soft-capped, packed, split); in
-        // bf16 also split soft-capped, packed and padded, and four padded kernels.
-        assert_eq!(wide.len(), 2 * 7 + 7, "{wide:#?}");
-        assert!(wide.iter().all(|l| !l.contains(" bulk")), "{wide:#?}");
+        // bf16 also split soft-capped, packed and padded, four padded kernels, and the main and
+        // finish kernels without bulk dQ.
+        assert_eq!(wide.len(), 2 * 7 + 9, "{wide:#?}");
+        let bulk = |l: &&&str| l.contains(" bulk");
+        // Not bulk: the prepare and combine kernels (3 each), the per-thread main and finish.
+        assert_eq!(
+            wide.iter().filter(|l| !bulk(l)).count(),
+            3 + 3 + 1 + 1,
+            "{wide:#?}"
+        );
         assert!(wide
             .iter()
             .filter(|l| l.starts_with("hopper bwd Main"))
@@ -1444,10 +1471,10 @@ mod tests {
     }
 
     /// The router sends head dim 256, and the multiples of 8 from 136 to 248 (padded), to the
-    /// Hopper backward on sm_90a, with the per-row finish kernel (no bulk dQ); not past 256,
+    /// Hopper backward on sm_90a, with bulk dQ and the tiled finish kernel; not past 256,
     /// not off multiples of 8, not deterministic calls, not other targets.
     #[test]
-    fn head_dims_up_to_256_take_the_hopper_backward_without_bulk_dq() {
+    fn head_dims_up_to_256_take_the_hopper_backward_with_bulk_dq() {
         let arch = Arch::for_target("sm_90a").unwrap();
         let problem = |head_dim| Problem {
             dtype: DType::BF16,
@@ -1475,21 +1502,21 @@ mod tests {
                 .unwrap_or_else(|| panic!("d = {d}: not the Hopper backward"));
             assert_eq!((v.kernel, v.head_dim, v.stages), (BwdKernel::Main, 256, 2));
             assert!(
-                !v.bulk_dq && !v.overlapped && !v.wide_regs && !v.defer_dq,
+                v.bulk_dq && !v.overlapped && !v.wide_regs && !v.defer_dq,
                 "d = {d}: {v:?}"
             );
             assert_eq!((v.padded, v.varlen), (d != 256, varlen), "d = {d}");
             assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block);
-            // The finish kernel that launch pairs with it is the per-row one.
+            // The finish kernel that launch pairs with it is the tiled one.
             let finish =
                 HopperBwdVariant::helper(BwdKernel::Finish, v.dtype, 256, v.bulk_dq, v.padded);
-            assert!(!finish.bulk_dq);
+            assert!(finish.bulk_dq);
             let capped = AttentionParams {
                 softcap: Some(30.0),
                 ..causal
             };
             let v = backward_variant(&arch, &problem(d), &capped, false, varlen).unwrap();
-            assert!(v.softcap && !v.bulk_dq, "d = {d}");
+            assert!(v.softcap && v.bulk_dq, "d = {d}");
         }
         // 1 x 2 KV heads x 32 key blocks: split (64 units, causal); 8 x 2 x 16 = 256 units:
         // not split.
