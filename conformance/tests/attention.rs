@@ -572,29 +572,32 @@ fn attention_edges_backward() {
 fn attention_backward_is_deterministic() {
     report_skipped("attention_backward_is_deterministic");
     for dev in calico_conformance::backends().0 {
-        let mut c = fixed(
-            DType::BF16,
-            (1, 2, 4),
-            (70, 100, 64),
-            AttentionOptions {
-                causal: true,
-                deterministic: true,
-                ..Default::default()
-            },
-            1.0,
-        );
-        c.seed = 7;
-        let x = inputs(&dev, &c).unwrap_or_else(|e| panic!("{e}"));
-        let feed = backward_feed(&c, &x);
-        let first = run_backward(&dev, &c, &x, &feed).unwrap_or_else(|e| panic!("{e}"));
-        for _ in 0..3 {
-            let again = run_backward(&dev, &c, &x, &feed).unwrap_or_else(|e| panic!("{e}"));
-            for (a, b) in first.iter().zip(&again) {
-                assert!(
-                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                    "backend {}: deterministic backward differs between runs",
-                    dev.kind()
-                );
+        // Head dim 64 (the tile kernels on sm_90a) and 256 (the Hopper main and dQ kernels:
+        // every sum in a fixed order), 300 keys in several blocks.
+        for (len, head_dim) in [((70, 100), 64), ((70, 300), 256)] {
+            let mut c = fixed(
+                DType::BF16,
+                (1, 2, 4),
+                (len.0, len.1, head_dim),
+                AttentionOptions {
+                    causal: true,
+                    deterministic: true,
+                    ..Default::default()
+                },
+                1.0,
+            );
+            c.seed = 7;
+            let (x, feed, first) = checked_backward(&dev, &c)
+                .unwrap_or_else(|e| panic!("backend {}: d{head_dim}: {e}", dev.kind()));
+            for _ in 0..3 {
+                let again = run_backward(&dev, &c, &x, &feed).unwrap_or_else(|e| panic!("{e}"));
+                for (a, b) in first.iter().zip(&again) {
+                    assert!(
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "backend {}: d{head_dim}: deterministic backward differs between runs",
+                        dev.kind()
+                    );
+                }
             }
         }
     }
@@ -1329,7 +1332,8 @@ fn attention_hopper_wide_backward() {
     ];
     let check_split = std::env::var_os("CALICO_ATTN_HOPPER_BWD_TUNE").is_none();
     // Bulk dQ by default; `nobulk` in the tune for the per-thread reductions.
-    let nobulk = std::env::var("CALICO_ATTN_HOPPER_BWD_TUNE").is_ok_and(|t| t.contains("nobulk"));
+    let tune = std::env::var("CALICO_ATTN_HOPPER_BWD_TUNE").unwrap_or_default();
+    let (nobulk, nodqkernel) = (tune.contains("nobulk"), tune.contains("nodqkernel"));
     let hopper_on = ["CALICO_ATTN_HOPPER", "CALICO_ATTN_HOPPER_BWD"]
         .iter()
         .all(|v| std::env::var(v).as_deref() != Ok("0"));
@@ -1346,7 +1350,12 @@ fn attention_hopper_wide_backward() {
                 let Some(label) = &label else {
                     fail("not routed to the Hopper backward".to_string());
                 };
-                if !label.contains(" d=256 ") || label.contains(" bulk") == nobulk {
+                let form_ok = if nodqkernel {
+                    label.contains(" bulk") != nobulk
+                } else {
+                    label.contains(" dqkernel")
+                };
+                if !label.contains(" d=256 ") || !form_ok {
                     fail(format!("routed to {label}"));
                 }
                 if label.contains(" padded") != (c.dims.head_dim != 256) {

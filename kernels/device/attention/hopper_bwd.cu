@@ -1,5 +1,5 @@
 // Hopper (sm_90a) attention backward: dQ, dK, dV from Q, K, V, O, LSE and dO, bf16/f16 in,
-// f32 accumulation. Four kernels from this one source (CALICO_ATTN_KERNEL picks one):
+// f32 accumulation. Five kernels from this one source (CALICO_ATTN_KERNEL picks one):
 //
 //  0  prepare:  per query row, delta = rowsum(dO * O) and LSE in base 2 (+inf where the row
 //               saw no key, so P = exp2(s - lse) is 0 there), into a workspace padded to whole
@@ -9,6 +9,9 @@
 //  2  finish:   dQ = scale * accumulator, in the output dtype and strides.
 //  3  combine:  (HEAD_SPLIT only) dK = scale * sum of the parts' f32 partials, dV = their
 //               sum, in the output dtype and strides.
+//  4  dq:       (D = 256 with CALICO_ATTN_DQ_KERNEL, the default there) dQ from the query side,
+//               summed in registers; the main kernel then computes dK and dV only and no
+//               accumulator or finish kernel is used. See DESIGN (DQ) above the kernel.
 //
 // DESIGN (main)
 //  * One CTA per unit (key block, KV head, batch), the grid in the order of unit_at: chunks of
@@ -45,9 +48,13 @@
 //    After a named barrier each consumer owns half of the head dim: dV[:, c] += P^T dO[:, c],
 //    dK[:, c] += dS^T Q[:, c] (A K-major from the tiles) and the dQ tile dQ[:, c] = dS K[:, c]
 //    (A M-major from the dS^T tile), each m64n128, 64 registers per accumulator.
-//  * dQ (BULK_DQ, the default): a step's dQ is 64 KiB of f32 sums per 64 x 64 x 256 block,
-//    twice the d = 128 kernel's per FLOP, too many for per-thread reductions, and no staging
-//    tiles fit beside K, V and two stages of Q and dO (208 KiB). So after a second named
+//  * dQ: by default the dQ kernel (kernel 4) recomputes S and dP from the query side and sums
+//    dQ in registers: a step's dQ here is 64 KiB of f32 sums per 64 x 64 x 256 block, twice
+//    the d = 128 kernel's per FLOP, and the reductions capped this kernel at 348 TFLOP/s (H100,
+//    N = 8192; 650 with them left out), so 3/5 more MMAs without any cost less. With dQ here
+//    (CALICO_ATTN_DQ_KERNEL 0; BULK_DQ):
+//    too many for per-thread reductions, and no staging tiles fit beside K, V and two stages
+//    of Q and dO (208 KiB). So after a second named
 //    barrier (both consumers' MMAs of the step done) consumer 0 stages its 64 x 128 tile in
 //    the step's Q slot and consumer 1 in its dO slot (32 KiB each, the finish kernel's tile
 //    order), one thread of each adds it with one bulk reduction, and the slot goes back to the
@@ -360,7 +367,7 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::ROW_THREADS)
 }
 #endif
 
-#if CALICO_ATTN_KERNEL == 1
+#if CALICO_ATTN_KERNEL == 1 || CALICO_ATTN_KERNEL == 4
 namespace attn_hopper_bwd {
 
 constexpr int BQ = D == 64 ? 128 : 64;  // query rows per streamed block
@@ -435,7 +442,13 @@ static_assert(WIDE || BQ * D == CONSUMERS * 64 * 64, "one 64 x 64 dQ tile per co
 static_assert(!WIDE || (BQ == 64 && !DEFER_DQ), "WIDE: 64-row query blocks, no deferred dQ tiles");
 // WIDE with BULK_DQ: a consumer stages its 64 x 128 dQ tile (32 KiB) in a Q or dO slot its step
 // has finished with, and one bulk reduction adds it (see DESIGN (WIDE)).
-constexpr bool WIDE_BULK = WIDE && BULK_DQ;
+#ifndef CALICO_ATTN_DQ_KERNEL
+#define CALICO_ATTN_DQ_KERNEL 0
+#endif
+// WIDE with the dQ kernel (kernel 4, see DESIGN (DQ)): the main kernel computes dK and dV only.
+constexpr bool WIDE_NO_DQ = WIDE && CALICO_ATTN_DQ_KERNEL;
+static_assert(!CALICO_ATTN_DQ_KERNEL || WIDE, "the dQ kernel is the head-dim-256 backward's");
+constexpr bool WIDE_BULK = WIDE && BULK_DQ && !WIDE_NO_DQ;
 constexpr int WIDE_STAGE_BARRIER = 2;  // + consumer: a consumer's staging writes done
 
 // Byte offsets in dynamic shared memory after rounding its base up to 1024.
@@ -727,7 +740,9 @@ CALICO_DEVICE void store_partial(const float (&acc)[R], float* base) {
 }
 
 }  // namespace attn_hopper_bwd
+#endif
 
+#if CALICO_ATTN_KERNEL == 1
 // Parameters (kernels/src/ops/attention/hopper_bwd.rs builds them):
 //  map_q, map_do: 4-D maps {D, Nq, Hq, B} (real strides), box {64, BQ, 1, 1}, 128B swizzle.
 //  map_k, map_v: {D, Nkv, Hkv, B}, box {64, BKV, 1, 1}, 128B swizzle.
@@ -1411,13 +1426,15 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1>(dv_acc, da, db, 1);
                     }
                     calico::wgmma::commit_group();
+                    if constexpr (!WIDE_NO_DQ) {
 #pragma unroll
-                    for (int kk = 0; kk < BKV / 16; ++kk) {
-                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(ds_tile, BKV), kk * 16 * 128);
-                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(k_half, BKV), kk * 16 * 128);
-                        calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+                        for (int kk = 0; kk < BKV / 16; ++kk) {
+                            const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(ds_tile, BKV), kk * 16 * 128);
+                            const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(k_half, BKV), kk * 16 * 128);
+                            calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1, 1>(dq, da, db, kk > 0 ? 1 : 0);
+                        }
+                        calico::wgmma::commit_group();
                     }
-                    calico::wgmma::commit_group();
 #pragma unroll
                     for (int kk = 0; kk < P_STEPS; ++kk) {
                         const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(ds_tile), kk * 32);
@@ -1456,6 +1473,17 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                         staged_slot = slot;
                         qc.advance();
                         dc.advance();
+                        continue;
+                    }
+                    if constexpr (WIDE_NO_DQ) {
+                        calico::wgmma::wait_group<1>();  // dV done: dO's last reader
+                        calico::wgmma::fence_operands(dv_acc);
+                        if (lane == 0) bars.d.release(dc);
+                        dc.advance();
+                        calico::wgmma::wait_group<0>();  // dK done: Q's last reader
+                        calico::wgmma::fence_operands(dk_acc);
+                        if (lane == 0) bars.q.release(qc);
+                        qc.advance();
                         continue;
                     }
                     calico::wgmma::wait_group<2>();  // dV done: dO's last reader
@@ -1539,5 +1567,319 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
     } else {
         pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
     }
+}
+#endif
+
+#if CALICO_ATTN_KERNEL == 4
+namespace attn_hopper_bwd {
+
+// DQ KERNEL (D = 256): one CTA per (block of BQ query rows, query head, batch); see DESIGN (DQ).
+static_assert(WIDE, "the dQ kernel is the head-dim-256 backward's");
+constexpr int DQ_Q_OFFSET = 0;
+constexpr int DQ_DO_OFFSET = DQ_Q_OFFSET + Q_BYTES;
+constexpr int DQ_KV_OFFSET = DQ_DO_OFFSET + Q_BYTES;       // STAGES x (K block, V block)
+constexpr int DQ_DS_OFFSET = DQ_KV_OFFSET + STAGES * 2 * KV_BYTES;  // two dS tiles [row][key]
+constexpr int DQ_ROWS_OFFSET = DQ_DS_OFFSET + 2 * DS_BYTES;         // LSE then delta of the block
+constexpr int DQ_BAR_OFFSET = DQ_ROWS_OFFSET + 2 * ROW_BYTES;
+// The host allocates DQ_SMEM_BYTES = 1024 + DQ_BAR_OFFSET + (2 * STAGES + 2) * 8.
+
+struct dq_barriers {
+    calico::pipeline::ring<STAGES> kv;
+    calico::mbarrier qd_full;   // Q, dO and their rows loaded
+    calico::mbarrier qd_empty;  // the consumers are done with them
+};
+
+// The keys [lo, hi] (hi < lo: none) that query row i sees.
+CALICO_DEVICE void row_keys(const params& p, long long i, long long& lo, long long& hi) {
+    long long k0 = 0, lk = p.k_len, il = i, off = (long long)p.k_len - p.q_len;
+    if constexpr (VARLEN) {
+        using calico::attention::packed_offset;
+        if (i < packed_offset(p.cu_q, 0, p.q_len) || i >= packed_offset(p.cu_q, p.n_seqs, p.q_len)) {
+            lo = 0;
+            hi = -1;
+            return;
+        }
+        const int a = calico::attention::packed_sequence(p.cu_q, p.n_seqs, p.q_len, i);
+        const int q0 = packed_offset(p.cu_q, a, p.q_len);
+        const long long lq = max(q0, packed_offset(p.cu_q, a + 1, p.q_len)) - q0;
+        k0 = packed_offset(p.cu_k, a, p.k_len);
+        lk = max((int)k0, packed_offset(p.cu_k, a + 1, p.k_len)) - k0;
+        il = i - q0;
+        off = lk - lq;
+    } else if (i >= p.q_len) {
+        lo = 0;
+        hi = -1;
+        return;
+    }
+    long long l = p.has_left ? il + off - p.left : 0;
+    long long h = p.has_right ? il + off + p.right : lk - 1;
+    l = l < 0 ? 0 : l;
+    h = h > lk - 1 ? lk - 1 : h;
+    lo = k0 + l;
+    hi = k0 + h;
+}
+
+struct dq_unit {
+    int b, h, m0;
+    int n_lo, n_hi;  // key blocks [n_lo, n_hi) that rows of the block see
+};
+
+// Units with the query blocks of a head last to first (under a causal mask the last rows see
+// the most keys: the longest units start first).
+CALICO_DEVICE dq_unit dq_unit_at(const params& p, int w) {
+    const int blocks = p.nq_pad / BQ;
+    dq_unit u;
+    const int bh = w / blocks;
+    u.b = bh / p.q_heads;
+    u.h = bh - u.b * p.q_heads;
+    u.m0 = (blocks - 1 - (w - bh * blocks)) * BQ;
+    const int last = min(u.m0 + BQ, p.q_len) - 1;
+    long long lo_first, hi_first, lo_last, hi_last;
+    row_keys(p, u.m0, lo_first, hi_first);
+    row_keys(p, last, lo_last, hi_last);
+    u.n_lo = (int)(lo_first / BKV);
+    u.n_hi = hi_last >= lo_first ? (int)(hi_last / BKV) + 1 : u.n_lo;
+    u.n_lo = max(u.n_lo, 0);
+    u.n_hi = min(u.n_hi, p.n_blocks);
+    return u;
+}
+
+}  // namespace attn_hopper_bwd
+
+// DESIGN (DQ, D = 256): the head-dim-256 main kernel (CALICO_ATTN_DQ_KERNEL) leaves dQ to this
+// kernel, which recomputes S and dP from the query side, so dQ is summed in registers in key
+// order (no atomics: the result does not depend on timing). Q, dO and the rows' LSE and delta
+// stay in shared memory; the producer streams the key blocks the rows see (K and V of 64
+// keys) through a ring of STAGES. Consumer c computes S and dP for the block's 64 rows and its
+// 32 keys of the key block (m64n32, A = Q / dO K-major, B = K / V K-major), turns them into
+// dS and writes it (16-bit) into a [row][key] tile (two, alternating: one named barrier per
+// step); after the barrier it adds dS K[:, c] to its half (128 columns) of dQ (m64n128, A
+// K-major from the tile, B N-major). dQ = scale * sum goes out in the dtype at the end.
+// Parameters as the main kernel's (maps, window, packed offsets); dq: first element and
+// element strides (batch, head, row); pairs: dQ's base and strides even (2-element stores).
+CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
+    calico_attention_hopper_bwd_dq(const __grid_constant__ calico::tensor_map map_q, const __grid_constant__ calico::tensor_map map_k,
+                                   const __grid_constant__ calico::tensor_map map_v, const __grid_constant__ calico::tensor_map map_do,
+                                   const __grid_constant__ calico::tensor_map map_rows, attn_hopper_bwd::in_t* dq, long long dq_sb,
+                                   long long dq_sh, long long dq_sn, int pairs, int batch, int q_heads, int group, int q_len,
+                                   int k_len, int nq_pad, float scale, float score_scale, float cap_log2, int has_left,
+                                   long long left, int has_right, long long right, const int* cu_q, const int* cu_k, int n_seqs,
+                                   int head_dim) {
+    using namespace attn_hopper_bwd;
+    namespace pl = calico::pipeline;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned char* smem = smem_raw + ((1024 - (calico::smem_addr(smem_raw) & 1023)) & 1023);
+    dq_barriers& bars = *reinterpret_cast<dq_barriers*>(smem + DQ_BAR_OFFSET);
+
+    params p;
+    p.batch = batch;
+    p.q_heads = q_heads;
+    p.kv_heads = q_heads / group;
+    p.group = group;
+    p.q_len = q_len;
+    p.k_len = k_len;
+    p.nq_pad = nq_pad;
+    p.n_blocks = (k_len + BKV - 1) / BKV;
+    p.split = 1;
+    p.part_heads = 1;
+    p.has_left = has_left;
+    p.has_right = has_right;
+    p.left = left;
+    p.right = right;
+    p.walk = 0;
+    p.cu_q = cu_q;
+    p.cu_k = cu_k;
+    p.n_seqs = n_seqs;
+    const int work = batch * q_heads * (nq_pad / BQ);
+
+    if (threadIdx.x == 0) {
+        bars.kv.init(RELEASES);
+        calico::init(bars.qd_full, 1);
+        calico::init(bars.qd_empty, RELEASES);
+        calico::fence_barrier_init();
+    }
+    __syncthreads();
+
+    pl::cursor<STAGES> kc;
+    uint32_t units = 0;  // units this thread's role has taken (the Q / dO phase)
+
+    auto produce = [&](int w) {
+        const dq_unit u = dq_unit_at(p, w);
+        if (units == 0) {
+            calico::tma::prefetch(map_q);
+            calico::tma::prefetch(map_k);
+            calico::tma::prefetch(map_v);
+            calico::tma::prefetch(map_do);
+            calico::tma::prefetch(map_rows);
+        }
+        const int hk = u.h / p.group;
+        const long long row0 = ((long long)u.b * p.q_heads + u.h) * p.nq_pad;
+        calico::wait(bars.qd_empty, (units & 1u) ^ 1u);
+        calico::arrive_expect_tx(bars.qd_full, 2 * Q_BYTES + 2 * ROW_BYTES);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            calico::tma::load_4d(smem + DQ_Q_OFFSET + c * BQ * 128, map_q, c * CHUNK, u.m0, u.h, u.b, bars.qd_full);
+            calico::tma::load_4d(smem + DQ_DO_OFFSET + c * BQ * 128, map_do, c * CHUNK, u.m0, u.h, u.b, bars.qd_full);
+        }
+        calico::tma::load_2d(smem + DQ_ROWS_OFFSET, map_rows, (int)(row0 + u.m0), 0, bars.qd_full);
+        calico::tma::load_2d(smem + DQ_ROWS_OFFSET + ROW_BYTES, map_rows, (int)(row0 + u.m0), 1, bars.qd_full);
+        ++units;
+        for (int n = u.n_lo; n < u.n_hi; ++n) {
+            calico::mbarrier& kb = bars.kv.acquire(kc, 2 * KV_BYTES);
+            unsigned char* slot = smem + DQ_KV_OFFSET + kc.slot() * 2 * KV_BYTES;
+#pragma unroll
+            for (int c = 0; c < CHUNKS; ++c) {
+                calico::tma::load_4d(slot + c * BKV * 128, map_k, c * CHUNK, n * BKV, hk, u.b, kb);
+                calico::tma::load_4d(slot + KV_BYTES + c * BKV * 128, map_v, c * CHUNK, n * BKV, hk, u.b, kb);
+            }
+            kc.advance();
+        }
+    };
+
+    auto consume = [&](int consumer, int w) {
+        const dq_unit u = dq_unit_at(p, w);
+        const int warp = calico::warpgroup_warp();
+        const int lane = threadIdx.x % 32;
+        const int g = lane / 4;
+        const int t = lane % 4;
+        const int key_half = consumer * WIDE_ROWS;  // this consumer's 32 keys of a key block
+        const int col_half = consumer * WIDE_COLS;  // its 128 columns of dQ
+        const int row_in_block = 16 * warp + g;     // and + 8
+        // The keys each of this thread's two rows sees.
+        long long key_lo[2], key_hi[2];
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) row_keys(p, u.m0 + row_in_block + 8 * hh, key_lo[hh], key_hi[hh]);
+        // Every row of the block sees every key of [n0, n0 + BKV) (VARLEN: always masked).
+        auto block_visible_rows = [&](long long n0) {
+            if constexpr (VARLEN) return false;
+            if (u.m0 + BQ > p.q_len || n0 + BKV > p.k_len) return false;
+            long long lo_last, hi_last, lo_first, hi_first;
+            row_keys(p, u.m0 + BQ - 1, lo_last, hi_last);
+            row_keys(p, u.m0, lo_first, hi_first);
+            return lo_last <= n0 && hi_first >= n0 + BKV - 1;
+        };
+        float dq_acc_r[WIDE_ACC_REGS];
+#pragma unroll
+        for (int i = 0; i < WIDE_ACC_REGS; ++i) dq_acc_r[i] = 0.0f;
+
+        calico::wait(bars.qd_full, units & 1u);
+        ++units;
+        const float* rows_s = reinterpret_cast<const float*>(smem + DQ_ROWS_OFFSET);
+        const float lse_r[2] = {rows_s[row_in_block], rows_s[row_in_block + 8]};
+        const float delta_r[2] = {rows_s[BQ + row_in_block], rows_s[BQ + row_in_block + 8]};
+        const uint32_t q_base = calico::smem_addr(smem + DQ_Q_OFFSET);
+        const uint32_t do_base = calico::smem_addr(smem + DQ_DO_OFFSET);
+        for (int n = u.n_lo, step = 0; n < u.n_hi; ++n, ++step) {
+            bars.kv.wait_full(kc);
+            const uint32_t k_slot = calico::smem_addr(smem + DQ_KV_OFFSET + kc.slot() * 2 * KV_BYTES);
+            const uint32_t v_slot = k_slot + KV_BYTES;
+            float s[WIDE_S_REGS], dp[WIDE_S_REGS];
+            calico::wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(q_base), (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(k_slot + key_half * 128), (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(s, da, db, kk > 0 ? 1 : 0);
+            }
+            calico::wgmma::commit_group();
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+                const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(do_base), (kk / 4) * BQ * 128 + (kk % 4) * 32);
+                const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(v_slot + key_half * 128), (kk / 4) * BKV * 128 + (kk % 4) * 32);
+                calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
+            }
+            calico::wgmma::commit_group();
+
+            // Register i = 4j + 2hh + e: row row_in_block + 8hh, key n0 + key_half + 8j + 2t + e.
+            const long long key0 = (long long)n * BKV + key_half;
+            const bool need_mask = !block_visible_rows((long long)n * BKV);
+            auto pass = [&](auto masked, auto kind) {
+#pragma unroll
+                for (int j = 0; j < WIDE_ROWS / 8; ++j) {
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            const int i = 4 * j + 2 * hh + e;
+                            if constexpr (decltype(kind)::value != 2) {
+                                float x = s[i], dcap = 1.0f;
+                                if constexpr (SOFTCAP) {
+                                    const float th = tanhf(x * score_scale);
+                                    x = cap_log2 * th;
+                                    dcap = 1.0f - th * th;
+                                } else {
+                                    x *= score_scale;
+                                }
+                                float pr = p_exp2(x - lse_r[hh]);
+                                if constexpr (decltype(masked)::value) {
+                                    const long long key = key0 + 8 * j + 2 * t + e;
+                                    pr = key >= key_lo[hh] && key <= key_hi[hh] ? pr : 0.0f;
+                                }
+                                s[i] = pr;
+                                if constexpr (decltype(kind)::value == 1) dp[i] = pr * (dp[i] - delta_r[hh]) * dcap;
+                            } else {
+                                dp[i] = s[i] * (dp[i] - delta_r[hh]);
+                            }
+                        }
+                    }
+                }
+            };
+            auto with_mask = [&](auto kind) {
+                if (need_mask) {
+                    pass(flag<true>{}, kind);
+                } else {
+                    pass(flag<false>{}, kind);
+                }
+            };
+            if constexpr (!SOFTCAP) {
+                calico::wgmma::wait_group<1>();
+                calico::wgmma::fence_operands(s);
+                with_mask(pass_kind<0>{});
+                calico::wgmma::wait_group<0>();
+                calico::wgmma::fence_operands(dp);
+                pass(flag<false>{}, pass_kind<2>{});
+            } else {
+                calico::wgmma::wait_group<0>();
+                calico::wgmma::fence_operands(s);
+                calico::wgmma::fence_operands(dp);
+                with_mask(pass_kind<1>{});
+            }
+            // dS into its [row][key] tile, 128B swizzle: element (row, key) at row * 128 +
+            // ((key / 8) ^ (row % 8)) * 16 + (key % 8) * 2. Two tiles alternate (see DESIGN).
+            unsigned char* ds_buf = smem + DQ_DS_OFFSET + (step & 1) * DS_BYTES;
+#pragma unroll
+            for (int j = 0; j < WIDE_ROWS / 8; ++j) {
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int row = row_in_block + 8 * hh;
+                    const int at = row * 128 + ((((key_half / 8) + j) ^ g) * 16) + 4 * t;
+                    *reinterpret_cast<uint32_t*>(ds_buf + at) = calico::pack_word<in_t>(dp[4 * j + 2 * hh], dp[4 * j + 2 * hh + 1]);
+                }
+            }
+            calico::fence_proxy_async();
+            calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
+            // dQ[:, half] += dS K[:, half] over the block's 64 keys.
+            const uint32_t ds_tile = calico::smem_addr(ds_buf);
+            calico::wgmma::fence_operands(dq_acc_r);
+            calico::wgmma::fence();
+#pragma unroll
+            for (int kk = 0; kk < BKV / 16; ++kk) {
+                const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(ds_tile), kk * 32);
+                const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_mnmajor_128b(k_slot + (col_half / CHUNK) * BKV * 128, BKV),
+                                                                kk * 16 * 128);
+                calico::wgmma::mma<in_t, WIDE_COLS>::template ss<1>(dq_acc_r, da, db, 1);
+            }
+            calico::wgmma::commit_group();
+            calico::wgmma::wait_group<0>();
+            calico::wgmma::fence_operands(dq_acc_r);
+            if (lane == 0) bars.kv.release(kc);
+            kc.advance();
+        }
+        if (lane == 0) calico::arrive(bars.qd_empty);
+        in_t* base = dq + u.b * dq_sb + u.h * dq_sh + col_half;
+        store_keys(dq_acc_r, scale, base, dq_sn, pairs != 0, (long long)u.m0 + 16 * warp, p.q_len, head_dim - col_half);
+    };
+
+    pl::warp_specialised<PRODUCER_REGS, CONSUMER_REGS>(work, produce, consume);
 }
 #endif

@@ -310,8 +310,14 @@ pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
             } else {
                 ""
             };
+            // At head dim 256 the dQ kernel takes the finish kernel's place.
+            let after = if label.contains(" dqkernel") {
+                "the dQ kernel"
+            } else {
+                "finish kernels"
+            };
             vec![PlannedKernel {
-                label: format!("{label}, between its prepare and finish kernels{combine}"),
+                label: format!("{label}, between its prepare and {after}{combine}"),
                 source: None,
             }]
         }
@@ -480,15 +486,17 @@ mod tests {
     #[test]
     fn padded_head_dims_take_the_matrix_kernels() {
         let bwd = |t: &str, d| attention_choice(&arch(t), &case(true, d)).unwrap();
-        // Head dim 256 and those that run at it: the wide Hopper backward (bulk dQ through the
-        // Q / dO slots, the tiled finish), padded below 256; the portable backward on sm_80.
+        // Head dim 256 and those that run at it: the wide Hopper backward (dK and dV, then the
+        // dQ kernel), padded below 256; the portable backward on sm_80.
         for d in [136, 192, 248, 256] {
             let AttentionChoice::Backward(BackwardRoute::Hopper(v)) = bwd("sm_90a", d) else {
                 panic!("sm_90a d{d}: not the Hopper backward");
             };
             let label = v.label();
             assert!(
-                label.contains(" d=256 ") && label.contains(" bulk"),
+                label.contains(" d=256 ")
+                    && label.contains(" dqkernel")
+                    && !label.contains(" bulk"),
                 "{label}"
             );
             assert_eq!(label.ends_with(" padded"), d != 256, "{label}");

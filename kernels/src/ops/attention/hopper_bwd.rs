@@ -6,8 +6,11 @@
 //! 8 or exceed 256, views TMA cannot express) go to the tile kernels (the portable ones above
 //! 128). Head dims below 64, 128 or 256 run the kernels of that width on zero-filled columns.
 //! Head dim 256 (the "wide" mode of the main kernel) has 64-key CTAs ([`block_kv`]) and one
-//! schedule: the A/B knobs of [`Tune`] other than `ftzexp`, the unit order and the head split
-//! do not apply there ([`HopperBwdVariant::main`] turns them off).
+//! schedule: the A/B knobs of [`Tune`] other than `ftzexp`, the unit order, the head split and
+//! the dQ forms do not apply there ([`HopperBwdVariant::main`] turns them off). By default
+//! (`dqkernel`) the main kernel computes dK and dV only and the dQ kernel (kernel 4) computes
+//! dQ from the query side straight into the output: no accumulator, no finish kernel, no
+//! reductions, so these calls are deterministic and take `deterministic` calls too.
 //!
 //! Head split (DESIGN): the main kernel's unit is (key block, KV head, batch) and walks every
 //! query head of its KV head's group, so GQA / MQA at a small batch gives fewer CTAs than SMs.
@@ -69,6 +72,8 @@ pub(crate) enum BwdKernel {
     Finish,
     /// dK and dV from the f32 partials of a head-split main kernel.
     Combine,
+    /// Head dim 256: dQ from the query side, summed in registers (hopper_bwd.cu, DESIGN (DQ)).
+    Dq,
 }
 
 /// One compiled form of a kernel.
@@ -100,6 +105,9 @@ pub(crate) struct HopperBwdVariant {
     /// The problem's head dim is below `head_dim` (CALICO_ATTN_PADDED): the three kernels read
     /// and write only its columns.
     padded: bool,
+    /// Head dim 256, main and dQ kernels: dQ by the dQ kernel (CALICO_ATTN_DQ_KERNEL), the main
+    /// kernel computing dK and dV only; no accumulator, no finish kernel.
+    dq_kernel: bool,
 }
 
 /// A/B knobs of the main kernel, read once from `CALICO_ATTN_HOPPER_BWD_TUNE`
@@ -125,7 +133,9 @@ pub(crate) struct HopperBwdVariant {
 /// not above N; dK and dV then go through f32 partials and the combine kernel), `noheadsplit`
 /// never splits; by default [`head_split`] splits when the units do not fill the SMs. At head
 /// dim 256 the main kernel has one schedule: only `ftzexp` / `exp2f`, `stagger`, the chunks
-/// and the head split apply there ([`HopperBwdVariant::main`]).
+/// and the head split apply there ([`HopperBwdVariant::main`]), and `dqkernel` (default) /
+/// `nodqkernel`: dQ by the dQ kernel, or in the main kernel (bulk or, with `nobulk`,
+/// per-thread reductions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tune {
     overlapped: bool,
@@ -141,6 +151,9 @@ struct Tune {
     ftz_exp: bool,
     /// CTAs per unit (`headsplit=N`, `noheadsplit`: 1); `None`: [`head_split`] decides.
     head_split: Option<usize>,
+    /// Head dim 256: dQ by its own kernel (`dqkernel`, the default) instead of reductions
+    /// from the main kernel (`nodqkernel`).
+    dq_kernel: bool,
 }
 
 impl Default for Tune {
@@ -154,6 +167,7 @@ impl Default for Tune {
             defer_dq: None,
             ftz_exp: true,
             head_split: None,
+            dq_kernel: true,
         }
     }
 }
@@ -180,6 +194,8 @@ impl Tune {
                 "ftzexp" => t.ftz_exp = true,
                 "exp2f" => t.ftz_exp = false,
                 "noheadsplit" => t.head_split = Some(1),
+                "dqkernel" => t.dq_kernel = true,
+                "nodqkernel" => t.dq_kernel = false,
                 _ if part.starts_with("headsplit=") => {
                     t.head_split = part["headsplit=".len()..]
                         .parse()
@@ -323,6 +339,7 @@ impl HopperBwdVariant {
             head_split: false,
             varlen: false,
             padded,
+            dq_kernel: false,
         }
     }
 
@@ -343,7 +360,8 @@ impl HopperBwdVariant {
     ) -> Option<Self> {
         let wide = head_dim == 256;
         let overlapped = tune.overlapped && !wide;
-        let bulk = tune.bulk;
+        let dq_kernel = wide && tune.dq_kernel;
+        let bulk = tune.bulk && !dq_kernel;
         let one = HopperBwdVariant {
             kernel: BwdKernel::Main,
             dtype,
@@ -358,6 +376,7 @@ impl HopperBwdVariant {
             head_split: false,
             varlen,
             padded: false,
+            dq_kernel,
         };
         let budget = arch.shared_mem_per_block.saturating_sub(1024);
         let stages = (2..=MAX_STAGES)
@@ -371,10 +390,21 @@ impl HopperBwdVariant {
     /// of each stage, two 16 KiB dQ staging tiles (bulk_dq below 256: at 256 the dQ tiles are
     /// staged in the Q and dO slots), 4 * STAGES + 2 mbarriers (+ 4 with defer_dq).
     fn smem_bytes(&self) -> usize {
+        let d = self.head_dim;
+        if self.kernel == BwdKernel::Dq {
+            // Q and dO of one query block, STAGES K and V blocks, two dS tiles, the block's LSE
+            // and delta rows, 2 * STAGES + 2 mbarriers.
+            let (bq, bkv) = (block_q(d), block_kv(d));
+            return 1024
+                + 2 * bq * d * 2
+                + self.stages * 2 * bkv * d * 2
+                + 2 * bq * bkv * 2
+                + 2 * bq * 4
+                + (2 * self.stages + 2) * 8;
+        }
         if self.kernel != BwdKernel::Main {
             return 0;
         }
-        let d = self.head_dim;
         let bq = block_q(d);
         let bkv = block_kv(d);
         1024 + 2 * bkv * d * 2
@@ -389,18 +419,32 @@ impl HopperBwdVariant {
             + (4 * self.stages + 2 + if self.defer_dq { 4 } else { 0 }) * 8
     }
 
+    /// The dQ kernel that goes with a main variant built with `dq_kernel`.
+    fn dq_companion(&self) -> Self {
+        HopperBwdVariant {
+            kernel: BwdKernel::Dq,
+            overlapped: false,
+            bulk_dq: false,
+            wide_regs: false,
+            defer_dq: false,
+            head_split: false,
+            ..*self
+        }
+    }
+
     fn entry(&self) -> &'static str {
         match self.kernel {
             BwdKernel::Prepare => "calico_attention_hopper_bwd_prepare",
             BwdKernel::Main => "calico_attention_hopper_bwd",
             BwdKernel::Finish => "calico_attention_hopper_bwd_finish",
             BwdKernel::Combine => "calico_attention_hopper_bwd_combine",
+            BwdKernel::Dq => "calico_attention_hopper_bwd_dq",
         }
     }
 
     pub(crate) fn label(&self) -> String {
         format!(
-            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}{}{}",
+            "hopper bwd {:?} {} d={} stages={} softcap={}{}{}{}{}{}{}{}{}{}",
             self.kernel,
             self.dtype,
             self.head_dim,
@@ -411,6 +455,7 @@ impl HopperBwdVariant {
             if self.wide_regs { " wideregs" } else { "" },
             if self.defer_dq { " deferdq" } else { "" },
             if self.ftz_exp { " ftzexp" } else { "" },
+            if self.dq_kernel { " dqkernel" } else { "" },
             if self.head_split { " headsplit" } else { "" },
             if self.varlen { " varlen" } else { "" },
             if self.padded { " padded" } else { "" }
@@ -425,6 +470,7 @@ impl KernelVariant for HopperBwdVariant {
             BwdKernel::Main => 1,
             BwdKernel::Finish => 2,
             BwdKernel::Combine => 3,
+            BwdKernel::Dq => 4,
         };
         let defines = [
             ("CALICO_ATTN_KERNEL", kernel.to_string()),
@@ -449,6 +495,10 @@ impl KernelVariant for HopperBwdVariant {
                 u8::from(self.head_split).to_string(),
             ),
             ("CALICO_ATTN_PADDED", u8::from(self.padded).to_string()),
+            (
+                "CALICO_ATTN_DQ_KERNEL",
+                u8::from(self.dq_kernel).to_string(),
+            ),
         ];
         KernelSource::assemble(
             self.entry(),
@@ -489,6 +539,7 @@ pub(crate) fn catalog(
                 defer_dq: Some(false),
                 ftz_exp: true,
                 head_split: None,
+                dq_kernel: true,
             };
             let deferred = |wide_regs| Tune {
                 defer_dq: Some(true),
@@ -574,14 +625,14 @@ pub(crate) fn catalog(
             }
         }
         // Head dim 256 has one main-kernel schedule (HopperBwdVariant::main turns the other
-        // A/B knobs off) with bulk dQ (the tiled finish kernel) by default: the default with
-        // and without the soft cap, packed and split; in bf16 also split soft-capped, packed
-        // and padded, the padded forms of the four kernels, and the per-thread reductions
-        // (`nobulk`, the per-row finish kernel).
+        // A/B knobs off), by default with the dQ kernel: the main and dQ kernels with and
+        // without the soft cap, packed, split (main); in bf16 also split soft-capped, packed
+        // and padded, the padded forms, and the two forms with dQ in the main kernel (bulk
+        // reductions with the tiled finish kernel; `nobulk` with the per-row one).
         let d = 256;
-        let main = |softcap, varlen| {
-            HopperBwdVariant::main(arch, dtype, d, softcap, Tune::default(), varlen)
-        };
+        let default = Tune::default();
+        let main =
+            |softcap, varlen| HopperBwdVariant::main(arch, dtype, d, softcap, default, varlen);
         let split = |v: HopperBwdVariant| HopperBwdVariant {
             head_split: true,
             ..v
@@ -589,53 +640,42 @@ pub(crate) fn catalog(
         let padded = |v: HopperBwdVariant| HopperBwdVariant { padded: true, ..v };
         let mut variants = vec![
             HopperBwdVariant::helper(BwdKernel::Prepare, dtype, d, false, false),
-            HopperBwdVariant::helper(BwdKernel::Finish, dtype, d, true, false),
             HopperBwdVariant::helper(BwdKernel::Combine, dtype, d, false, false),
         ];
-        variants.extend(main(false, false));
-        variants.extend(main(true, false));
-        variants.extend(main(false, true));
-        variants.extend(main(false, false).map(split));
+        let mut mains = vec![main(false, false), main(true, false), main(false, true)];
+        mains.push(main(false, false).map(split));
         if dtype == DType::BF16 {
-            variants.extend(main(true, false).map(split));
-            variants.extend(main(false, true).map(split));
-            variants.extend(main(false, false).map(split).map(padded));
-            variants.push(HopperBwdVariant::helper(
-                BwdKernel::Combine,
-                dtype,
-                d,
-                false,
-                true,
-            ));
-            variants.push(HopperBwdVariant::helper(
-                BwdKernel::Prepare,
-                dtype,
-                d,
-                false,
-                true,
-            ));
-            variants.push(HopperBwdVariant::helper(
-                BwdKernel::Finish,
-                dtype,
-                d,
-                true,
-                true,
-            ));
-            variants.extend(main(false, false).map(padded));
-            let per_thread = Tune {
-                bulk: false,
-                ..Tune::default()
-            };
-            variants.extend(HopperBwdVariant::main(
-                arch, dtype, d, false, per_thread, false,
-            ));
-            variants.push(HopperBwdVariant::helper(
-                BwdKernel::Finish,
-                dtype,
-                d,
-                false,
-                false,
-            ));
+            mains.push(main(true, false).map(split));
+            mains.push(main(false, true).map(split));
+            mains.push(main(false, false).map(split).map(padded));
+            mains.push(main(false, false).map(padded));
+        }
+        for v in mains.into_iter().flatten() {
+            variants.push(v);
+            let dq = v.dq_companion();
+            if !variants.contains(&dq) {
+                variants.push(dq);
+            }
+        }
+        if dtype == DType::BF16 {
+            for kernel in [BwdKernel::Combine, BwdKernel::Prepare] {
+                variants.push(HopperBwdVariant::helper(kernel, dtype, d, false, true));
+            }
+            for bulk in [true, false] {
+                let tune = Tune {
+                    dq_kernel: false,
+                    bulk,
+                    ..default
+                };
+                variants.extend(HopperBwdVariant::main(arch, dtype, d, false, tune, false));
+                variants.push(HopperBwdVariant::helper(
+                    BwdKernel::Finish,
+                    dtype,
+                    d,
+                    bulk,
+                    false,
+                ));
+            }
         }
         for v in variants {
             out.push(crate::catalog::CatalogEntry {
@@ -729,8 +769,10 @@ pub(crate) fn backward_variant(
 ) -> Option<HopperBwdVariant> {
     // Head dims that are multiples of 8 up to 256, at the kernel width 64, 128 or 256.
     let d = kernel_head_dim(p.head_dim, 256)?;
-    // Deterministic calls keep the tile kernels: the dQ reductions here add in timing order.
-    let fits = !deterministic
+    let tune = Tune::get();
+    // Deterministic calls keep the tile kernels where the dQ reductions add in timing order;
+    // at 256 with the dQ kernel every sum goes in a fixed order.
+    let fits = (!deterministic || (d == 256 && tune.dq_kernel))
         && enabled()
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
@@ -741,7 +783,6 @@ pub(crate) fn backward_variant(
     if !fits || Workspace::new(&Problem { head_dim: d, ..*p }, 0).rows > i32::MAX as usize {
         return None;
     }
-    let tune = Tune::get();
     // Packed sequences run as one batch of all the rows (try_backward), at the kernel width.
     let kernel_problem = Problem {
         batch: if varlen { 1 } else { p.batch },
@@ -990,6 +1031,44 @@ fn launch(
         gpu.launch_variant(&combine, &config, &args)?;
     }
 
+    if main.dq_kernel {
+        // dQ from the query side, straight into dQ (no accumulator, no finish kernel).
+        let dq_variant = main.dq_companion();
+        let [q_sb, q_sh, q_sn] = strides3(dq);
+        let units = ws.rows / block_q(p.head_dim);
+        let args = [
+            KernelArg::Opaque128(map_q),
+            KernelArg::Opaque128(map_k),
+            KernelArg::Opaque128(map_v),
+            KernelArg::Opaque128(map_do),
+            KernelArg::Opaque128(map_rows),
+            KernelArg::Ptr(ptr(dq)),
+            KernelArg::I64(q_sb),
+            KernelArg::I64(q_sh),
+            KernelArg::I64(q_sn),
+            KernelArg::I32(i32::from(pairs_ok(dq))),
+            KernelArg::I32(p.batch as i32),
+            KernelArg::I32(p.q_heads as i32),
+            KernelArg::I32((p.q_heads / p.kv_heads) as i32),
+            KernelArg::I32(p.q_len as i32),
+            KernelArg::I32(p.k_len as i32),
+            KernelArg::I32(ws.nq_pad as i32),
+            KernelArg::F32(params.scale),
+            KernelArg::F32(score_scale),
+            KernelArg::F32(cap_log2),
+            KernelArg::I32(has_left),
+            KernelArg::I64(left),
+            KernelArg::I32(has_right),
+            KernelArg::I64(right),
+            cu_q,
+            cu_k,
+            n_seqs,
+            KernelArg::I32(head_dim as i32),
+        ];
+        let config = LaunchConfig::linear(units as u32, THREADS, dq_variant.smem_bytes() as u32);
+        return gpu.launch_variant(&dq_variant, &config, &args);
+    }
+
     let finish = HopperBwdVariant::helper(
         BwdKernel::Finish,
         p.dtype,
@@ -1082,7 +1161,9 @@ mod tests {
                 let v = HopperBwdVariant::main(&arch, dtype, 256, softcap, tune, varlen).unwrap();
                 assert_eq!(v.stages, 2, "{v:?}");
                 assert!(!v.overlapped && !v.wide_regs && !v.defer_dq, "{v:?}");
-                assert_eq!(v.bulk_dq, tune.bulk, "{v:?}");
+                // The dQ kernel (default) leaves the main kernel no dQ to reduce.
+                assert_eq!(v.dq_kernel, tune.dq_kernel, "{v:?}");
+                assert_eq!(v.bulk_dq, tune.bulk && !tune.dq_kernel, "{v:?}");
                 assert_eq!(
                     (v.ftz_exp, v.softcap, v.varlen),
                     (tune.ftz_exp, softcap, varlen)
@@ -1098,7 +1179,7 @@ mod tests {
                 let three = HopperBwdVariant { stages: 3, ..v };
                 assert!(three.smem_bytes() + 1024 > arch.shared_mem_per_block);
                 assert_eq!(v.label().contains(" ftzexp"), tune.ftz_exp);
-                assert_eq!(v.label().contains(" bulk"), tune.bulk, "{}", v.label());
+                assert_eq!(v.label().contains(" bulk"), v.bulk_dq, "{}", v.label());
             }
         }
         // The widths below keep their knobs.
@@ -1110,9 +1191,10 @@ mod tests {
     }
 
     /// The catalog: no label twice, the d = 64 / 128 variants with their A/B forms, and at
-    /// d = 256 the one schedule (bulk dQ) in its default, packed, split and padded forms and the
-    /// per-thread dQ reductions,
-    /// each split main kernel beside its unsplit one (compile_all compares them).
+    /// d = 256 the main kernel with the dQ kernel (default) in its plain, soft-capped, packed,
+    /// split and padded forms, each with its dQ kernel, and the two forms with dQ in the main
+    /// kernel (bulk, per-thread) with their finish kernels; each split main kernel beside its
+    /// unsplit one (compile_all compares them).
     #[test]
     fn catalog_labels_are_unique_and_cover_head_dim_256() {
         let arch = Arch::for_target("sm_90a").unwrap();
@@ -1127,21 +1209,25 @@ mod tests {
             .copied()
             .filter(|l| l.contains(" d=256 "))
             .collect();
-        // Per dtype: prepare, finish, combine, main (plain, soft-capped, packed, split); in
-        // bf16 also split soft-capped, packed and padded, four padded kernels, and the main and
-        // finish kernels without bulk dQ.
-        assert_eq!(wide.len(), 2 * 7 + 9, "{wide:#?}");
-        let bulk = |l: &&&str| l.contains(" bulk");
-        // Not bulk: the prepare and combine kernels (3 each), the per-thread main and finish.
-        assert_eq!(
-            wide.iter().filter(|l| !bulk(l)).count(),
-            3 + 3 + 1 + 1,
-            "{wide:#?}"
-        );
+        // Per dtype: prepare, combine, main and dQ (plain, soft-capped, packed), split main;
+        // in bf16 also split main soft-capped, packed and padded, padded main and dQ, padded
+        // prepare and combine, and the bulk and per-thread main kernels with their finish.
+        assert_eq!(wide.len(), 2 * 9 + 11, "{wide:#?}");
+        let count = |part: &str| wide.iter().filter(|l| l.contains(part)).count();
+        assert_eq!(count("hopper bwd Dq "), 2 * 3 + 1, "{wide:#?}");
+        assert_eq!(count(" bulk"), 2, "{wide:#?}");
         assert!(wide
             .iter()
             .filter(|l| l.starts_with("hopper bwd Main"))
             .all(|l| l.contains("stages=2 ") && !l.contains(" overlapped")));
+        // Every main kernel with the dQ kernel has its dQ kernel in the catalog.
+        for l in wide
+            .iter()
+            .filter(|l| l.starts_with("hopper bwd Main") && l.contains(" dqkernel"))
+        {
+            let dq = l.replace("Main", "Dq").replace(" headsplit", "");
+            assert!(labels.contains(&dq.as_str()), "{l}: no dQ kernel");
+        }
         for l in wide.iter().filter(|l| l.contains(" headsplit")) {
             let unsplit = l.replace(" headsplit", "");
             assert!(
@@ -1149,11 +1235,11 @@ mod tests {
                 "{l}: no unsplit variant"
             );
         }
-        for kernel in ["Prepare", "Finish", "Combine", "Main"] {
+        for kernel in ["Prepare", "Dq", "Combine", "Main"] {
             let name = format!("hopper bwd {kernel} bf16 d=256 ");
             assert!(
                 wide.iter()
-                    .any(|l| l.starts_with(&name) && l.ends_with(" padded")),
+                    .any(|l| l.starts_with(&name) && l.contains(" padded")),
                 "{kernel} padded at d = 256"
             );
         }
@@ -1310,11 +1396,12 @@ mod tests {
             defer_dq: None,
             ftz_exp: true,
             head_split: None,
+            dq_kernel: true,
         };
         assert_eq!(Tune::parse(""), default);
         assert_eq!(Tune::parse("unknown"), default);
         assert_eq!(
-            Tune::parse("stagger, longest, serial,nobulk,narrowregs,exp2f"),
+            Tune::parse("stagger, longest, serial,nobulk,narrowregs,exp2f,nodqkernel"),
             Tune {
                 overlapped: false,
                 stagger: true,
@@ -1324,8 +1411,10 @@ mod tests {
                 defer_dq: None,
                 ftz_exp: false,
                 head_split: None,
+                dq_kernel: false,
             }
         );
+        assert_eq!(Tune::parse("nodqkernel,dqkernel"), default);
         assert_eq!(Tune::parse("overlapped,bulk,wideregs,ftzexp"), default);
         assert_eq!(
             Tune::parse("deferdq"),
@@ -1474,7 +1563,7 @@ mod tests {
     /// Hopper backward on sm_90a, with bulk dQ and the tiled finish kernel; not past 256,
     /// not off multiples of 8, not deterministic calls, not other targets.
     #[test]
-    fn head_dims_up_to_256_take_the_hopper_backward_with_bulk_dq() {
+    fn head_dims_up_to_256_take_the_hopper_backward_with_the_dq_kernel() {
         let arch = Arch::for_target("sm_90a").unwrap();
         let problem = |head_dim| Problem {
             dtype: DType::BF16,
@@ -1502,21 +1591,30 @@ mod tests {
                 .unwrap_or_else(|| panic!("d = {d}: not the Hopper backward"));
             assert_eq!((v.kernel, v.head_dim, v.stages), (BwdKernel::Main, 256, 2));
             assert!(
-                v.bulk_dq && !v.overlapped && !v.wide_regs && !v.defer_dq,
+                v.dq_kernel && !v.bulk_dq && !v.overlapped && !v.wide_regs && !v.defer_dq,
                 "d = {d}: {v:?}"
             );
             assert_eq!((v.padded, v.varlen), (d != 256, varlen), "d = {d}");
             assert!(v.smem_bytes() + 1024 <= arch.shared_mem_per_block);
-            // The finish kernel that launch pairs with it is the tiled one.
-            let finish =
-                HopperBwdVariant::helper(BwdKernel::Finish, v.dtype, 256, v.bulk_dq, v.padded);
-            assert!(finish.bulk_dq);
+            // The dQ kernel that launch pairs with it keeps the problem's form.
+            let dq = v.dq_companion();
+            assert_eq!(dq.kernel, BwdKernel::Dq);
+            assert_eq!(
+                (dq.padded, dq.varlen, dq.head_split),
+                (v.padded, varlen, false)
+            );
+            assert!(
+                dq.smem_bytes() + 1024 <= arch.shared_mem_per_block,
+                "{dq:?}"
+            );
             let capped = AttentionParams {
                 softcap: Some(30.0),
                 ..causal
             };
             let v = backward_variant(&arch, &problem(d), &capped, false, varlen).unwrap();
-            assert!(v.softcap && v.bulk_dq, "d = {d}");
+            assert!(v.softcap && v.dq_kernel, "d = {d}");
+            // Every sum in a fixed order: deterministic calls take it too.
+            assert!(backward_variant(&arch, &problem(d), &capped, true, varlen).is_some());
         }
         // 1 x 2 KV heads x 32 key blocks: split (64 units, causal); 8 x 2 x 16 = 256 units:
         // not split.
@@ -1546,7 +1644,7 @@ mod tests {
         for d in [100, 260, 264] {
             assert!(backward_variant(&arch, &problem(d), &causal, false, false).is_none());
         }
-        assert!(backward_variant(&arch, &problem(256), &causal, true, false).is_none());
+        assert!(backward_variant(&arch, &problem(128), &causal, true, false).is_none());
         for t in ["sm_80", "sm_100a", "gfx942"] {
             let other = Arch::for_target(t).unwrap();
             assert!(backward_variant(&other, &problem(256), &causal, false, false).is_none());
