@@ -661,6 +661,99 @@ struct pass_kind {
     static constexpr int value = K;
 };
 
+// ---- WIDE (head dim 256): what the main kernel (keys as the tiles' rows) and the dQ kernel
+// (query rows as the tiles' rows) share: a consumer's 64 x 32 score tiles, the element pass
+// over them and the 16-bit tiles they go to.
+static_assert(!WIDE || (BKV == 64 && BQ == 64), "WIDE tiles: 64 rows per 128-byte-row chunk");
+
+// Issues the 16 k-steps of a 64 x 32 score tile over the head dim into `acc` (no fence, no
+// commit): A = the 64 rows of a [chunk][64 rows][128 B] tile at `a`, B = 32 rows of such a
+// tile from `b`, both K-major.
+CALICO_DEVICE void wide_scores(float (&acc)[WIDE_S_REGS], uint32_t a, uint32_t b) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+        const uint32_t at = (kk / 4) * 64 * 128 + (kk % 4) * 32;
+        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(a), at);
+        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(b), at);
+        calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(acc, da, db, kk > 0 ? 1 : 0);
+    }
+}
+
+// P and dS in place of the scores S and dP, whose two MMA batches (S, then dP) are the last
+// committed; register i = 4j + 2hh + e. terms(j, hh, e, lse, delta) gives a register's LSE
+// (base 2) and delta; visible(j, hh, e) whether its (key, row) pair is seen, asked only when
+// `masked`. Without a soft-cap P is computed while dP is still running.
+template <class Terms, class Visible>
+CALICO_DEVICE void wide_probs(float (&s)[WIDE_S_REGS], float (&dp)[WIDE_S_REGS], bool masked, float score_scale, float cap_log2,
+                              Terms&& terms, Visible&& visible) {
+    auto pass = [&](auto mask, auto kind) {
+#pragma unroll
+        for (int j = 0; j < WIDE_ROWS / 8; ++j) {
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int i = 4 * j + 2 * hh + e;
+                    float l, dl;
+                    terms(j, hh, e, l, dl);
+                    if constexpr (decltype(kind)::value != 2) {
+                        float x = s[i], dcap = 1.0f;
+                        if constexpr (SOFTCAP) {
+                            const float th = tanhf(x * score_scale);
+                            x = cap_log2 * th;
+                            dcap = 1.0f - th * th;
+                        } else {
+                            x *= score_scale;
+                        }
+                        float pr = p_exp2(x - l);
+                        if constexpr (decltype(mask)::value) pr = visible(j, hh, e) ? pr : 0.0f;
+                        s[i] = pr;
+                        if constexpr (decltype(kind)::value == 1) dp[i] = pr * (dp[i] - dl) * dcap;
+                    } else {
+                        dp[i] = s[i] * (dp[i] - dl);
+                    }
+                }
+            }
+        }
+    };
+    auto with_mask = [&](auto kind) {
+        if (masked) {
+            pass(flag<true>{}, kind);
+        } else {
+            pass(flag<false>{}, kind);
+        }
+    };
+    if constexpr (!SOFTCAP) {
+        calico::wgmma::wait_group<1>();
+        calico::wgmma::fence_operands(s);
+        with_mask(pass_kind<0>{});
+        calico::wgmma::wait_group<0>();
+        calico::wgmma::fence_operands(dp);
+        pass(flag<false>{}, pass_kind<2>{});
+    } else {
+        calico::wgmma::wait_group<0>();
+        calico::wgmma::fence_operands(s);
+        calico::wgmma::fence_operands(dp);
+        with_mask(pass_kind<1>{});
+    }
+}
+
+// Writes a 64 x 32 register tile in 16 bits into columns [col0, col0 + 32) of a [64 rows][64
+// columns] tile, 128B swizzle: element (r, c) at r * 128 + ((c / 8) ^ (r % 8)) * 16 + (c % 8) * 2.
+CALICO_DEVICE void wide_store_tile(unsigned char* tile, const float (&v)[WIDE_S_REGS], int col0) {
+    const int lane = threadIdx.x % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int row0 = 16 * calico::warpgroup_warp() + g;
+#pragma unroll
+    for (int j = 0; j < WIDE_ROWS / 8; ++j) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+            const int at = (row0 + 8 * hh) * 128 + ((((col0 / 8) + j) ^ g) * 16) + 4 * t;
+            *reinterpret_cast<uint32_t*>(tile + at) = calico::pack_word<in_t>(v[4 * j + 2 * hh], v[4 * j + 2 * hh + 1]);
+        }
+    }
+}
+
 // Adds two adjacent floats to global memory (8-byte aligned), result unused.
 CALICO_DEVICE void red_add2(float* addr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(addr), "f"(a), "f"(b) : "memory");
@@ -1307,22 +1400,12 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                     bars.q.wait_full(qc);
                     const uint32_t q_slot = q_base + qc.slot() * Q_BYTES;
                     calico::wgmma::fence();
-#pragma unroll
-                    for (int kk = 0; kk < D / 16; ++kk) {
-                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(k_base), (kk / 4) * BKV * 128 + (kk % 4) * 32);
-                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(q_slot + row_half * 128), (kk / 4) * BQ * 128 + (kk % 4) * 32);
-                        calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(s, da, db, kk > 0 ? 1 : 0);
-                    }
+                    wide_scores(s, k_base, q_slot + row_half * 128);
                     calico::wgmma::commit_group();
                     bars.d.wait_full(dc);
                     const uint32_t do_slot = do_base + dc.slot() * Q_BYTES;
                     calico::wgmma::fence();
-#pragma unroll
-                    for (int kk = 0; kk < D / 16; ++kk) {
-                        const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(v_base), (kk / 4) * BKV * 128 + (kk % 4) * 32);
-                        const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(do_slot + row_half * 128), (kk / 4) * BQ * 128 + (kk % 4) * 32);
-                        calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
-                    }
+                    wide_scores(dp, v_base, do_slot + row_half * 128);
                     calico::wgmma::commit_group();
                     if constexpr (WIDE_BULK) hand_back_staged();  // the last step's, read by now
 
@@ -1339,75 +1422,22 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
                                               : rows_seeing(p, m0, u.n0 + key_in_block + 8 * hh);
                         }
                     }
-                    auto pass = [&](auto masked, auto with_ds) {
-#pragma unroll
-                        for (int j = 0; j < WIDE_ROWS / 8; ++j) {
-                            const int col = row_half + 8 * j + 2 * t;
-                            const float2 l = *reinterpret_cast<const float2*>(lse_s + col);
-                            const float2 dl = *reinterpret_cast<const float2*>(delta_s + col);
-#pragma unroll
-                            for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-                                for (int e = 0; e < 2; ++e) {
-                                    const int i = 4 * j + 2 * hh + e;
-                                    if constexpr (decltype(with_ds)::value != 2) {
-                                        // P^T (pass 0: P only; pass 1: P and dS together).
-                                        float x = s[i], dcap = 1.0f;
-                                        if constexpr (SOFTCAP) {
-                                            const float th = tanhf(x * score_scale);
-                                            x = cap_log2 * th;
-                                            dcap = 1.0f - th * th;
-                                        } else {
-                                            x *= score_scale;
-                                        }
-                                        float pr = p_exp2(x - (e ? l.y : l.x));
-                                        if constexpr (decltype(masked)::value) pr = seen[hh].has(col + e) ? pr : 0.0f;
-                                        s[i] = pr;
-                                        if constexpr (decltype(with_ds)::value == 1) dp[i] = pr * (dp[i] - (e ? dl.y : dl.x)) * dcap;
-                                    } else {
-                                        dp[i] = s[i] * (dp[i] - (e ? dl.y : dl.x));
-                                    }
-                                }
-                            }
-                        }
+                    // Column j of the registers is query row row_half + j of the block.
+                    auto terms = [&](int j, int hh, int e, float& l, float& dl) {
+                        const int col = row_half + 8 * j + 2 * t;
+                        const float2 lv = *reinterpret_cast<const float2*>(lse_s + col);
+                        const float2 dv = *reinterpret_cast<const float2*>(delta_s + col);
+                        l = e ? lv.y : lv.x;
+                        dl = e ? dv.y : dv.x;
                     };
-                    // Runs pass(masked, kind) with the mask as a compile-time flag.
-                    auto with_mask = [&](auto kind) {
-                        if (need_mask) {
-                            pass(flag<true>{}, kind);
-                        } else {
-                            pass(flag<false>{}, kind);
-                        }
-                    };
-                    if constexpr (!SOFTCAP) {
-                        // P^T while dP^T is still being computed, then dS^T.
-                        calico::wgmma::wait_group<1>();
-                        calico::wgmma::fence_operands(s);
-                        with_mask(pass_kind<0>{});
-                        calico::wgmma::wait_group<0>();
-                        calico::wgmma::fence_operands(dp);
-                        pass(flag<false>{}, pass_kind<2>{});
-                    } else {
-                        calico::wgmma::wait_group<0>();
-                        calico::wgmma::fence_operands(s);
-                        calico::wgmma::fence_operands(dp);
-                        with_mask(pass_kind<1>{});
-                    }
+                    auto visible = [&](int j, int hh, int e) { return seen[hh].has(row_half + 8 * j + 2 * t + e); };
+                    wide_probs(s, dp, need_mask, score_scale, cap_log2, terms, visible);
                     // The tiles are rewritten once both consumers' MMAs of the last step (the
                     // tiles' readers) completed: each waited for its own before getting here
                     // (WIDE_BULK: the barrier that ended the last step said so).
                     if constexpr (!WIDE_BULK) calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
-#pragma unroll
-                    for (int j = 0; j < WIDE_ROWS / 8; ++j) {
-#pragma unroll
-                        for (int hh = 0; hh < 2; ++hh) {
-                            const int key = key_in_block + 8 * hh;
-                            const int at = key * 128 + ((((row_half / 8) + j) ^ g) * 16) + 4 * t;
-                            const int i = 4 * j + 2 * hh;
-                            *reinterpret_cast<uint32_t*>(p_buf + at) = calico::pack_word<in_t>(s[i], s[i + 1]);
-                            *reinterpret_cast<uint32_t*>(ds_buf + at) = calico::pack_word<in_t>(dp[i], dp[i + 1]);
-                        }
-                    }
+                    wide_store_tile(p_buf, s, row_half);
+                    wide_store_tile(ds_buf, dp, row_half);
                     calico::fence_proxy_async();
                     calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
 
@@ -1775,87 +1805,27 @@ CALICO_KERNEL void __launch_bounds__(attn_hopper_bwd::THREADS, 1)
             const uint32_t v_slot = k_slot + KV_BYTES;
             float s[WIDE_S_REGS], dp[WIDE_S_REGS];
             calico::wgmma::fence();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(q_base), (kk / 4) * BQ * 128 + (kk % 4) * 32);
-                const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(k_slot + key_half * 128), (kk / 4) * BKV * 128 + (kk % 4) * 32);
-                calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(s, da, db, kk > 0 ? 1 : 0);
-            }
+            wide_scores(s, q_base, k_slot + key_half * 128);
             calico::wgmma::commit_group();
-#pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk) {
-                const uint64_t da = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(do_base), (kk / 4) * BQ * 128 + (kk % 4) * 32);
-                const uint64_t db = calico::wgmma::desc_advance(calico::wgmma::desc_kmajor_128b(v_slot + key_half * 128), (kk / 4) * BKV * 128 + (kk % 4) * 32);
-                calico::wgmma::mma<in_t, WIDE_ROWS>::template ss<0>(dp, da, db, kk > 0 ? 1 : 0);
-            }
+            wide_scores(dp, do_base, v_slot + key_half * 128);
             calico::wgmma::commit_group();
 
             // Register i = 4j + 2hh + e: row row_in_block + 8hh, key n0 + key_half + 8j + 2t + e.
             const long long key0 = (long long)n * BKV + key_half;
             const bool need_mask = !block_visible_rows((long long)n * BKV);
-            auto pass = [&](auto masked, auto kind) {
-#pragma unroll
-                for (int j = 0; j < WIDE_ROWS / 8; ++j) {
-#pragma unroll
-                    for (int hh = 0; hh < 2; ++hh) {
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int i = 4 * j + 2 * hh + e;
-                            if constexpr (decltype(kind)::value != 2) {
-                                float x = s[i], dcap = 1.0f;
-                                if constexpr (SOFTCAP) {
-                                    const float th = tanhf(x * score_scale);
-                                    x = cap_log2 * th;
-                                    dcap = 1.0f - th * th;
-                                } else {
-                                    x *= score_scale;
-                                }
-                                float pr = p_exp2(x - lse_r[hh]);
-                                if constexpr (decltype(masked)::value) {
-                                    const long long key = key0 + 8 * j + 2 * t + e;
-                                    pr = key >= key_lo[hh] && key <= key_hi[hh] ? pr : 0.0f;
-                                }
-                                s[i] = pr;
-                                if constexpr (decltype(kind)::value == 1) dp[i] = pr * (dp[i] - delta_r[hh]) * dcap;
-                            } else {
-                                dp[i] = s[i] * (dp[i] - delta_r[hh]);
-                            }
-                        }
-                    }
-                }
+            auto terms = [&](int, int hh, int, float& l, float& dl) {
+                l = lse_r[hh];
+                dl = delta_r[hh];
             };
-            auto with_mask = [&](auto kind) {
-                if (need_mask) {
-                    pass(flag<true>{}, kind);
-                } else {
-                    pass(flag<false>{}, kind);
-                }
+            auto visible = [&](int j, int hh, int e) {
+                const long long key = key0 + 8 * j + 2 * t + e;
+                return key >= key_lo[hh] && key <= key_hi[hh];
             };
-            if constexpr (!SOFTCAP) {
-                calico::wgmma::wait_group<1>();
-                calico::wgmma::fence_operands(s);
-                with_mask(pass_kind<0>{});
-                calico::wgmma::wait_group<0>();
-                calico::wgmma::fence_operands(dp);
-                pass(flag<false>{}, pass_kind<2>{});
-            } else {
-                calico::wgmma::wait_group<0>();
-                calico::wgmma::fence_operands(s);
-                calico::wgmma::fence_operands(dp);
-                with_mask(pass_kind<1>{});
-            }
+            wide_probs(s, dp, need_mask, score_scale, cap_log2, terms, visible);
             // dS into its [row][key] tile, 128B swizzle: element (row, key) at row * 128 +
             // ((key / 8) ^ (row % 8)) * 16 + (key % 8) * 2. Two tiles alternate (see DESIGN).
             unsigned char* ds_buf = smem + DQ_DS_OFFSET + (step & 1) * DS_BYTES;
-#pragma unroll
-            for (int j = 0; j < WIDE_ROWS / 8; ++j) {
-#pragma unroll
-                for (int hh = 0; hh < 2; ++hh) {
-                    const int row = row_in_block + 8 * hh;
-                    const int at = row * 128 + ((((key_half / 8) + j) ^ g) * 16) + 4 * t;
-                    *reinterpret_cast<uint32_t*>(ds_buf + at) = calico::pack_word<in_t>(dp[4 * j + 2 * hh], dp[4 * j + 2 * hh + 1]);
-                }
-            }
+            wide_store_tile(ds_buf, dp, key_half);
             calico::fence_proxy_async();
             calico::named_barrier_sync(DS_BARRIER, CONSUMERS * calico::WARPGROUP_THREADS);
             // dQ[:, half] += dS K[:, half] over the block's 64 keys.
