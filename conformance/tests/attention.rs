@@ -406,6 +406,30 @@ fn backward_case(dev: &Device, c: &Case) -> Result<(), String> {
 }
 
 /// [`backward_case`], returning the inputs, the feed and the gradients it checked.
+/// The same values bit for bit (and the same length): gradients of two runs that sum in a
+/// fixed order.
+fn same_bits(a: &[f64], b: &[f64]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// A second backward run of `c` on the first run's inputs, whose dK and dV must match the
+/// first run's `dk` and `dv` bit for bit.
+fn repeat_dk_dv(
+    dev: &Device,
+    c: &Case,
+    x: &Inputs,
+    feed: &BackwardFeed,
+    dk: &[f64],
+    dv: &[f64],
+) -> Result<(), String> {
+    let [_, dk1, dv1] = run_backward(dev, c, x, feed)?;
+    if same_bits(dk, &dk1) && same_bits(dv, &dv1) {
+        Ok(())
+    } else {
+        Err("dK or dV differ between two runs".to_string())
+    }
+}
+
 fn checked_backward(
     dev: &Device,
     c: &Case,
@@ -593,7 +617,7 @@ fn attention_backward_is_deterministic() {
                 let again = run_backward(&dev, &c, &x, &feed).unwrap_or_else(|e| panic!("{e}"));
                 for (a, b) in first.iter().zip(&again) {
                     assert!(
-                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        same_bits(a, b),
                         "backend {}: d{head_dim}: deterministic backward differs between runs",
                         dev.kind()
                     );
@@ -1232,21 +1256,16 @@ fn attention_hopper_head_split_backward() {
             // backward_case, and a second run whose dK and dV (register sums, or partials
             // summed in a fixed order) must match the first bit for bit.
             let (x, feed, [_, dk, dv]) = checked_backward(&dev, c).unwrap_or_else(|e| fail(e));
-            let [_, dk1, dv1] = run_backward(&dev, c, &x, &feed).unwrap_or_else(|e| fail(e));
-            let same = |a: &[f64], b: &[f64]| {
-                a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-            };
-            if !same(&dk, &dk1) || !same(&dv, &dv1) {
-                fail("dK or dV differ between two runs".to_string());
-            }
+            repeat_dk_dv(&dev, c, &x, &feed, &dk, &dv).unwrap_or_else(|e| fail(e));
         }
     }
 }
 
 /// The Hopper backward at head dim 256 (the main kernel's wide mode: 64-key CTAs, each
-/// consumer warpgroup computing S^T and dP^T for half of a step's 64 query rows and dV, dK and
-/// dQ for half the head dim; two stages; dQ tiles staged in the Q / dO slots and added by bulk
-/// reductions, or with `nobulk` in CALICO_ATTN_HOPPER_BWD_TUNE by red.global.add):
+/// consumer warpgroup computing S^T and dP^T for half of a step's 64 query rows and dV and dK
+/// for half the head dim, two stages; dQ by the dQ kernel, or with `nodqkernel` in
+/// CALICO_ATTN_HOPPER_BWD_TUNE from the main kernel by bulk reductions or, with `nobulk`,
+/// red.global.add):
 /// MHA, GQA 2 / 4 / 8 and MQA, N = 1, odd N (65, 129, 130, 200), Nq != Nkv both ways (rows that
 /// see no key, key blocks no row sees), causal, windows (one wider than the sequence), soft-caps,
 /// f16 and bf16, larger logits (scale 0.3: scores of standard deviation ~5), 1100 keys (18
@@ -1255,8 +1274,8 @@ fn attention_hopper_head_split_backward() {
 /// checked on sm_90a, dK and dV then bit-identical on a second run), packed sequences
 /// whose 64-key blocks span sequences, and head dims 136, 192 and 248 at width 256 (padded;
 /// run_backward checks the gradients' row padding is untouched). On sm_90a the router's
-/// choice is checked too (the d = 256 main kernel, bulk dQ unless `nobulk`); other GPUs run their own
-/// backward (the portable kernels above 128).
+/// choice is checked too (the d = 256 main kernel with the dQ kernel, or under `nodqkernel`
+/// bulk dQ unless `nobulk`); other GPUs run their own backward (the portable kernels above 128).
 #[test]
 fn attention_hopper_wide_backward() {
     const TEST: &str = "attention_hopper_wide_backward";
@@ -1368,13 +1387,7 @@ fn attention_hopper_wide_backward() {
             let (x, feed, [_, dk, dv]) = checked_backward(&dev, c).unwrap_or_else(|e| fail(e));
             if want_split {
                 // dK and dV from the partials, summed in part order: the same bits again.
-                let [_, dk1, dv1] = run_backward(&dev, c, &x, &feed).unwrap_or_else(|e| fail(e));
-                let same = |a: &[f64], b: &[f64]| {
-                    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-                };
-                if !same(&dk, &dk1) || !same(&dv, &dv1) {
-                    fail("dK or dV differ between two runs".to_string());
-                }
+                repeat_dk_dv(&dev, c, &x, &feed, &dk, &dv).unwrap_or_else(|e| fail(e));
             }
         }
         // Packed sequences: 64-key blocks that span sequences (empty and one-token ones among

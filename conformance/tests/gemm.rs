@@ -694,22 +694,10 @@ fn tiny_and_edge_shapes() -> Vec<(usize, usize, usize)> {
 
 fn tail_case(m: usize, n: usize, k: usize, mems: [MatrixMemory; 3], seed: u64) -> GemmCase {
     GemmCase {
-        in_dtype: DType::BF16,
-        out_dtype: DType::BF16,
-        batch: None,
-        m,
-        n,
-        k,
         a_mem: mems[0],
         b_mem: mems[1],
-        c_mem: MatrixMemory::default(),
         d_mem: mems[2],
-        alpha: 1.0,
-        beta: 0.0,
-        c_mode: CMode::None,
-        bias: false,
-        epilogue: Epilogue::None,
-        seed,
+        ..plain_case(m, n, k, seed)
     }
 }
 
