@@ -77,10 +77,16 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
             true,
         )?;
         let kernel = PlannedKernel {
-            label: if plan.k_splits > 1 {
-                format!("{:?} kernel, K in {} pieces", plan.kernel, plan.k_splits)
-            } else {
-                format!("{:?} kernel", plan.kernel)
+            label: {
+                let mut label = format!("{:?} kernel", plan.kernel);
+                if let Some((along_m, at)) = plan.wave_cut {
+                    let what = if along_m { "rows" } else { "columns" };
+                    label += &format!(", cut at a wave: {what} {at}.. launched after");
+                }
+                if plan.k_splits > 1 {
+                    label += &format!(", K in {} pieces", plan.k_splits);
+                }
+                label
             },
             source: plan.source,
         };

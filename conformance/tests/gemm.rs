@@ -603,6 +603,87 @@ fn gemm_split_k_on_gpu() {
     }
 }
 
+/// Problems whose last round of 128 x 256 tiles leaves most of the H100's SMs idle: the
+/// Hopper launch is cut at a wave boundary into a head of whole rounds and a tail launched
+/// after it (along M or N, the tail split along K or not), so D's rows or columns, A's rows
+/// or B's columns, C and the bias are all offset views. Every element is written (D starts
+/// as NaN) and the first and last rows and columns (across the cut) and random elements
+/// match the reference.
+#[test]
+fn gemm_wave_cut_on_gpu() {
+    let col = col_major();
+    let down_proj = GemmCase {
+        b_mem: col,
+        ..plain_case(1500, 3072, 14336, 41)
+    };
+    let cases = [
+        // Cut along N, the tail split along K.
+        down_proj.clone(),
+        // Cut along M at row 1024, the tail on its own tile, with C, a bias and GELU.
+        GemmCase {
+            m: 1100,
+            n: 3840,
+            k: 4096,
+            alpha: 0.75,
+            beta: 0.5,
+            c_mode: CMode::Separate,
+            bias: true,
+            epilogue: Epilogue::Gelu,
+            seed: 42,
+            ..down_proj.clone()
+        },
+        // Cut along N at column 3328 with C in place, a bias and SiLU: the bias moves too.
+        GemmCase {
+            in_dtype: DType::F16,
+            out_dtype: DType::F16,
+            m: 1200,
+            n: 4096,
+            k: 4096,
+            beta: -1.0,
+            c_mode: CMode::InPlace,
+            bias: true,
+            epilogue: Epilogue::Silu,
+            seed: 43,
+            ..down_proj.clone()
+        },
+        // Cut along M with an N-major B, the tail split along K.
+        GemmCase {
+            m: 3000,
+            n: 1536,
+            k: 8192,
+            b_mem: MatrixMemory::default(),
+            seed: 44,
+            ..down_proj.clone()
+        },
+        // Batched: whatever the router makes of it, the same results.
+        GemmCase {
+            batch: Some(2),
+            m: 700,
+            n: 3072,
+            k: 4096,
+            seed: 45,
+            ..down_proj.clone()
+        },
+    ];
+    for g in cases.iter().filter(|g| g.batch.is_none()) {
+        let kmajor = g.b_mem.col_major;
+        let plan =
+            calico::gemm::plan_dense("sm_90a", (g.m, g.n, g.k), g.in_dtype, g.out_dtype, kmajor)
+                .expect("planning for sm_90a");
+        assert!(
+            plan.wave_cut.is_some(),
+            "{g:?} is meant to be cut on sm_90a"
+        );
+    }
+    for dev in gpu_backends("gemm_wave_cut_on_gpu", "the wave-cut GEMM checks") {
+        for g in &cases {
+            if let Err(e) = run_gemm_sampled(&dev, g) {
+                panic!("backend {}: {g:?}: {e}", dev.kind());
+            }
+        }
+    }
+}
+
 /// The sampled check of `gemm_large_on_gpu`, on a problem small enough for every backend (so
 /// it is exercised even where no GPU is present).
 #[test]

@@ -3,6 +3,7 @@
 //! picks the tile shape, encodes the tensor maps and launches it.
 
 use super::params::HopperParams;
+pub(crate) use super::wave_cut::wave_cut;
 use super::{GemmProblem, MatrixArg};
 use calico_core::{
     Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, KernelVariant,
@@ -30,7 +31,7 @@ const MAX_SPLIT_K_BYTES: usize = 1 << 30;
 /// One producer and two consumer warpgroups.
 const THREADS: u32 = 384;
 /// K per pipeline stage: one 128-byte swizzled row of 16-bit elements.
-const BK: usize = 64;
+pub(super) const BK: usize = 64;
 /// Columns per N-major TMA box (128 bytes of 16-bit elements).
 const N_CHUNK: usize = 64;
 /// The deepest ring. Small tiles fill shared memory with up to this many stages: skinny
@@ -46,9 +47,9 @@ const MAX_EXTENT: usize = i32::MAX as usize;
 
 /// A tile shape the kernel is compiled for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct TileConfig {
-    bm: usize,
-    bn: usize,
+pub(super) struct TileConfig {
+    pub(super) bm: usize,
+    pub(super) bn: usize,
     stages: usize,
     /// Epilogue through shared memory and TMA stores (16-bit output, 64-column boxes).
     tma_store: bool,
@@ -56,7 +57,7 @@ struct TileConfig {
     /// (16-bit D rows TMA cannot store; `CALICO_GEMM_ODD=staged`).
     staged: bool,
     /// CTAs per cluster (1 or 2); with 2, a pair of row tiles shares B through multicast.
-    cluster: usize,
+    pub(super) cluster: usize,
     /// Ping-pong consumers: each warpgroup computes a whole tile and the two alternate on the
     /// tensor cores (one's epilogue overlaps the other's main loop). Otherwise they cooperate
     /// on each tile.
@@ -83,12 +84,12 @@ impl TileConfig {
         1024 + self.stages * self.stage_bytes() + self.staging_bytes() + 2 * self.stages * 8
     }
 
-    fn tiles(self, p: &GemmProblem) -> usize {
+    pub(super) fn tiles(self, p: &GemmProblem) -> usize {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
     }
 
     /// Scheduling units: clusters of `cluster` row tiles of one column tile.
-    fn work(self, p: &GemmProblem) -> usize {
+    pub(super) fn work(self, p: &GemmProblem) -> usize {
         p.m.div_ceil(self.bm).div_ceil(self.cluster) * p.n.div_ceil(self.bn) * p.batch
     }
 }
@@ -102,7 +103,7 @@ const STORE_BOX: usize = 64;
 /// consumer warpgroup whole tiles (at most 128 x 128 or 64 x 256: 128 accumulators), taken in
 /// turns; `mode=cooperative` (the default) has both share each tile.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Tune {
+pub(super) struct Tune {
     bm: Option<usize>,
     bn: Option<usize>,
     stages: Option<usize>,
@@ -116,6 +117,8 @@ struct Tune {
     l2_b: Option<L2Hint>,
     /// Split-K copies (`split=N`; 1 turns split-K off), where the problem allows it.
     split: Option<usize>,
+    /// `cut=0` never cuts a launch at a wave boundary ([`wave_cut`]); `cut=1` is the default.
+    wave_cut: Option<bool>,
 }
 
 /// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
@@ -147,7 +150,7 @@ impl L2Hint {
 }
 
 impl Tune {
-    fn parse(text: &str) -> Tune {
+    pub(super) fn parse(text: &str) -> Tune {
         let mut t = Tune::default();
         for item in text.split([',', ' ', ';']) {
             let Some((key, value)) = item.split_once('=') else {
@@ -174,6 +177,7 @@ impl Tune {
                 "l2a" => t.l2_a = L2Hint::parse(value),
                 "l2b" => t.l2_b = L2Hint::parse(value),
                 "split" | "splitk" => t.split = num.filter(|&v| (1..=64).contains(&v)),
+                "cut" => t.wave_cut = num.filter(|&v| v <= 1).map(|v| v == 1),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -187,7 +191,18 @@ impl Tune {
         t
     }
 
-    fn get() -> Tune {
+    /// False in tuning runs that force a shape, a split, clusters or ping-pong (their launch
+    /// stays one launch), and with `cut=0`.
+    pub(super) fn allows_wave_cut(self) -> bool {
+        self.wave_cut != Some(false)
+            && self.pingpong != Some(true)
+            && self.cluster != Some(2)
+            && self.split.is_none()
+            && self.bm.is_none()
+            && self.bn.is_none()
+    }
+
+    pub(super) fn get() -> Tune {
         static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
         *TUNE.get_or_init(|| {
             std::env::var("CALICO_HOPPER_TUNE")
@@ -238,7 +253,7 @@ fn output_fits(x: &MatrixArg, n: usize) -> bool {
 /// cannot: sm_90a, 16-bit inputs, A K-major and B with either dimension contiguous, 16-byte
 /// aligned bases and strides, D and C with contiguous rows, sizes within 32-bit coordinates,
 /// and a tile that fits the device's shared memory.
-fn config(arch: &Arch, p: &GemmProblem) -> Option<TileConfig> {
+pub(super) fn config(arch: &Arch, p: &GemmProblem) -> Option<TileConfig> {
     config_for(arch, p, d_tma_ok(p))
 }
 
@@ -286,7 +301,7 @@ pub(super) fn tile_shape(arch: &Arch, p: &GemmProblem) -> Option<(usize, usize, 
 /// decides, per piece count. Not with clusters or ping-pong consumers (tuning runs), and not
 /// for the padded path's internal launches. `split=N` in CALICO_HOPPER_TUNE forces N pieces
 /// (1: never split).
-fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, usize)> {
+pub(super) fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, usize)> {
     if tune.pingpong == Some(true) || tune.cluster == Some(2) || tune.split == Some(1) {
         return None;
     }
@@ -358,7 +373,7 @@ fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(TileConfig, u
 /// DRAM bound it from below, and compute and memory overlap only in part. Fitted to the
 /// calico-sweep runs of docs/perf-log.md (session 24); it only has to rank the unsplit launch
 /// against the split ones.
-fn modeled_us(
+pub(super) fn modeled_us(
     p: &GemmProblem,
     rounds: usize,
     k_tiles: usize,
@@ -382,10 +397,26 @@ fn modeled_us(
     us
 }
 
-/// The k-splits the router's Hopper launch of `p` would use (1: none); see [`split_plan`].
+/// The modelled time of one launch of `p` as [`launch_whole`] makes it: split along K where
+/// [`split_plan`] says so, else on [`config`]'s tile.
+pub(super) fn planned_us(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<f64> {
+    let k_tiles = p.k.div_ceil(BK);
+    if let Some((cfg, splits)) = split_plan(arch, p, tune) {
+        let partials = splits * p.batch * p.m * p.n * 4;
+        return Some(modeled_us(p, 1, k_tiles.div_ceil(splits), cfg, partials));
+    }
+    let cfg = config(arch, p)?;
+    let sms = arch.compute_units.max(1) as usize;
+    Some(modeled_us(p, cfg.work(p).div_ceil(sms), k_tiles, cfg, 0))
+}
+
+/// The k-splits the router's Hopper launch of `p` would use (1: none; with a wave cut, the
+/// tail's); see [`split_plan`] and [`wave_cut`].
 pub(crate) fn k_splits(arch: &Arch, p: &GemmProblem) -> usize {
-    config(arch, p)
-        .and_then(|_| split_plan(arch, p, Tune::get()))
+    let tune = Tune::get();
+    let whole = wave_cut(arch, p, tune).map_or(*p, |cut| cut.tail);
+    config(arch, &whole)
+        .and_then(|_| split_plan(arch, &whole, tune))
         .map_or(1, |(_, s)| s)
 }
 
@@ -943,10 +974,21 @@ impl KernelVariant for SplitReduce {
     }
 }
 
-/// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`), split along K
-/// when its tiles leave most SMs idle ([`split_plan`]).
+/// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`), cut in two at a
+/// wave boundary when its last round of tiles would leave most SMs idle ([`wave_cut`]), split
+/// along K when its tiles leave most SMs idle ([`split_plan`]).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
-    match split_plan(gpu.arch(), p, Tune::get()) {
+    let tune = Tune::get();
+    if let Some(cut) = wave_cut(gpu.arch(), p, tune) {
+        launch_for(gpu, &cut.head, d_tma_ok(&cut.head))?;
+        return launch_whole(gpu, &cut.tail, tune);
+    }
+    launch_whole(gpu, p, tune)
+}
+
+/// [`launch`] without a wave cut: one launch, or split-K's two.
+fn launch_whole(gpu: &dyn GpuBackend, p: &GemmProblem, tune: Tune) -> Result<()> {
+    match split_plan(gpu.arch(), p, tune) {
         Some((cfg, splits)) => launch_split(gpu, p, cfg, splits),
         None => launch_for(gpu, p, d_tma_ok(p)),
     }
@@ -1255,6 +1297,7 @@ mod tests {
                 l2_a: None,
                 l2_b: None,
                 split: None,
+                wave_cut: None,
             }
         );
         assert_eq!(Tune::parse("split=4").split, Some(4));

@@ -23,6 +23,7 @@ mod skinny;
 mod sm80;
 mod sm80_tma;
 mod tile;
+mod wave_cut;
 
 use crate::ops_check as check;
 use crate::Device;

@@ -71,6 +71,9 @@ pub struct GemmPlan {
     /// K cut into this many pieces computed side by side and summed by a second kernel (the
     /// Hopper kernel on problems with few tiles and a long K); 1 otherwise.
     pub k_splits: usize,
+    /// The Hopper launch cut in two at a wave boundary: `(true, r)` at row `r` of D, `(false,
+    /// c)` at column `c` (`k_splits` is then the second launch's).
+    pub wave_cut: Option<(bool, usize)>,
 }
 
 /// The plan for `D[m, n] = A[m, k] @ B` on `target`, with A and D dense row-major, B a dense
@@ -101,15 +104,21 @@ pub fn plan_dense(
         }
         _ => None,
     };
-    let k_splits = if kernel == GemmKernel::Hopper {
+    let hopper = kernel == GemmKernel::Hopper;
+    let k_splits = if hopper {
         hopper::k_splits(&arch, &p)
     } else {
         1
     };
+    let wave_cut = hopper
+        .then(|| hopper::wave_cut(&arch, &p, hopper::Tune::get()))
+        .flatten()
+        .map(|cut| (cut.along_m, cut.at));
     Ok(GemmPlan {
         kernel,
         source,
         k_splits,
+        wave_cut,
     })
 }
 
