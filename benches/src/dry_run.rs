@@ -86,9 +86,6 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
                 if plan.k_splits > 1 {
                     label += &format!(", K in {} pieces", plan.k_splits);
                 }
-                if plan.stream_k {
-                    label += ", stream-K";
-                }
                 label
             },
             source: plan.source,

@@ -612,17 +612,17 @@ fn gemm_split_k_on_gpu() {
 #[test]
 fn gemm_wave_cut_on_gpu() {
     let col = col_major();
-    let base = GemmCase {
+    let down_proj = GemmCase {
         b_mem: col,
-        ..plain_case(1500, 14336, 8192, 41)
+        ..plain_case(1500, 3072, 14336, 41)
     };
     let cases = [
         // Cut along N, the tail split along K.
-        base.clone(),
-        // Cut along M at row 2048, the tail on its own launch, with C, a bias and GELU.
+        down_proj.clone(),
+        // Cut along M at row 1024, the tail on its own tile, with C, a bias and GELU.
         GemmCase {
-            m: 3000,
-            n: 2048,
+            m: 1100,
+            n: 3840,
             k: 4096,
             alpha: 0.75,
             beta: 0.5,
@@ -630,13 +630,13 @@ fn gemm_wave_cut_on_gpu() {
             bias: true,
             epilogue: Epilogue::Gelu,
             seed: 42,
-            ..base.clone()
+            ..down_proj.clone()
         },
-        // Cut along N at column 2816 with C in place, a bias and SiLU: the bias moves too.
+        // Cut along N at column 3328 with C in place, a bias and SiLU: the bias moves too.
         GemmCase {
             in_dtype: DType::F16,
             out_dtype: DType::F16,
-            m: 1500,
+            m: 1200,
             n: 4096,
             k: 4096,
             beta: -1.0,
@@ -644,16 +644,16 @@ fn gemm_wave_cut_on_gpu() {
             bias: true,
             epilogue: Epilogue::Silu,
             seed: 43,
-            ..base.clone()
+            ..down_proj.clone()
         },
         // Cut along M with an N-major B, the tail split along K.
         GemmCase {
-            m: 6000,
+            m: 3000,
             n: 1536,
-            k: 14336,
+            k: 8192,
             b_mem: MatrixMemory::default(),
             seed: 44,
-            ..base.clone()
+            ..down_proj.clone()
         },
         // Batched: whatever the router makes of it, the same results.
         GemmCase {
@@ -662,7 +662,7 @@ fn gemm_wave_cut_on_gpu() {
             n: 3072,
             k: 4096,
             seed: 45,
-            ..base.clone()
+            ..down_proj.clone()
         },
     ];
     for g in cases.iter().filter(|g| g.batch.is_none()) {
@@ -680,89 +680,6 @@ fn gemm_wave_cut_on_gpu() {
             if let Err(e) = run_gemm_sampled(&dev, g) {
                 panic!("backend {}: {g:?}: {e}", dev.kind());
             }
-        }
-    }
-}
-
-/// Problems whose tiles fill the H100's rounds badly run on the stream-K schedule: every
-/// tile's k-tiles shared out evenly over one CTA per SM, a tile cut between CTAs finished by
-/// the CTA holding its first k-tile after adding the others' partial sums. Every element is
-/// written, edges and random elements match the reference (K-major and N-major B, K, M and N
-/// not multiples of the tile, C, bias, activations, f16 / f32 outputs, batches), and a repeat
-/// is bit-identical (the partial sums are added in a fixed order).
-#[test]
-fn gemm_stream_k_on_gpu() {
-    let col = col_major();
-    let base = GemmCase {
-        b_mem: col,
-        ..plain_case(777, 3072, 14336, 51)
-    };
-    let cases = [
-        base.clone(),
-        GemmCase {
-            m: 3000,
-            n: 1000,
-            k: 4096,
-            b_mem: MatrixMemory::default(),
-            seed: 52,
-            ..base.clone()
-        },
-        GemmCase {
-            in_dtype: DType::F16,
-            out_dtype: DType::F16,
-            m: 500,
-            n: 3072,
-            k: 6120,
-            alpha: 0.5,
-            beta: 1.0,
-            c_mode: CMode::Separate,
-            bias: true,
-            epilogue: Epilogue::Gelu,
-            seed: 53,
-            ..base.clone()
-        },
-        GemmCase {
-            out_dtype: DType::F32,
-            m: 1000,
-            n: 3000,
-            k: 8192,
-            beta: -0.5,
-            c_mode: CMode::InPlace,
-            epilogue: Epilogue::Silu,
-            seed: 54,
-            ..base.clone()
-        },
-        GemmCase {
-            batch: Some(2),
-            m: 400,
-            n: 3072,
-            k: 6144,
-            seed: 55,
-            ..base.clone()
-        },
-    ];
-    for g in cases.iter().filter(|g| g.batch.is_none()) {
-        let kmajor = g.b_mem.col_major;
-        let plan =
-            calico::gemm::plan_dense("sm_90a", (g.m, g.n, g.k), g.in_dtype, g.out_dtype, kmajor)
-                .expect("planning for sm_90a");
-        assert!(plan.stream_k, "{g:?} is meant to run stream-K on sm_90a");
-    }
-    for dev in gpu_backends("gemm_stream_k_on_gpu", "the stream-K GEMM checks") {
-        for g in &cases {
-            if let Err(e) = run_gemm_sampled(&dev, g) {
-                panic!("backend {}: {g:?}: {e}", dev.kind());
-            }
-        }
-        let first = execute(&dev, &cases[0], false).map(|(_, d)| d);
-        let second = execute(&dev, &cases[0], false).map(|(_, d)| d);
-        match (first, second) {
-            (Ok(a), Ok(b)) => assert!(
-                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "backend {}: stream-K results differ between two identical calls",
-                dev.kind()
-            ),
-            (a, b) => panic!("backend {}: {:?} / {:?}", dev.kind(), a.err(), b.err()),
         }
     }
 }

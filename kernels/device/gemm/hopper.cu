@@ -65,11 +65,6 @@
 //    stored raw (the host passes alpha 1 and no C, bias or activation); a second kernel
 //    (splitk.cu) sums the partials in split order and applies the real epilogue, so the result
 //    does not depend on timing.
-//  * STREAM_K (problems whose tiles fill the grid's rounds badly, e.g. 84 tiles on 132 SMs):
-//    the k-tiles of all tiles end to end, cut into one near-equal range per CTA; a tile cut
-//    between CTAs is finished by the CTA holding its first k-tile, which adds the others'
-//    f32 sums (published through a workspace and flags, summed in CTA order) before the
-//    usual epilogue (gemm/stream_k.cuh).
 // EDGES
 //  * M, N, K not multiples of the tile: TMA zero-fills out-of-bounds parts of a box (and
 //    still reports full box bytes), so partial K tiles add zeros; rows >= M and columns >= N
@@ -88,8 +83,6 @@
 //  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64),
 //  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster),
 //  CALICO_GEMM_SPLIT_K 1 (f32 D, register epilogue, no cluster or ping-pong; see SPLIT_K),
-//  CALICO_GEMM_STREAM_K 1 (no cluster, ping-pong or split-K; p.sk_partials and p.sk_flags, see
-//  STREAM_K),
 //  CALICO_GEMM_STAGED_STORE 1 (with TMA_STORE; the host's default for odd-width D beside
 //  aligned operands, CALICO_GEMM_ODD): the staging boxes go to D by the warpgroup's threads,
 //  not by TMA, for 16-bit D rows TMA cannot store
@@ -105,7 +98,6 @@
 #if CALICO_GEMM_STAGED_STORE
 #include "gemm/shift.cuh"
 #endif
-#include "gemm/stream_k.cuh"  // named by if-constexpr branches of every variant
 
 #ifndef CALICO_GEMM_STAGED_STORE
 #define CALICO_GEMM_STAGED_STORE 0
@@ -121,9 +113,6 @@
 #endif
 #ifndef CALICO_GEMM_SPLIT_K
 #define CALICO_GEMM_SPLIT_K 0
-#endif
-#ifndef CALICO_GEMM_STREAM_K
-#define CALICO_GEMM_STREAM_K 0
 #endif
 #ifndef CALICO_GEMM_L2_HINT_A
 #define CALICO_GEMM_L2_HINT_A 0
@@ -149,9 +138,6 @@ constexpr bool STAGED_STORE = CALICO_GEMM_STAGED_STORE != 0;
 constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
 constexpr bool PINGPONG = CALICO_GEMM_PINGPONG != 0;
 constexpr bool SPLIT_K = CALICO_GEMM_SPLIT_K != 0;
-constexpr bool STREAM_K = CALICO_GEMM_STREAM_K != 0;
-// Stream-K's handshake between the two consumer warpgroups (all 256 threads).
-constexpr int STREAM_K_BAR = 5;
 // L2 eviction hints for the operand loads: 0 none, 1 evict_first, 2 evict_last.
 constexpr int L2_HINT_A = CALICO_GEMM_L2_HINT_A;
 constexpr int L2_HINT_B = CALICO_GEMM_L2_HINT_B;
@@ -195,7 +181,6 @@ static_assert(!STAGED_STORE || TMA_STORE, "the staged store writes out the TMA-s
 static_assert(!SPLIT_K || (sizeof(out_t) == 4 && !TMA_STORE && !PINGPONG && CLUSTER == 1 && CALICO_GEMM_EPILOGUE == 0 &&
                            !CALICO_GEMM_HAS_C && !CALICO_GEMM_HAS_BIAS),
               "split-K partials: raw f32 from registers, one CTA per tile share, no ping-pong");
-static_assert(!STREAM_K || (!PINGPONG && CLUSTER == 1 && !SPLIT_K), "stream-K: cooperative consumers, no cluster, no split-K");
 static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHUNK) % CLUSTER == 0),
               "each CTA of a cluster loads a 1024-aligned part of B");
 
@@ -501,8 +486,6 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     const int k_splits = SPLIT_K ? max(p.k_splits, 1) : 1;
     const int k_per = (k_tiles + k_splits - 1) / k_splits;
     const int work = tiles * k_splits;
-    // STREAM_K: every tile's k-tiles end to end, shared out in one range per CTA.
-    const long long sk_total = static_cast<long long>(tiles) * k_tiles;
     // The k-tiles [kt_begin, kt_end) and the tile of work item w, and which copy it is.
     struct work_item {
         int tile, split, kt_begin, kt_end;
@@ -537,7 +520,8 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             const uint64_t policy_a = l2_policy(L2_HINT_A);
             const uint64_t policy_b = l2_policy(L2_HINT_B);
             cursor_t cur;
-            auto load_item = [&](const work_item item) {
+            for (int w = first_work; w < work; w += work_step) {
+                const work_item item = item_at(w);
                 const tile_coord tc = tile_at(item.tile, m_groups, n_tiles, group);
                 const int tile_m = tc.m * CLUSTER + rank;
                 const int a_batch = tc.batch * a_batch_step;
@@ -568,11 +552,6 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                         }
                     }
                 }
-            };
-            if constexpr (STREAM_K) {
-                gemm_stream_k::for_each_piece(sk_total, k_tiles, [&](int tile, int kt_begin, int kt_end) { load_item(work_item{tile, 0, kt_begin, kt_end}); });
-            } else {
-                for (int w = first_work; w < work; w += work_step) load_item(item_at(w));
             }
         },
         [&](const int consumer) {
@@ -611,8 +590,8 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
             int local = PINGPONG ? consumer : 0;
             cursor_t cur;
             if constexpr (PINGPONG) cur.skip(static_cast<uint32_t>(consumer) * k_tiles);
-            // One work item (w and local: its place in the ping-pong sequence).
-            auto compute_item = [&](const work_item item, const int w, const int local) {
+            for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) {
+                const work_item item = item_at(w);
                 const tile_coord tc = tile_at(item.tile, m_groups, n_tiles, group);
                 const int tile_m = tc.m * CLUSTER + rank;
                 if constexpr (PINGPONG) {
@@ -650,19 +629,6 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 }
                 calico::wgmma::wait_group<0>();
                 if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
-                if constexpr (STREAM_K) {
-                    const int t = threadIdx.x - calico::WARPGROUP_THREADS;
-                    constexpr int SK_THREADS = CONSUMERS * calico::WARPGROUP_THREADS;
-                    if (item.kt_begin > 0) {
-                        // A later piece of the tile's K: its owner finishes it.
-                        gemm_stream_k::publish(p.sk_partials, p.sk_flags, calico::wgmma::regs(acc[0]), t, SK_THREADS, STREAM_K_BAR);
-                        return;
-                    }
-                    if (item.kt_end < k_tiles) {
-                        const long long tile_end = static_cast<long long>(item.tile + 1) * k_tiles;
-                        gemm_stream_k::collect(p.sk_partials, p.sk_flags, calico::wgmma::regs(acc[0]), sk_total, tile_end, t, SK_THREADS, STREAM_K_BAR);
-                    }
-                }
 
                 e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
 #if CALICO_GEMM_STAGED_STORE
@@ -680,11 +646,6 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                         store_tile(e, calico::wgmma::regs(acc[i]), row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
                     }
                 }
-            };
-            if constexpr (STREAM_K) {
-                gemm_stream_k::for_each_piece(sk_total, k_tiles, [&](int tile, int kt_begin, int kt_end) { compute_item(work_item{tile, 0, kt_begin, kt_end}, 0, 0); });
-            } else {
-                for (int w = first_work + local * work_step; w < work; w += tile_step * work_step, local += tile_step) compute_item(item_at(w), w, local);
             }
             if constexpr (TMA_STORE && !STAGED_STORE) {
                 // Shared memory must outlive the bulk stores reading it.

@@ -4,7 +4,6 @@
 
 use super::params::HopperParams;
 pub(crate) use super::wave_cut::wave_cut;
-use super::wave_cut::WaveCut;
 use super::{GemmProblem, MatrixArg};
 use calico_core::{
     Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, KernelVariant,
@@ -89,16 +88,6 @@ impl TileConfig {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
     }
 
-    /// Bytes of one CTA's stream-K slot: every consumer thread's f32 accumulators.
-    pub(super) fn stream_k_slot_bytes(self) -> usize {
-        let wg_n = if self.bm == 64 && !self.pingpong {
-            self.bn / 2
-        } else {
-            self.bn
-        };
-        wg_n / 2 * 256 * 4
-    }
-
     /// Scheduling units: clusters of `cluster` row tiles of one column tile.
     pub(super) fn work(self, p: &GemmProblem) -> usize {
         p.m.div_ceil(self.bm).div_ceil(self.cluster) * p.n.div_ceil(self.bn) * p.batch
@@ -130,9 +119,6 @@ pub(super) struct Tune {
     split: Option<usize>,
     /// `cut=0` never cuts a launch at a wave boundary ([`wave_cut`]); `cut=1` is the default.
     wave_cut: Option<bool>,
-    /// `sk=0` never uses the stream-K schedule, `sk=1` uses it wherever it can run
-    /// ([`stream_k_plan`]); the time model chooses otherwise.
-    stream_k: Option<bool>,
 }
 
 /// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
@@ -192,7 +178,6 @@ impl Tune {
                 "l2b" => t.l2_b = L2Hint::parse(value),
                 "split" | "splitk" => t.split = num.filter(|&v| (1..=64).contains(&v)),
                 "cut" => t.wave_cut = num.filter(|&v| v <= 1).map(|v| v == 1),
-                "sk" | "streamk" => t.stream_k = num.filter(|&v| v <= 1).map(|v| v == 1),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -425,98 +410,10 @@ pub(super) fn planned_us(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<f64
     Some(modeled_us(p, cfg.work(p).div_ceil(sms), k_tiles, cfg, 0))
 }
 
-/// Stream-K (hopper.cu STREAM_K, gemm/stream_k.cuh): the k-tiles of all tiles shared out in
-/// equal ranges over one CTA per SM, a tile cut between CTAs finished by the CTA holding its
-/// first k-tile. It keeps every SM busy to the last k-tile where whole tiles leave rounds
-/// partly empty (84 tiles of 128 x 256 on 132 SMs: 777 x 3072 x 14336 took 155 us on the cut
-/// launch, torch 91), at the cost of each cut tile's partial sums passing through L2. The
-/// widest tile, when the time model favours it over the whole launch (split along K or not)
-/// and its wave cut by [`MIN_STREAM_K_GAIN`]; `sk=1` forces it wherever it can run.
-pub(super) fn stream_k_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<TileConfig> {
-    if tune.stream_k == Some(false)
-        || tune.pingpong == Some(true)
-        || tune.cluster == Some(2)
-        || tune.split.is_some()
-    {
-        return None;
-    }
-    let sms = arch.compute_units.max(1) as usize;
-    let k_tiles = p.k.div_ceil(BK);
-    let whole = config(arch, p)?;
-    let widest = Tune {
-        bm: tune.bm.or(Some(128)),
-        bn: tune.bn.or(Some(256)),
-        stages: None,
-        ..tune
-    };
-    let cfg = pick(
-        arch,
-        p,
-        b_k_major(p)?,
-        whole.tma_store && !whole.staged,
-        widest,
-    )?;
-    let total = cfg.tiles(p) * k_tiles;
-    // Too little work to share (and K = 0 has none): each CTA gets a few k-tiles at least.
-    if cfg.bm != 128 || cfg.cluster != 1 || cfg.pingpong || k_tiles < 4 || total < sms * 4 {
-        return None;
-    }
-    if tune.stream_k == Some(true) {
-        return Some(cfg);
-    }
-    // The cheap refusal: tiles that fill whole rounds (or nearly) gain nothing.
-    let tiles = cfg.tiles(p);
-    let rounds = tiles.div_ceil(sms);
-    let per_cta = total.div_ceil(stream_k_grid(arch, p, cfg));
-    if (rounds * k_tiles) as f64 * (1.0 - MIN_STREAM_K_GAIN) <= per_cta as f64 {
-        return None;
-    }
-    let stream_k_us = modeled_us(p, 1, per_cta, cfg, 0) + stream_k_fixup_us(k_tiles, per_cta);
-    let mut best_us = planned_us(arch, p, tune)?;
-    if let Some(cut) = wave_cut(arch, p, tune) {
-        best_us = best_us.min(cut.us);
-    }
-    (stream_k_us < best_us * (1.0 - MIN_STREAM_K_GAIN)).then_some(cfg)
-}
-
-/// The wave cut [`launch`] makes of `p` (none where stream-K runs it).
-pub(crate) fn planned_cut(arch: &Arch, p: &GemmProblem) -> Option<WaveCut> {
-    let tune = Tune::get();
-    match stream_k_plan(arch, p, tune) {
-        Some(_) => None,
-        None => wave_cut(arch, p, tune),
-    }
-}
-
-/// True when [`launch`] runs `p` on the stream-K schedule.
-pub(crate) fn uses_stream_k(arch: &Arch, p: &GemmProblem) -> bool {
-    stream_k_plan(arch, p, Tune::get()).is_some()
-}
-
-/// Stream-K must beat the other plans' modelled time by this share.
-const MIN_STREAM_K_GAIN: f64 = 0.08;
-
-/// The stream-K grid: one CTA per SM (fewer when there are fewer k-tiles than SMs).
-fn stream_k_grid(arch: &Arch, p: &GemmProblem, cfg: TileConfig) -> usize {
-    let sms = arch.compute_units.max(1) as usize;
-    (cfg.tiles(p) * p.k.div_ceil(BK)).clamp(1, sms)
-}
-
-/// What stream-K adds to its CTAs' k-tiles (microseconds, H100): a tile spread over `c` CTAs
-/// has its owner read `c - 1` slots of 128 KiB from L2 one after another (~1.5 us each) after
-/// waiting for the last of them, plus the slot writes.
-fn stream_k_fixup_us(k_tiles: usize, per_cta: usize) -> f64 {
-    let ctas_per_tile = k_tiles.div_ceil(per_cta.max(1)) + 1;
-    3.0 + 1.5 * (ctas_per_tile - 1) as f64
-}
-
 /// The k-splits the router's Hopper launch of `p` would use (1: none; with a wave cut, the
 /// tail's); see [`split_plan`] and [`wave_cut`].
 pub(crate) fn k_splits(arch: &Arch, p: &GemmProblem) -> usize {
     let tune = Tune::get();
-    if stream_k_plan(arch, p, tune).is_some() {
-        return 1;
-    }
     let whole = wave_cut(arch, p, tune).map_or(*p, |cut| cut.tail);
     config(arch, &whole)
         .and_then(|_| split_plan(arch, &whole, tune))
@@ -726,8 +623,6 @@ struct Variant {
     l2: (L2Hint, L2Hint),
     /// Split-K partials: raw f32 into the workspace (CALICO_GEMM_SPLIT_K).
     split_k: bool,
-    /// Stream-K schedule (CALICO_GEMM_STREAM_K, [`stream_k_plan`]).
-    stream_k: bool,
 }
 
 impl Variant {
@@ -740,7 +635,7 @@ impl Variant {
             L2Hint::EvictLast => format!(" {name}=last"),
         };
         format!(
-            "hopper {}->{} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={} {:?} bias={} c={}{}{}{}{}{}",
+            "hopper {}->{} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={} {:?} bias={} c={}{}{}{}{}",
             self.in_dtype,
             self.out_dtype,
             t.bm,
@@ -760,7 +655,6 @@ impl Variant {
             hint("l2a", self.l2.0),
             hint("l2b", self.l2.1),
             if self.split_k { " splitk" } else { "" },
-            if self.stream_k { " streamk" } else { "" },
         )
     }
 }
@@ -796,9 +690,6 @@ impl KernelVariant for Variant {
         }
         if self.split_k {
             defines.push(("CALICO_GEMM_SPLIT_K", "1".to_string()));
-        }
-        if self.stream_k {
-            defines.push(("CALICO_GEMM_STREAM_K", "1".to_string()));
         }
         defines.extend(HopperParams::layout_defines());
         KernelSource::assemble(
@@ -969,7 +860,6 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
                 c,
                 l2: (L2Hint::Normal, L2Hint::Normal),
                 split_k: false,
-                stream_k: false,
             },
         )
         .collect();
@@ -1008,24 +898,6 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             ..variants[0]
         });
     }
-    // Stream-K (tiles that fill the grid's rounds badly): K-major and N-major B, and one with
-    // C, a bias and an activation.
-    for b_kmajor in [true, false] {
-        variants.push(Variant {
-            tile: big_tma,
-            b_kmajor,
-            stream_k: true,
-            ..variants[0]
-        });
-    }
-    variants.push(Variant {
-        tile: big_tma,
-        epilogue: Epilogue::Gelu,
-        bias: true,
-        c: true,
-        stream_k: true,
-        ..variants[0]
-    });
     for v in variants {
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -1107,38 +979,11 @@ impl KernelVariant for SplitReduce {
 /// along K when its tiles leave most SMs idle ([`split_plan`]).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let tune = Tune::get();
-    if let Some(cfg) = stream_k_plan(gpu.arch(), p, tune) {
-        return launch_stream_k(gpu, p, cfg);
-    }
     if let Some(cut) = wave_cut(gpu.arch(), p, tune) {
         launch_for(gpu, &cut.head, d_tma_ok(&cut.head))?;
         return launch_whole(gpu, &cut.tail, tune);
     }
     launch_whole(gpu, p, tune)
-}
-
-/// The stream-K kernel's scratch: one slot of f32 partial sums per CTA (workspace) and one
-/// flag per CTA (zeroed counters), for a grid of `grid` CTAs.
-#[derive(Debug, Clone, Copy)]
-struct StreamKBuffers {
-    partials: u64,
-    flags: u64,
-    grid: usize,
-}
-
-/// The stream-K launch of `p` on tile `cfg` (see [`stream_k_plan`]).
-fn launch_stream_k(gpu: &dyn GpuBackend, p: &GemmProblem, cfg: TileConfig) -> Result<()> {
-    let grid = stream_k_grid(gpu.arch(), p, cfg);
-    gpu.with_workspace(grid * cfg.stream_k_slot_bytes(), &mut |partials| {
-        gpu.with_counters(grid * 4, &mut |flags| {
-            let sk = StreamKBuffers {
-                partials,
-                flags,
-                grid,
-            };
-            launch_tiles(gpu, p, cfg, 1, Some(sk))
-        })
-    })
 }
 
 /// [`launch`] without a wave cut: one launch, or split-K's two.
@@ -1189,7 +1034,7 @@ fn launch_split(
             epilogue: super::Epilogue::None,
             ..*p
         };
-        launch_tiles(gpu, &partials, cfg, splits, None)?;
+        launch_tiles(gpu, &partials, cfg, splits)?;
         let has_c = p.c.is_some() && p.beta != 0.0;
         let c = p.c.filter(|_| has_c);
         let reduce = SplitReduce {
@@ -1229,18 +1074,16 @@ fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> 
             "the Hopper GEMM does not support this problem (layout, alignment or device)",
         ));
     };
-    launch_tiles(gpu, p, cfg, 1, None)
+    launch_tiles(gpu, p, cfg, 1)
 }
 
 /// Queues the Hopper kernel for `p` on tile `cfg`; `splits` > 1: `p` is the split-K partial
-/// problem (f32 D in the workspace, no epilogue), run as that many copies of the tile list;
-/// `stream_k`: the stream-K schedule with its partial slots and flags.
+/// problem (f32 D in the workspace, no epilogue), run as that many copies of the tile list.
 fn launch_tiles(
     gpu: &dyn GpuBackend,
     p: &GemmProblem,
     mut cfg: TileConfig,
     splits: usize,
-    stream_k: Option<StreamKBuffers>,
 ) -> Result<()> {
     let arch = gpu.arch();
     let b_kmajor = b_k_major(p) == Some(true);
@@ -1309,17 +1152,12 @@ fn launch_tiles(
         c: has_c,
         l2: (tune.l2_a.unwrap_or_default(), tune.l2_b.unwrap_or_default()),
         split_k: splits > 1,
-        stream_k: stream_k.is_some(),
     };
 
     // Persistent: one CTA per SM (whole clusters), or the tuning override.
     let clusters = tune.grid.unwrap_or(arch.compute_units.max(1) as usize) / cfg.cluster;
     let clusters = clusters.max(1);
-    let grid = match stream_k {
-        // Every CTA of a stream-K grid must be resident at once (owners wait on later CTAs).
-        Some(sk) => sk.grid as u32,
-        None => ((cfg.work(p) * splits).min(clusters) * cfg.cluster) as u32,
-    };
+    let grid = ((cfg.work(p) * splits).min(clusters) * cfg.cluster) as u32;
     let c = p.c.filter(|_| has_c);
     let batched = |x: &MatrixArg| if p.batch <= 1 { 0 } else { x.batch_stride };
     let params = HopperParams {
@@ -1345,8 +1183,6 @@ fn launch_tiles(
         alpha: p.alpha,
         beta: p.beta,
         k_splits: as_i32(splits, "k splits")?,
-        sk_partials: stream_k.map_or(0, |sk| sk.partials),
-        sk_flags: stream_k.map_or(0, |sk| sk.flags),
     };
     let args = [
         KernelArg::Opaque128(map_a),
@@ -1462,7 +1298,6 @@ mod tests {
                 l2_b: None,
                 split: None,
                 wave_cut: None,
-                stream_k: None,
             }
         );
         assert_eq!(Tune::parse("split=4").split, Some(4));

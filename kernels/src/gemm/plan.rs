@@ -74,9 +74,6 @@ pub struct GemmPlan {
     /// The Hopper launch cut in two at a wave boundary: `(true, r)` at row `r` of D, `(false,
     /// c)` at column `c` (`k_splits` is then the second launch's).
     pub wave_cut: Option<(bool, usize)>,
-    /// The Hopper kernel on its stream-K schedule (every tile's k-tiles shared out evenly over
-    /// the SMs).
-    pub stream_k: bool,
 }
 
 /// The plan for `D[m, n] = A[m, k] @ B` on `target`, with A and D dense row-major, B a dense
@@ -114,16 +111,14 @@ pub fn plan_dense(
         1
     };
     let wave_cut = hopper
-        .then(|| hopper::planned_cut(&arch, &p))
+        .then(|| hopper::wave_cut(&arch, &p, hopper::Tune::get()))
         .flatten()
         .map(|cut| (cut.along_m, cut.at));
-    let stream_k = hopper && hopper::uses_stream_k(&arch, &p);
     Ok(GemmPlan {
         kernel,
         source,
         k_splits,
         wave_cut,
-        stream_k,
     })
 }
 
@@ -265,9 +260,7 @@ mod tests {
         // Every piece gets at least MIN_SPLIT_K_TILES k-tiles.
         assert!(14336 / 64 / few.k_splits >= 8);
         assert_eq!(plan(1024, 1536, 11008, false).kernel, GemmKernel::Hopper);
-        // A mid-size problem: split along K, or shared out by stream-K.
-        let mid = plan(1024, 1536, 11008, false);
-        assert!(mid.k_splits >= 2 || mid.stream_k);
+        assert!(plan(1024, 1536, 11008, false).k_splits >= 2);
         assert_eq!(plan(4096, 4096, 4096, true).k_splits, 1);
         assert_eq!(plan(256, 1024, 512, true).k_splits, 1);
     }

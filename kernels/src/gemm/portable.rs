@@ -28,10 +28,6 @@ pub(crate) const GEMM_HEADERS: HeaderSet = &[
         "gemm/shift.cuh",
         include_str!("../../device/gemm/shift.cuh"),
     ),
-    (
-        "gemm/stream_k.cuh",
-        include_str!("../../device/gemm/stream_k.cuh"),
-    ),
 ];
 
 /// Grid y and z limit on both vendors; grid z is folded (blocks loop over batches).

@@ -28,8 +28,6 @@ pub(crate) struct WaveCut {
     pub tail: GemmProblem,
     pub along_m: bool,
     pub at: usize,
-    /// The modelled time of both launches (microseconds).
-    pub us: f64,
 }
 
 /// The cut of `p` the model prefers to one launch, if any. Considered only when the uncut
@@ -77,13 +75,11 @@ pub(crate) fn wave_cut(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<WaveC
             let cut = cut_at(p, along_m, head * unit)?;
             let head_us = head_us(arch, &cut.head, whole, k_tiles)?;
             let tail_us = hopper::planned_us(arch, &cut.tail, tune)?;
-            Some(WaveCut {
-                us: head_us + tail_us + CUT_LAUNCH_US,
-                ..cut
-            })
+            Some((head_us + tail_us + CUT_LAUNCH_US, cut))
         })
-        .min_by(|a, b| a.us.total_cmp(&b.us))
-        .filter(|cut| cut.us < uncut_us * (1.0 - MIN_GAIN))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
+        .filter(|(us, _)| *us < uncut_us * (1.0 - MIN_GAIN))
+        .map(|(_, cut)| cut)
 }
 
 /// The head's modelled time, if it runs on the uncut launch's tile (it always should: it has
@@ -152,7 +148,6 @@ fn cut_at(p: &GemmProblem, along_m: bool, at: usize) -> Option<WaveCut> {
         tail,
         along_m,
         at,
-        us: 0.0,
     })
 }
 
@@ -212,8 +207,7 @@ mod tests {
         assert_eq!((cut.head.n, cut.tail.n), (cut.at, p.n - cut.at));
         assert_eq!((cut.head.m, cut.tail.m), (p.m, p.m));
         // The tail is split along K over the idle SMs.
-        let (_, splits) = hopper::split_plan(&h100(), &cut.tail, Tune::default()).unwrap();
-        assert!(splits >= 2);
+        assert!(hopper::k_splits(&h100(), &p) >= 2);
     }
 
     #[test]
@@ -252,43 +246,5 @@ mod tests {
         assert_eq!((tail.b.cols, tail.d.cols), (88, 88));
         assert!(cut_at(&p, true, 0).is_none());
         assert!(cut_at(&p, false, 600).is_none());
-    }
-
-    #[test]
-    fn stream_k_takes_tiles_that_fill_rounds_badly() {
-        // 7 x 12 = 84 tiles of 128 x 256 on 132 SMs; 9 x 4 = 36 of a 3000 x 1000 output.
-        for (m, n, k) in [(777, 3072, 14336), (3000, 1000, 4096), (1500, 3072, 14336)] {
-            let p = problem(m, n, k, true);
-            let cfg = hopper::stream_k_plan(&h100(), &p, Tune::default());
-            let cfg = cfg.unwrap_or_else(|| panic!("{m}x{n}x{k}"));
-            assert_eq!((cfg.bm, cfg.bn, cfg.cluster), (128, 256, 1));
-            assert_eq!(cfg.stream_k_slot_bytes(), 128 * 256 * 4);
-            assert!(hopper::planned_cut(&h100(), &p).is_none());
-        }
-        // Whole rounds, few k-tiles, a split along K, tuning runs: not stream-K.
-        for (m, n, k) in [
-            (4096, 4096, 4096),
-            (8192, 8192, 8192),
-            (777, 8192, 1000),
-            (129, 2048, 14336),
-        ] {
-            let p = problem(m, n, k, true);
-            assert!(
-                hopper::stream_k_plan(&h100(), &p, Tune::default()).is_none(),
-                "{m}x{n}x{k}"
-            );
-        }
-        let p = problem(777, 3072, 14336, true);
-        for tune in ["sk=0", "split=2", "mode=pingpong", "cluster=2"] {
-            assert!(
-                hopper::stream_k_plan(&h100(), &p, Tune::parse(tune)).is_none(),
-                "{tune}"
-            );
-        }
-        // Forced: wherever it can run, but never on K = 0.
-        let p = problem(4096, 4096, 4096, true);
-        assert!(hopper::stream_k_plan(&h100(), &p, Tune::parse("sk=1")).is_some());
-        let p = problem(4096, 4096, 0, true);
-        assert!(hopper::stream_k_plan(&h100(), &p, Tune::parse("sk=1")).is_none());
     }
 }
