@@ -86,6 +86,9 @@ pub fn run(target: &str, quick: bool) -> Result<()> {
                 if plan.k_splits > 1 {
                     label += &format!(", K in {} pieces", plan.k_splits);
                 }
+                if plan.split_fused {
+                    label += " summed in the kernel";
+                }
                 label
             },
             source: plan.source,

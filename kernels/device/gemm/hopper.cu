@@ -65,6 +65,10 @@
 //    stored raw (the host passes alpha 1 and no C, bias or activation); a second kernel
 //    (splitk.cu) sums the partials in split order and applies the real epilogue, so the result
 //    does not depend on timing.
+//  * SPLIT_FUSED (widest tiles filling between half and all of the SMs once): the same work
+//    list, but the pieces' f32 sums meet in the kernel: each piece parks them in a workspace
+//    slot and counts itself on its tile's counter; the last piece adds every slot in piece
+//    order and runs the real epilogue (gemm/split_fused.cuh).
 // EDGES
 //  * M, N, K not multiples of the tile: TMA zero-fills out-of-bounds parts of a box (and
 //    still reports full box bytes), so partial K tiles add zeros; rows >= M and columns >= N
@@ -83,6 +87,8 @@
 //  CALICO_GEMM_PINGPONG 0|1 (BM * BN <= 32768; N-major B needs BN a multiple of 64),
 //  CALICO_GEMM_L2_HINT_A / _B 0 none|1 evict_first|2 evict_last (B: without a cluster),
 //  CALICO_GEMM_SPLIT_K 1 (f32 D, register epilogue, no cluster or ping-pong; see SPLIT_K),
+//  CALICO_GEMM_SPLIT_FUSED 1 (no cluster or ping-pong; p.split_partials, p.split_counters; see
+//  SPLIT_FUSED),
 //  CALICO_GEMM_STAGED_STORE 1 (with TMA_STORE; the host's default for odd-width D beside
 //  aligned operands, CALICO_GEMM_ODD): the staging boxes go to D by the warpgroup's threads,
 //  not by TMA, for 16-bit D rows TMA cannot store
@@ -98,6 +104,7 @@
 #if CALICO_GEMM_STAGED_STORE
 #include "gemm/shift.cuh"
 #endif
+#include "gemm/split_fused.cuh"  // named by if-constexpr branches of every variant
 
 #ifndef CALICO_GEMM_STAGED_STORE
 #define CALICO_GEMM_STAGED_STORE 0
@@ -113,6 +120,9 @@
 #endif
 #ifndef CALICO_GEMM_SPLIT_K
 #define CALICO_GEMM_SPLIT_K 0
+#endif
+#ifndef CALICO_GEMM_SPLIT_FUSED
+#define CALICO_GEMM_SPLIT_FUSED 0
 #endif
 #ifndef CALICO_GEMM_L2_HINT_A
 #define CALICO_GEMM_L2_HINT_A 0
@@ -138,6 +148,11 @@ constexpr bool STAGED_STORE = CALICO_GEMM_STAGED_STORE != 0;
 constexpr int CLUSTER = CALICO_GEMM_CLUSTER;
 constexpr bool PINGPONG = CALICO_GEMM_PINGPONG != 0;
 constexpr bool SPLIT_K = CALICO_GEMM_SPLIT_K != 0;
+constexpr bool SPLIT_FUSED = CALICO_GEMM_SPLIT_FUSED != 0;
+// Either split form: the work list is k_splits copies of the tile list.
+constexpr bool SPLITS = SPLIT_K || SPLIT_FUSED;
+// SPLIT_FUSED's handshake between the two consumer warpgroups (all 256 threads).
+constexpr int SPLIT_FUSED_BAR = 5;
 // L2 eviction hints for the operand loads: 0 none, 1 evict_first, 2 evict_last.
 constexpr int L2_HINT_A = CALICO_GEMM_L2_HINT_A;
 constexpr int L2_HINT_B = CALICO_GEMM_L2_HINT_B;
@@ -181,6 +196,7 @@ static_assert(!STAGED_STORE || TMA_STORE, "the staged store writes out the TMA-s
 static_assert(!SPLIT_K || (sizeof(out_t) == 4 && !TMA_STORE && !PINGPONG && CLUSTER == 1 && CALICO_GEMM_EPILOGUE == 0 &&
                            !CALICO_GEMM_HAS_C && !CALICO_GEMM_HAS_BIAS),
               "split-K partials: raw f32 from registers, one CTA per tile share, no ping-pong");
+static_assert(!SPLIT_FUSED || (!SPLIT_K && !PINGPONG && CLUSTER == 1), "fused split-K: cooperative consumers, no cluster");
 static_assert(CLUSTER == 1 || (B_KMAJOR ? B_PART_BYTES % 1024 == 0 : (BN / N_CHUNK) % CLUSTER == 0),
               "each CTA of a cluster loads a 1024-aligned part of B");
 
@@ -483,7 +499,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     const int tiles = m_groups * n_tiles * batch;
     const int k_tiles = (k + BK - 1) / BK;
     // SPLIT_K: k_splits copies of the tile list, each over its own range of k-tiles.
-    const int k_splits = SPLIT_K ? max(p.k_splits, 1) : 1;
+    const int k_splits = SPLITS ? max(p.k_splits, 1) : 1;
     const int k_per = (k_tiles + k_splits - 1) / k_splits;
     const int work = tiles * k_splits;
     // The k-tiles [kt_begin, kt_end) and the tile of work item w, and which copy it is.
@@ -492,10 +508,10 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
     };
     auto item_at = [&](int w) {
         work_item it;
-        it.split = SPLIT_K ? w / tiles : 0;
+        it.split = SPLITS ? w / tiles : 0;
         it.tile = w - it.split * tiles;
-        it.kt_begin = SPLIT_K ? it.split * k_per : 0;
-        it.kt_end = SPLIT_K ? min(it.kt_begin + k_per, k_tiles) : k_tiles;
+        it.kt_begin = SPLITS ? it.split * k_per : 0;
+        it.kt_end = SPLITS ? min(it.kt_begin + k_per, k_tiles) : k_tiles;
         return it;
     };
     const int group = max(group_m / CLUSTER, 1);
@@ -629,6 +645,14 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                 }
                 calico::wgmma::wait_group<0>();
                 if (has_prev && lane == 0) ring.release_cluster<CLUSTER>(prev);
+                if constexpr (SPLIT_FUSED) {
+                    // Only the tile's last piece goes on, with the whole sum.
+                    const int t = threadIdx.x - calico::WARPGROUP_THREADS;
+                    constexpr int MERGE_THREADS = CONSUMERS * calico::WARPGROUP_THREADS;
+                    if (!gemm_split_fused::merge(p.split_partials, p.split_counters, calico::wgmma::regs(acc[0]), item.tile, item.split, k_splits,
+                                                 tiles, t, MERGE_THREADS, SPLIT_FUSED_BAR))
+                        continue;
+                }
 
                 e.c = CALICO_GEMM_HAS_C ? c + tc.batch * c_batch_stride : nullptr;
 #if CALICO_GEMM_STAGED_STORE
@@ -642,7 +666,7 @@ CALICO_KERNEL void __launch_bounds__(gemm_hopper::THREADS, 1) CALICO_GEMM_CLUSTE
                         store_tile_tma(e, calico::wgmma::regs(acc[i]), map_d, staging, stores, row_base, col_base, tc.batch, warp, lane, 1 + consumer, leader);
                     } else {
                         // SPLIT_K: partial `split` of batch b is matrix split * batch + b.
-                        e.d = d + ((long long)item.split * batch + tc.batch) * d_batch_stride;
+                        e.d = d + ((long long)(SPLIT_K ? item.split : 0) * batch + tc.batch) * d_batch_stride;
                         store_tile(e, calico::wgmma::regs(acc[i]), row_base + warp * 16 + lane / 4, col_base + (lane % 4) * 2);
                     }
                 }

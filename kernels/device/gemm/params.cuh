@@ -62,7 +62,8 @@ constexpr bool same_text(const char* a, const char* b) {
 #define CALICO_HOPPER_FIELDS(F, In, Out)                                                               \
     F(Out*, d) F(const Out*, c) F(const Out*, bias) F(long long, d_row_stride) F(long long, d_batch_stride) \
     F(long long, c_row_stride) F(long long, c_batch_stride) F(int, m) F(int, n) F(int, k) F(int, batch)  \
-    F(int, a_batch_step) F(int, b_batch_step) F(int, group_m) F(float, alpha) F(float, beta) F(int, k_splits)
+    F(int, a_batch_step) F(int, b_batch_step) F(int, group_m) F(float, alpha) F(float, beta) F(int, k_splits) \
+    F(float*, split_partials) F(unsigned*, split_counters)
 
 // calico_gemm_sm80 (Sm80Params): each operand's pointer and row / column / batch strides.
 #define CALICO_SM80_FIELDS(F, In, Out)                                                                                \

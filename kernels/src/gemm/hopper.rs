@@ -88,6 +88,16 @@ impl TileConfig {
         p.m.div_ceil(self.bm) * p.n.div_ceil(self.bn) * p.batch
     }
 
+    /// Bytes of one fused split-K slot: every consumer thread's f32 accumulators.
+    pub(super) fn slot_bytes(self) -> usize {
+        let wg_n = if self.bm == 64 && !self.pingpong {
+            self.bn / 2
+        } else {
+            self.bn
+        };
+        wg_n / 2 * 256 * 4
+    }
+
     /// Scheduling units: clusters of `cluster` row tiles of one column tile.
     pub(super) fn work(self, p: &GemmProblem) -> usize {
         p.m.div_ceil(self.bm).div_ceil(self.cluster) * p.n.div_ceil(self.bn) * p.batch
@@ -119,6 +129,8 @@ pub(super) struct Tune {
     split: Option<usize>,
     /// `cut=0` never cuts a launch at a wave boundary ([`wave_cut`]); `cut=1` is the default.
     wave_cut: Option<bool>,
+    /// `fused=0` never sums split-K pieces in the kernel ([`fused_split_plan`]).
+    fused: Option<bool>,
 }
 
 /// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
@@ -178,6 +190,7 @@ impl Tune {
                 "l2b" => t.l2_b = L2Hint::parse(value),
                 "split" | "splitk" => t.split = num.filter(|&v| (1..=64).contains(&v)),
                 "cut" => t.wave_cut = num.filter(|&v| v <= 1).map(|v| v == 1),
+                "fused" => t.fused = num.filter(|&v| v <= 1).map(|v| v == 1),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -410,10 +423,100 @@ pub(super) fn planned_us(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<f64
     Some(modeled_us(p, cfg.work(p).div_ceil(sms), k_tiles, cfg, 0))
 }
 
+/// Split-K summed inside the kernel (hopper.cu SPLIT_FUSED, gemm/split_fused.cuh) for
+/// problems whose widest tiles fill between half and all of the SMs once: one round of whole
+/// tiles leaves the other SMs idle for the whole K loop (777 x 3072 x 14336: 84 tiles of 128 x
+/// 256, 133 us on the H100 against torch's 91), and the split-K form with partials through
+/// DRAM and a second kernel costs more than it saves there. The pieces (`splits` copies of the
+/// tile list over consecutive K ranges) run in rounds; the model weighs rounds x k-tiles per
+/// piece plus the slots' round trip against one launch of whole tiles. `fused=0` turns it off.
+pub(super) fn fused_split_plan(
+    arch: &Arch,
+    p: &GemmProblem,
+    tune: Tune,
+) -> Option<(TileConfig, usize)> {
+    if tune.fused == Some(false)
+        || tune.pingpong == Some(true)
+        || tune.cluster == Some(2)
+        || tune.split.is_some()
+        || tune.bm.is_some()
+        || tune.bn.is_some()
+    {
+        return None;
+    }
+    let sms = arch.compute_units.max(1) as usize;
+    let k_tiles = p.k.div_ceil(BK);
+    // The cheap refusals: the widest tiles must fill more than half the SMs (fewer take the
+    // split-K form) and at most all of them, and K must be long enough to cut.
+    let widest_tiles = p.m.div_ceil(128) * p.n.div_ceil(256) * p.batch;
+    if k_tiles < MIN_SPLIT_K_TOTAL || widest_tiles * 2 <= sms || widest_tiles > sms {
+        return None;
+    }
+    let whole = config(arch, p)?;
+    let widest = Tune {
+        bm: Some(128),
+        bn: Some(256),
+        ..tune
+    };
+    let cfg = pick(
+        arch,
+        p,
+        b_k_major(p)?,
+        whole.tma_store && !whole.staged,
+        widest,
+    )?;
+    if (cfg.bm, cfg.bn, cfg.cluster, cfg.pingpong) != (128, 256, 1, false) {
+        return None;
+    }
+    let tiles = cfg.tiles(p);
+    let pieces = |wanted: usize| k_tiles.div_ceil(k_tiles.div_ceil(wanted.max(1)));
+    let (splits, us) = (2..=MAX_FUSED_SPLITS)
+        .map(pieces)
+        .filter(|&s| k_tiles.div_ceil(s) >= MIN_SPLIT_K_TILES)
+        .map(|s| {
+            let rounds = (tiles * s).div_ceil(sms);
+            let us = modeled_us(p, rounds, k_tiles.div_ceil(s), cfg, 0) + fused_fixup_us(s);
+            (s, us)
+        })
+        .min_by(|a, b| a.1.total_cmp(&b.1))?;
+    let bytes = tiles * splits * cfg.slot_bytes();
+    let best = planned_us(arch, p, tune)?;
+    (us < best * (1.0 - MIN_FUSED_GAIN) && bytes <= MAX_SPLIT_K_BYTES).then_some((cfg, splits))
+}
+
+/// The wave cut [`launch`] makes of `p` (none where the fused split-K runs it).
+pub(crate) fn planned_cut(arch: &Arch, p: &GemmProblem) -> Option<super::wave_cut::WaveCut> {
+    let tune = Tune::get();
+    match fused_split_plan(arch, p, tune) {
+        Some(_) => None,
+        None => wave_cut(arch, p, tune),
+    }
+}
+
+/// True when [`launch`] sums `p`'s split-K pieces inside the kernel.
+pub(crate) fn uses_fused_split(arch: &Arch, p: &GemmProblem) -> bool {
+    fused_split_plan(arch, p, Tune::get()).is_some()
+}
+
+/// At most this many fused pieces per tile: the last piece reads every slot back.
+const MAX_FUSED_SPLITS: usize = 8;
+/// The fused form must beat one launch's modelled time by this share.
+const MIN_FUSED_GAIN: f64 = 0.08;
+
+/// What summing `splits` pieces in the kernel adds (microseconds, H100): every piece writes
+/// its 128 KiB slot and the last one reads all of them back, one after another, at about
+/// 100 GB/s per SM.
+fn fused_fixup_us(splits: usize) -> f64 {
+    2.0 + 1.3 * (splits + 1) as f64
+}
+
 /// The k-splits the router's Hopper launch of `p` would use (1: none; with a wave cut, the
 /// tail's); see [`split_plan`] and [`wave_cut`].
 pub(crate) fn k_splits(arch: &Arch, p: &GemmProblem) -> usize {
     let tune = Tune::get();
+    if let Some((_, splits)) = fused_split_plan(arch, p, tune) {
+        return splits;
+    }
     let whole = wave_cut(arch, p, tune).map_or(*p, |cut| cut.tail);
     config(arch, &whole)
         .and_then(|_| split_plan(arch, &whole, tune))
@@ -456,8 +559,8 @@ fn cluster_splits_b(bn: usize, b_kmajor: bool) -> bool {
     }
 }
 
-/// The tile shape for `p`: 128 x 256 when that already gives about a wave of tiles (the big
-/// GEMMs), else the first smaller shape that does (skinny M, small N), else the one with the
+/// The tile shape for `p`: 128 x 256 when that already gives 60% of a wave of tiles (the big
+/// GEMMs), else the first smaller shape that gives 3/4 (skinny M, small N), else the one with the
 /// most tiles. N-major B needs 64-column chunks per consumer warpgroup. The epilogue goes
 /// through TMA stores when D allows it (`d_tma`) and the warpgroup tile is whole 64-column
 /// boxes; `tune` (CALICO_HOPPER_TUNE) may force the shape, stages, epilogue and cluster.
@@ -542,17 +645,26 @@ fn pick(
     // Ping-pong overlaps one warpgroup's epilogue with the other's main loop only when a CTA
     // has at least two tiles: ask for about two waves.
     let waves = if pingpong { 2 } else { 1 };
-    let wave = (arch.compute_units as usize * 3 / 4 * waves).max(1);
-    let chosen = candidates
-        .iter()
-        .copied()
-        .find(|c| c.tiles(p) >= wave)
-        .or_else(|| {
-            candidates
-                .iter()
-                .copied()
-                .max_by_key(|c| (c.tiles(p), c.bm * c.bn))
-        })?;
+    let sms = arch.compute_units as usize;
+    let wave = (sms * 3 / 4 * waves).max(1);
+    // The widest tile already at 60% of the SMs: one round of 80-100 tiles of 128 x 256 beat
+    // two rounds of 160-200 of 128 x 128 by 5-20% in the H100 sweep (3000 x 1000 x 4096: 43.5
+    // against 54 us), 64-72 did not (1500 x 1536 x 8192: 79 against 72 us).
+    let widest_wave = (sms * 3 / 5 * waves).max(1);
+    let enough = |c: &TileConfig| {
+        let need = if (c.bm, c.bn) == (128, 256) {
+            widest_wave
+        } else {
+            wave
+        };
+        c.tiles(p) >= need
+    };
+    let chosen = candidates.iter().copied().find(|c| enough(c)).or_else(|| {
+        candidates
+            .iter()
+            .copied()
+            .max_by_key(|c| (c.tiles(p), c.bm * c.bn))
+    })?;
     (chosen.tiles(p) <= MAX_EXTENT).then_some(chosen)
 }
 
@@ -623,6 +735,8 @@ struct Variant {
     l2: (L2Hint, L2Hint),
     /// Split-K partials: raw f32 into the workspace (CALICO_GEMM_SPLIT_K).
     split_k: bool,
+    /// Split-K summed in the kernel (CALICO_GEMM_SPLIT_FUSED, [`fused_split_plan`]).
+    split_fused: bool,
 }
 
 impl Variant {
@@ -635,7 +749,7 @@ impl Variant {
             L2Hint::EvictLast => format!(" {name}=last"),
         };
         format!(
-            "hopper {}->{} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={} {:?} bias={} c={}{}{}{}{}",
+            "hopper {}->{} {}x{}x{BK} stages={} store={} cluster={} b_kmajor={} {:?} bias={} c={}{}{}{}{}{}",
             self.in_dtype,
             self.out_dtype,
             t.bm,
@@ -655,6 +769,7 @@ impl Variant {
             hint("l2a", self.l2.0),
             hint("l2b", self.l2.1),
             if self.split_k { " splitk" } else { "" },
+            if self.split_fused { " splitfused" } else { "" },
         )
     }
 }
@@ -690,6 +805,9 @@ impl KernelVariant for Variant {
         }
         if self.split_k {
             defines.push(("CALICO_GEMM_SPLIT_K", "1".to_string()));
+        }
+        if self.split_fused {
+            defines.push(("CALICO_GEMM_SPLIT_FUSED", "1".to_string()));
         }
         defines.extend(HopperParams::layout_defines());
         KernelSource::assemble(
@@ -860,6 +978,7 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
                 c,
                 l2: (L2Hint::Normal, L2Hint::Normal),
                 split_k: false,
+                split_fused: false,
             },
         )
         .collect();
@@ -898,6 +1017,24 @@ pub(crate) fn catalog(vendor: calico_core::HeaderSet) -> Result<Vec<crate::catal
             ..variants[0]
         });
     }
+    // Split-K summed in the kernel (tiles filling half to all of the SMs once): K-major and
+    // N-major B, and one with C, a bias and an activation.
+    for b_kmajor in [true, false] {
+        variants.push(Variant {
+            tile: big_tma,
+            b_kmajor,
+            split_fused: true,
+            ..variants[0]
+        });
+    }
+    variants.push(Variant {
+        tile: big_tma,
+        epilogue: Epilogue::Gelu,
+        bias: true,
+        c: true,
+        split_fused: true,
+        ..variants[0]
+    });
     for v in variants {
         out.push(crate::catalog::CatalogEntry {
             op: "gemm",
@@ -979,11 +1116,38 @@ impl KernelVariant for SplitReduce {
 /// along K when its tiles leave most SMs idle ([`split_plan`]).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     let tune = Tune::get();
+    if let Some((cfg, splits)) = fused_split_plan(gpu.arch(), p, tune) {
+        return launch_fused(gpu, p, cfg, splits);
+    }
     if let Some(cut) = wave_cut(gpu.arch(), p, tune) {
         launch_for(gpu, &cut.head, d_tma_ok(&cut.head))?;
         return launch_whole(gpu, &cut.tail, tune);
     }
     launch_whole(gpu, p, tune)
+}
+
+/// The fused split-K kernel's scratch: one slot of f32 partial sums per work item (workspace)
+/// and one counter per tile (zeroed counters).
+#[derive(Debug, Clone, Copy)]
+struct FusedBuffers {
+    partials: u64,
+    counters: u64,
+}
+
+/// The fused split-K launch of `p` on tile `cfg` in `splits` pieces ([`fused_split_plan`]).
+fn launch_fused(
+    gpu: &dyn GpuBackend,
+    p: &GemmProblem,
+    cfg: TileConfig,
+    splits: usize,
+) -> Result<()> {
+    let tiles = cfg.tiles(p);
+    gpu.with_workspace(tiles * splits * cfg.slot_bytes(), &mut |partials| {
+        gpu.with_counters(tiles * 4, &mut |counters| {
+            let fused = FusedBuffers { partials, counters };
+            launch_tiles(gpu, p, cfg, splits, Some(fused))
+        })
+    })
 }
 
 /// [`launch`] without a wave cut: one launch, or split-K's two.
@@ -1034,7 +1198,7 @@ fn launch_split(
             epilogue: super::Epilogue::None,
             ..*p
         };
-        launch_tiles(gpu, &partials, cfg, splits)?;
+        launch_tiles(gpu, &partials, cfg, splits, None)?;
         let has_c = p.c.is_some() && p.beta != 0.0;
         let c = p.c.filter(|_| has_c);
         let reduce = SplitReduce {
@@ -1074,16 +1238,18 @@ fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> 
             "the Hopper GEMM does not support this problem (layout, alignment or device)",
         ));
     };
-    launch_tiles(gpu, p, cfg, 1)
+    launch_tiles(gpu, p, cfg, 1, None)
 }
 
 /// Queues the Hopper kernel for `p` on tile `cfg`; `splits` > 1: `p` is the split-K partial
-/// problem (f32 D in the workspace, no epilogue), run as that many copies of the tile list.
+/// problem (f32 D in the workspace, no epilogue), run as that many copies of the tile list,
+/// or with `fused`, `p` itself, its pieces summed in the kernel.
 fn launch_tiles(
     gpu: &dyn GpuBackend,
     p: &GemmProblem,
     mut cfg: TileConfig,
     splits: usize,
+    fused: Option<FusedBuffers>,
 ) -> Result<()> {
     let arch = gpu.arch();
     let b_kmajor = b_k_major(p) == Some(true);
@@ -1151,7 +1317,8 @@ fn launch_tiles(
         bias: p.bias.is_some(),
         c: has_c,
         l2: (tune.l2_a.unwrap_or_default(), tune.l2_b.unwrap_or_default()),
-        split_k: splits > 1,
+        split_k: splits > 1 && fused.is_none(),
+        split_fused: fused.is_some(),
     };
 
     // Persistent: one CTA per SM (whole clusters), or the tuning override.
@@ -1166,7 +1333,7 @@ fn launch_tiles(
         bias: p.bias.unwrap_or(0),
         d_row_stride: as_i64(p.d.row_stride, "D row stride")?,
         // Split-K partials: matrix split * batch + b, even for one batch.
-        d_batch_stride: if splits > 1 {
+        d_batch_stride: if splits > 1 && fused.is_none() {
             as_i64(p.m * p.n, "split-K partial stride")?
         } else {
             as_i64(batched(&p.d), "D batch stride")?
@@ -1183,6 +1350,8 @@ fn launch_tiles(
         alpha: p.alpha,
         beta: p.beta,
         k_splits: as_i32(splits, "k splits")?,
+        split_partials: fused.map_or(0, |f| f.partials),
+        split_counters: fused.map_or(0, |f| f.counters),
     };
     let args = [
         KernelArg::Opaque128(map_a),
@@ -1201,6 +1370,26 @@ mod tests {
 
     fn h100() -> Arch {
         Arch::for_target("sm_90a").unwrap()
+    }
+
+    #[test]
+    fn tiles_filling_half_to_all_sms_sum_split_pieces_in_the_kernel() {
+        // 7 x 12 = 84 tiles of 128 x 256: three pieces of K run in two rounds.
+        let p = problem(777, 3072, 14336, true);
+        let (cfg, splits) = fused_split_plan(&h100(), &p, Tune::default()).unwrap();
+        assert_eq!((cfg.bm, cfg.bn, cfg.cluster, splits), (128, 256, 1, 3));
+        assert!(cfg.tma_store);
+        assert_eq!(cfg.slot_bytes(), 128 * 256 * 4);
+        assert_eq!(k_splits(&h100(), &p), 3);
+        assert!(planned_cut(&h100(), &p).is_none());
+        for tune in ["fused=0", "split=2", "bm=128,bn=128", "mode=pingpong", "cluster=2"] {
+            assert_eq!(fused_split_plan(&h100(), &p, Tune::parse(tune)), None, "{tune}");
+        }
+        // Whole rounds, few tiles (split-K's), short K: not fused.
+        for (m, n, k) in [(4096, 4096, 4096), (129, 2048, 14336), (777, 8192, 1000)] {
+            let p = problem(m, n, k, true);
+            assert_eq!(fused_split_plan(&h100(), &p, Tune::default()), None, "{m}x{n}x{k}");
+        }
     }
 
     #[test]
@@ -1298,6 +1487,7 @@ mod tests {
                 l2_b: None,
                 split: None,
                 wave_cut: None,
+                fused: None,
             }
         );
         assert_eq!(Tune::parse("split=4").split, Some(4));

@@ -81,6 +81,10 @@ kernel_params! {
         /// Split-K variants (CALICO_GEMM_SPLIT_K): copies of the tile list, each over its own
         /// range of k-tiles (0 or 1 otherwise). Also keeps the struct free of padding.
         k_splits: i32,
+        /// Fused split-K variants (CALICO_GEMM_SPLIT_FUSED): one f32 slot of partial sums per
+        /// work item (workspace) and one counter per tile (zeroed counters); 0 otherwise.
+        split_partials: u64,
+        split_counters: u64,
     }
 }
 
@@ -167,13 +171,18 @@ mod tests {
     #[test]
     fn layout_defines_list_every_field_in_order() {
         let defines = HopperParams::layout_defines();
-        assert_eq!(defines[0], ("CALICO_HOPPER_PARAMS_BYTES", "96".to_string()));
+        assert_eq!(
+            defines[0],
+            ("CALICO_HOPPER_PARAMS_BYTES", "112".to_string())
+        );
         assert_eq!(
             defines[1].1,
-            "0, 8, 16, 24, 32, 40, 48, 56, 60, 64, 68, 72, 76, 80, 84, 88, 92"
+            "0, 8, 16, 24, 32, 40, 48, 56, 60, 64, 68, 72, 76, 80, 84, 88, 92, 96, 104"
         );
         assert!(defines[2].1.starts_with("\"d,c,bias,d_row_stride,"));
-        assert!(defines[2].1.ends_with(",alpha,beta,k_splits,\""));
+        assert!(defines[2]
+            .1
+            .ends_with(",alpha,beta,k_splits,split_partials,split_counters,\""));
         assert_eq!(Sm80Params::layout_defines()[0].1, "184");
         assert_eq!(WeightParams::layout_defines()[0].1, "120");
     }

@@ -74,6 +74,8 @@ pub struct GemmPlan {
     /// The Hopper launch cut in two at a wave boundary: `(true, r)` at row `r` of D, `(false,
     /// c)` at column `c` (`k_splits` is then the second launch's).
     pub wave_cut: Option<(bool, usize)>,
+    /// The `k_splits` pieces are summed inside the Hopper kernel (no second kernel).
+    pub split_fused: bool,
 }
 
 /// The plan for `D[m, n] = A[m, k] @ B` on `target`, with A and D dense row-major, B a dense
@@ -111,14 +113,16 @@ pub fn plan_dense(
         1
     };
     let wave_cut = hopper
-        .then(|| hopper::wave_cut(&arch, &p, hopper::Tune::get()))
+        .then(|| hopper::planned_cut(&arch, &p))
         .flatten()
         .map(|cut| (cut.along_m, cut.at));
+    let split_fused = hopper && hopper::uses_fused_split(&arch, &p);
     Ok(GemmPlan {
         kernel,
         source,
         k_splits,
         wave_cut,
+        split_fused,
     })
 }
 

@@ -28,6 +28,10 @@ pub(crate) const GEMM_HEADERS: HeaderSet = &[
         "gemm/shift.cuh",
         include_str!("../../device/gemm/shift.cuh"),
     ),
+    (
+        "gemm/split_fused.cuh",
+        include_str!("../../device/gemm/split_fused.cuh"),
+    ),
 ];
 
 /// Grid y and z limit on both vendors; grid z is folded (blocks loop over batches).
