@@ -702,7 +702,7 @@ fn gemm_split_fused_on_gpu() {
         GemmCase {
             m: 600,
             n: 4096,
-            k: 11008,
+            k: 14336,
             b_mem: MatrixMemory::default(),
             seed: 62,
             ..base.clone()
@@ -711,8 +711,8 @@ fn gemm_split_fused_on_gpu() {
             in_dtype: DType::F16,
             out_dtype: DType::F16,
             m: 700,
-            n: 3072,
-            k: 6120,
+            n: 3584,
+            k: 14280,
             alpha: 0.5,
             beta: 1.0,
             c_mode: CMode::Separate,
@@ -723,9 +723,9 @@ fn gemm_split_fused_on_gpu() {
         },
         GemmCase {
             out_dtype: DType::F32,
-            m: 1000,
+            m: 700,
             n: 3000,
-            k: 8192,
+            k: 14336,
             beta: -0.5,
             c_mode: CMode::InPlace,
             epilogue: Epilogue::Silu,

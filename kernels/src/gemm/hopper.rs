@@ -475,7 +475,8 @@ pub(super) fn fused_split_plan(
         .filter(|&s| k_tiles.div_ceil(s) >= MIN_SPLIT_K_TILES)
         .map(|s| {
             let rounds = (tiles * s).div_ceil(sms);
-            let us = modeled_us(p, rounds, k_tiles.div_ceil(s), cfg, 0) + fused_fixup_us(s);
+            let slots = tiles * s * cfg.slot_bytes();
+            let us = modeled_us(p, rounds, k_tiles.div_ceil(s), cfg, 0) + fused_fixup_us(slots);
             (s, us)
         })
         .min_by(|a, b| a.1.total_cmp(&b.1))?;
@@ -503,11 +504,13 @@ const MAX_FUSED_SPLITS: usize = 8;
 /// The fused form must beat one launch's modelled time by this share.
 const MIN_FUSED_GAIN: f64 = 0.08;
 
-/// What summing `splits` pieces in the kernel adds (microseconds, H100): every piece writes
-/// its 128 KiB slot and the last one reads all of them back, one after another, at about
-/// 100 GB/s per SM.
-fn fused_fixup_us(splits: usize) -> f64 {
-    2.0 + 1.3 * (splits + 1) as f64
+/// What summing the pieces in the kernel adds (microseconds, H100): every piece writes its
+/// slot and the tile's last piece reads them all back, `slot_bytes` each way, beside the
+/// operands' traffic. Fitted to the H100 sweep (session 26): 84 tiles in 3 pieces (32 MB of
+/// slots) ran 11% faster than one round of whole tiles against 33% less MMA time, 96 tiles in
+/// 4 (50 MB) 25% slower.
+fn fused_fixup_us(slot_bytes: usize) -> f64 {
+    2.0 + 2.0 * slot_bytes as f64 / 2.2e6
 }
 
 /// The k-splits the router's Hopper launch of `p` would use (1: none; with a wave cut, the
@@ -1382,13 +1385,27 @@ mod tests {
         assert_eq!(cfg.slot_bytes(), 128 * 256 * 4);
         assert_eq!(k_splits(&h100(), &p), 3);
         assert!(planned_cut(&h100(), &p).is_none());
-        for tune in ["fused=0", "split=2", "bm=128,bn=128", "mode=pingpong", "cluster=2"] {
-            assert_eq!(fused_split_plan(&h100(), &p, Tune::parse(tune)), None, "{tune}");
+        for tune in [
+            "fused=0",
+            "split=2",
+            "bm=128,bn=128",
+            "mode=pingpong",
+            "cluster=2",
+        ] {
+            assert_eq!(
+                fused_split_plan(&h100(), &p, Tune::parse(tune)),
+                None,
+                "{tune}"
+            );
         }
         // Whole rounds, few tiles (split-K's), short K: not fused.
         for (m, n, k) in [(4096, 4096, 4096), (129, 2048, 14336), (777, 8192, 1000)] {
             let p = problem(m, n, k, true);
-            assert_eq!(fused_split_plan(&h100(), &p, Tune::default()), None, "{m}x{n}x{k}");
+            assert_eq!(
+                fused_split_plan(&h100(), &p, Tune::default()),
+                None,
+                "{m}x{n}x{k}"
+            );
         }
     }
 
