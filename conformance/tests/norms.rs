@@ -119,9 +119,30 @@ fn norm_case(dev: &Device, c: &RowCase, norm: Norm, eps: f32) -> Result<(), Stri
         reference::rms_norm(&s, cols, &w, eps as f64)
     };
     let got = y.view.to_f64_vec().ctx("reading y")?;
-    check_close("y", &got, &want, row_tol(dt, cols))?;
+    let tol = if norm.layer && dt == DType::F32 {
+        // An f32 layer norm subtracts a mean it only knows to its relative precision, so rows
+        // whose |mean| is large against their spread (Shifted inputs plus a residual: |mean| /
+        // std up to ~10) lose that factor of accuracy; H100 runs saw 1.9e-5 against 1e-5.
+        // (At most 8x: a constant row, whose spread is zero, gets no blank cheque.)
+        row_tol(dt, cols) * (mean_to_spread(&s, cols) / 2.0).clamp(1.0, 8.0)
+    } else {
+        row_tol(dt, cols)
+    };
+    check_close("y", &got, &want, tol)?;
     untouched_outside(&y, "y")?;
     intact(&xv, &x, "x")
+}
+
+/// The largest |mean| / standard deviation over the rows of `s` (`cols` per row).
+fn mean_to_spread(s: &[f64], cols: usize) -> f64 {
+    s.chunks(cols.max(1))
+        .map(|row| {
+            let n = row.len() as f64;
+            let mean = row.iter().sum::<f64>() / n;
+            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+            mean.abs() / var.sqrt().max(1e-30)
+        })
+        .fold(0.0, f64::max)
 }
 
 #[test]

@@ -65,7 +65,7 @@
 //    stored raw (the host passes alpha 1 and no C, bias or activation); a second kernel
 //    (splitk.cu) sums the partials in split order and applies the real epilogue, so the result
 //    does not depend on timing.
-//  * SPLIT_FUSED (widest tiles filling between half and all of the SMs once): the same work
+//  * SPLIT_FUSED (widest tiles filling between 60% and all of the SMs once): the same work
 //    list, but the pieces' f32 sums meet in the kernel: each piece parks them in a workspace
 //    slot and counts itself on its tile's counter; the last piece adds every slot in piece
 //    order and runs the real epilogue (gemm/split_fused.cuh).

@@ -1,6 +1,6 @@
 // Split-K summed inside the Hopper GEMM (hopper.cu with CALICO_GEMM_SPLIT_FUSED = 1).
 //
-// For problems whose widest tiles fill between half and all of the SMs once (777 x 3072 x
+// For problems whose widest tiles fill between 60% and all of the SMs once (777 x 3072 x
 // 14336: 84 tiles of 128 x 256 on 132 SMs), one round of whole tiles leaves SMs idle for the
 // whole K loop. Cut every tile's K range into S pieces (the work list is S copies of the tile
 // list, as SPLIT_K's) and the pieces fill the rounds: 252 pieces of a third of K run in two
