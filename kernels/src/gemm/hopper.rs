@@ -131,6 +131,8 @@ pub(super) struct Tune {
     wave_cut: Option<bool>,
     /// `fused=0` never sums split-K pieces in the kernel ([`fused_split_plan`]).
     fused: Option<bool>,
+    /// `narrow=P`: a tile narrower than 128 x 256 is taken once it fills P% of the SMs (60).
+    narrow_pct: Option<usize>,
 }
 
 /// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
@@ -191,6 +193,7 @@ impl Tune {
                 "split" | "splitk" => t.split = num.filter(|&v| (1..=64).contains(&v)),
                 "cut" => t.wave_cut = num.filter(|&v| v <= 1).map(|v| v == 1),
                 "fused" => t.fused = num.filter(|&v| v <= 1).map(|v| v == 1),
+                "narrow" => t.narrow_pct = num.filter(|&v| (10..=200).contains(&v)),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -650,10 +653,12 @@ fn pick(
     // has at least two tiles: ask for about two waves.
     let waves = if pingpong { 2 } else { 1 };
     let sms = arch.compute_units as usize;
-    let wave = (sms * 3 / 4 * waves).max(1);
-    // The widest tile already at 60% of the SMs: one round of 80-100 tiles of 128 x 256 beat
-    // two rounds of 160-200 of 128 x 128 by 5-20% in the H100 sweep (3000 x 1000 x 4096: 43.5
-    // against 54 us), 64-72 did not (1500 x 1536 x 8192: 79 against 72 us).
+    // A tile shape is taken once it fills 60% of the SMs: one round of 80-100 tiles of 128 x
+    // 256 beat two rounds of 160-200 of 128 x 128 by 5-20% in the H100 sweep (3000 x 1000 x
+    // 4096: 43.5 against 54 us), 64-72 did not (1500 x 1536 x 8192: 79 against 72 us); one
+    // round of 96 tiles of 128 x 128 beat two of 64 x 128 (500 x 3072 x 6144: 37 against 45).
+    // The narrower shapes' share is a tuning knob (`narrow=75`: the rule before session 26).
+    let wave = (sms * tune.narrow_pct.unwrap_or(60) / 100 * waves).max(1);
     let widest_wave = (sms * 3 / 5 * waves).max(1);
     let enough = |c: &TileConfig| {
         let need = if (c.bm, c.bn) == (128, 256) {
@@ -1506,6 +1511,7 @@ mod tests {
                 split: None,
                 wave_cut: None,
                 fused: None,
+                narrow_pct: None,
             }
         );
         assert_eq!(Tune::parse("split=4").split, Some(4));

@@ -263,8 +263,8 @@ mod tests {
         assert!(tiles * few.k_splits <= 132);
         // Every piece gets at least MIN_SPLIT_K_TILES k-tiles.
         assert!(14336 / 64 / few.k_splits >= 8);
-        assert_eq!(plan(1024, 1536, 11008, false).kernel, GemmKernel::Hopper);
-        assert!(plan(1024, 1536, 11008, false).k_splits >= 2);
+        assert_eq!(plan(777, 1536, 11008, false).kernel, GemmKernel::Hopper);
+        assert!(plan(777, 1536, 11008, false).k_splits >= 2);
         assert_eq!(plan(4096, 4096, 4096, true).k_splits, 1);
         assert_eq!(plan(256, 1024, 512, true).k_splits, 1);
     }
