@@ -133,6 +133,9 @@ pub(super) struct Tune {
     fused: Option<bool>,
     /// `narrow=P`: a tile narrower than 128 x 256 is taken once it fills P% of the SMs (60).
     narrow_pct: Option<usize>,
+    /// `floor=P`: the time model charges a k-tile of a small tile at least P% of a 128 x 256
+    /// one's (35).
+    area_floor_pct: Option<usize>,
 }
 
 /// An L2 eviction hint for an operand's TMA loads (the kernel's CALICO_GEMM_L2_HINT_*).
@@ -194,6 +197,7 @@ impl Tune {
                 "cut" => t.wave_cut = num.filter(|&v| v <= 1).map(|v| v == 1),
                 "fused" => t.fused = num.filter(|&v| v <= 1).map(|v| v == 1),
                 "narrow" => t.narrow_pct = num.filter(|&v| (10..=200).contains(&v)),
+                "floor" => t.area_floor_pct = num.filter(|&v| (1..=100).contains(&v)),
                 "mode" | "schedule" => {
                     t.pingpong = match value {
                         "pingpong" | "ping-pong" | "pp" => Some(true),
@@ -401,7 +405,8 @@ pub(super) fn modeled_us(
     const PARTIAL_BYTES_PER_US: f64 = 2.5e6;
     const SPLIT_LAUNCH_US: f64 = 5.0;
     let area = (cfg.bm * cfg.bn) as f64 / (128.0 * 256.0);
-    let compute = rounds as f64 * k_tiles as f64 * KTILE_US * area.max(0.35);
+    let floor = Tune::get().area_floor_pct.unwrap_or(35) as f64 / 100.0;
+    let compute = rounds as f64 * k_tiles as f64 * KTILE_US * area.max(floor);
     let elem = p.in_dtype.size_bytes() as f64;
     let operands = (p.m + p.n) as f64 * p.k as f64 * elem * p.batch as f64;
     let output = (p.m * p.n * p.batch) as f64 * p.out_dtype.size_bytes() as f64;
@@ -1512,6 +1517,7 @@ mod tests {
                 wave_cut: None,
                 fused: None,
                 narrow_pct: None,
+                area_floor_pct: None,
             }
         );
         assert_eq!(Tune::parse("split=4").split, Some(4));
