@@ -511,11 +511,7 @@ fn gemm_large_on_gpu() {
         },
     ];
     for dev in gpus {
-        for g in &cases {
-            if let Err(e) = run_gemm_sampled(&dev, g) {
-                panic!("backend {}: {g:?}: {e}", dev.kind());
-            }
-        }
+        check_sampled(&dev, &cases);
     }
 }
 
@@ -575,11 +571,7 @@ fn gemm_split_k_on_gpu() {
     ];
     // These shapes split on the H100 (the router's plan for sm_90a, which is for one batch);
     // other GPUs check the same results on whatever kernel they route to.
-    for g in cases.iter().filter(|g| g.batch.is_none()) {
-        let kmajor = g.b_mem.col_major;
-        let plan =
-            calico::gemm::plan_dense("sm_90a", (g.m, g.n, g.k), g.in_dtype, g.out_dtype, kmajor)
-                .expect("planning for sm_90a");
+    for (g, plan) in h100_plans(&cases) {
         assert!(plan.k_splits >= 2, "{g:?} is meant to split K on sm_90a");
     }
     let gpus = gpu_backends("gemm_split_k_on_gpu", "the split-K GEMM checks");
@@ -589,17 +581,45 @@ fn gemm_split_k_on_gpu() {
                 panic!("backend {}: {g:?}: {e}", dev.kind());
             }
         }
-        let g = &cases[2];
-        let first = execute(&dev, g, false).map(|(_, d)| d);
-        let second = execute(&dev, g, false).map(|(_, d)| d);
-        match (first, second) {
-            (Ok(a), Ok(b)) => assert!(
-                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "backend {}: split-K results differ between two identical calls",
-                dev.kind()
-            ),
-            (a, b) => panic!("backend {}: {:?} / {:?}", dev.kind(), a.err(), b.err()),
+        assert_repeats_bit_identical(&dev, &cases[2], "split-K");
+    }
+}
+
+/// The sm_90a plans of the unbatched `cases` (the router plans one batch).
+fn h100_plans(cases: &[GemmCase]) -> Vec<(&GemmCase, calico::gemm::GemmPlan)> {
+    cases
+        .iter()
+        .filter(|g| g.batch.is_none())
+        .map(|g| {
+            let shape = (g.m, g.n, g.k);
+            let kmajor = g.b_mem.col_major;
+            let plan = calico::gemm::plan_dense("sm_90a", shape, g.in_dtype, g.out_dtype, kmajor)
+                .expect("planning for sm_90a");
+            (g, plan)
+        })
+        .collect()
+}
+
+/// Every case on `dev` through the sampled check (large problems).
+fn check_sampled(dev: &Device, cases: &[GemmCase]) {
+    for g in cases {
+        if let Err(e) = run_gemm_sampled(dev, g) {
+            panic!("backend {}: {g:?}: {e}", dev.kind());
         }
+    }
+}
+
+/// The same call twice on `dev` gives bit-identical D (`what` names the path in the message).
+fn assert_repeats_bit_identical(dev: &Device, g: &GemmCase, what: &str) {
+    let first = execute(dev, g, false).map(|(_, d)| d);
+    let second = execute(dev, g, false).map(|(_, d)| d);
+    match (first, second) {
+        (Ok(a), Ok(b)) => assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "backend {}: {what} results differ between two identical calls",
+            dev.kind()
+        ),
+        (a, b) => panic!("backend {}: {:?} / {:?}", dev.kind(), a.err(), b.err()),
     }
 }
 
@@ -665,22 +685,14 @@ fn gemm_wave_cut_on_gpu() {
             ..down_proj.clone()
         },
     ];
-    for g in cases.iter().filter(|g| g.batch.is_none()) {
-        let kmajor = g.b_mem.col_major;
-        let plan =
-            calico::gemm::plan_dense("sm_90a", (g.m, g.n, g.k), g.in_dtype, g.out_dtype, kmajor)
-                .expect("planning for sm_90a");
+    for (g, plan) in h100_plans(&cases) {
         assert!(
             plan.wave_cut.is_some(),
             "{g:?} is meant to be cut on sm_90a"
         );
     }
     for dev in gpu_backends("gemm_wave_cut_on_gpu", "the wave-cut GEMM checks") {
-        for g in &cases {
-            if let Err(e) = run_gemm_sampled(&dev, g) {
-                panic!("backend {}: {g:?}: {e}", dev.kind());
-            }
-        }
+        check_sampled(&dev, &cases);
     }
 }
 
@@ -741,32 +753,15 @@ fn gemm_split_fused_on_gpu() {
             ..base.clone()
         },
     ];
-    for g in cases.iter().filter(|g| g.batch.is_none()) {
-        let kmajor = g.b_mem.col_major;
-        let plan =
-            calico::gemm::plan_dense("sm_90a", (g.m, g.n, g.k), g.in_dtype, g.out_dtype, kmajor)
-                .expect("planning for sm_90a");
+    for (g, plan) in h100_plans(&cases) {
         assert!(
             plan.split_fused && plan.k_splits >= 2,
             "{g:?} is meant to sum split-K pieces in the kernel on sm_90a"
         );
     }
     for dev in gpu_backends("gemm_split_fused_on_gpu", "the fused split-K GEMM checks") {
-        for g in &cases {
-            if let Err(e) = run_gemm_sampled(&dev, g) {
-                panic!("backend {}: {g:?}: {e}", dev.kind());
-            }
-        }
-        let first = execute(&dev, &cases[0], false).map(|(_, d)| d);
-        let second = execute(&dev, &cases[0], false).map(|(_, d)| d);
-        match (first, second) {
-            (Ok(a), Ok(b)) => assert!(
-                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                "backend {}: fused split-K results differ between two identical calls",
-                dev.kind()
-            ),
-            (a, b) => panic!("backend {}: {:?} / {:?}", dev.kind(), a.err(), b.err()),
-        }
+        check_sampled(&dev, &cases);
+        assert_repeats_bit_identical(&dev, &cases[0], "fused split-K");
     }
 }
 
@@ -1220,11 +1215,7 @@ fn gemv_and_odd_shapes_on_gpu() {
         });
     }
     for dev in gpus {
-        for g in &cases {
-            if let Err(e) = run_gemm_sampled(&dev, g) {
-                panic!("backend {}: {g:?}: {e}", dev.kind());
-            }
-        }
+        check_sampled(&dev, &cases);
     }
 }
 
