@@ -1284,7 +1284,22 @@ fn launch_tiles(
         ) {
             Ok((map, _)) => map_d = map,
             // A D the copy engine rejects: store from registers instead.
-            Err(_) => cfg = pick(arch, p, b_kmajor, false, tune).ok_or_else(no_tile)?,
+            Err(_) => {
+                // The fused form sized its slots and counters for this tile shape: keep it.
+                let shape = (cfg.bm, cfg.bn);
+                let tune = match fused {
+                    Some(_) => Tune {
+                        bm: Some(shape.0),
+                        bn: Some(shape.1),
+                        ..tune
+                    },
+                    None => tune,
+                };
+                cfg = pick(arch, p, b_kmajor, false, tune).ok_or_else(no_tile)?;
+                if fused.is_some() && (cfg.bm, cfg.bn) != shape {
+                    return Err(no_tile());
+                }
+            }
         }
     }
     let (map_a, a_step) = operand_map(
