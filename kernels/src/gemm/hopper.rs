@@ -134,7 +134,7 @@ pub(super) struct Tune {
     /// `narrow=P`: a tile narrower than 128 x 256 is taken once it fills P% of the SMs (60).
     narrow_pct: Option<usize>,
     /// `floor=P`: the time model charges a k-tile of a small tile at least P% of a 128 x 256
-    /// one's (42).
+    /// one's (35 or 42, see [`modeled_us`]).
     area_floor_pct: Option<usize>,
 }
 
@@ -389,11 +389,13 @@ pub(super) fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(Ti
 /// CTAs each running `k_tiles` k-tiles of tile `cfg`, plus, when `partial_bytes` > 0, the
 /// split-K form's partials (written, then read by the reduction) and its second launch. A
 /// 128 x 256 k-tile takes ~0.6 us on one SM; smaller tiles are charged by area but not below
-/// 42% of it (their loads and barriers, not the MMAs, set their pace; 35% until session 26,
-/// when one round of 64 x 128 tiles ran slower than that predicted against the split form:
-/// 129 x 4096 x 14336, 75 against 59 us split). The operands' bytes from DRAM bound it from
-/// below, and compute and memory overlap only in part. Fitted to the calico-sweep runs of
-/// docs/perf-log.md (sessions 24 and 26); it only has to rank the plans against each other.
+/// 35% of it (their loads and barriers, not the MMAs, set their pace), or 42% for tiles of at
+/// least 64 x 64 over at least 96 k-tiles (session 26: one round of 64 x 128 tiles ran slower
+/// than 35% predicted against the split form, 129 x 4096 x 14336 75 against 59 us split, while
+/// 64 x 32 tiles and short K kept to it: 64 x 4095 x 8192 29 unsplit against 44 split). The
+/// operands' bytes from DRAM bound it from below, and compute and memory overlap only in part.
+/// Fitted to the calico-sweep runs of docs/perf-log.md (sessions 24 and 26); it only has to
+/// rank the plans against each other.
 pub(super) fn modeled_us(
     p: &GemmProblem,
     rounds: usize,
@@ -406,7 +408,13 @@ pub(super) fn modeled_us(
     const PARTIAL_BYTES_PER_US: f64 = 2.5e6;
     const SPLIT_LAUNCH_US: f64 = 5.0;
     let area = (cfg.bm * cfg.bn) as f64 / (128.0 * 256.0);
-    let floor = Tune::get().area_floor_pct.unwrap_or(42) as f64 / 100.0;
+    // 64 x 32 tiles (16-stage rings) and short K runs keep the session-24 fit.
+    let fitted = if area >= 0.125 && k_tiles >= 96 {
+        42
+    } else {
+        35
+    };
+    let floor = Tune::get().area_floor_pct.unwrap_or(fitted) as f64 / 100.0;
     let compute = rounds as f64 * k_tiles as f64 * KTILE_US * area.max(floor);
     let elem = p.in_dtype.size_bytes() as f64;
     let operands = (p.m + p.n) as f64 * p.k as f64 * elem * p.batch as f64;
