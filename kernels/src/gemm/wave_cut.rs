@@ -96,58 +96,51 @@ fn head_us(arch: &Arch, head: &GemmProblem, whole: TileConfig, k_tiles: usize) -
     ))
 }
 
-/// `p` cut into D's rows (or columns) before `at` and from `at` on: views of the same
-/// buffers, A's rows (or B's columns), C's and D's, and the bias's columns moved along.
+/// `p` cut into D's rows (or columns) before `at` and from `at` on.
 fn cut_at(p: &GemmProblem, along_m: bool, at: usize) -> Option<WaveCut> {
     let extent = if along_m { p.m } else { p.n };
     if at == 0 || at >= extent {
         return None;
     }
-    let in_elem = p.in_dtype.size_bytes();
-    let out_elem = p.out_dtype.size_bytes();
-    let (head, tail) = if along_m {
-        (
-            GemmProblem {
-                m: at,
-                a: rows(&p.a, 0, at, in_elem)?,
-                c: optional(p.c, |c| rows(c, 0, at, out_elem))?,
-                d: rows(&p.d, 0, at, out_elem)?,
-                ..*p
-            },
-            GemmProblem {
-                m: p.m - at,
-                a: rows(&p.a, at, p.m, in_elem)?,
-                c: optional(p.c, |c| rows(c, at, p.m, out_elem))?,
-                d: rows(&p.d, at, p.m, out_elem)?,
-                ..*p
-            },
-        )
-    } else {
-        let bias = |from: usize| p.bias.map(|b| b + (from * out_elem) as u64);
-        (
-            GemmProblem {
-                n: at,
-                b: cols(&p.b, 0, at, in_elem)?,
-                c: optional(p.c, |c| cols(c, 0, at, out_elem))?,
-                d: cols(&p.d, 0, at, out_elem)?,
-                bias: bias(0),
-                ..*p
-            },
-            GemmProblem {
-                n: p.n - at,
-                b: cols(&p.b, at, p.n, in_elem)?,
-                c: optional(p.c, |c| cols(c, at, p.n, out_elem))?,
-                d: cols(&p.d, at, p.n, out_elem)?,
-                bias: bias(at),
-                ..*p
-            },
-        )
-    };
     Some(WaveCut {
-        head,
-        tail,
+        head: part(p, along_m, 0, at)?,
+        tail: part(p, along_m, at, extent)?,
         along_m,
         at,
+    })
+}
+
+/// `p` restricted to D's rows (or columns) [from, to): views of the same buffers, A's rows
+/// (or B's columns), C's and D's, and the bias's columns moved along.
+fn part(p: &GemmProblem, along_m: bool, from: usize, to: usize) -> Option<GemmProblem> {
+    let in_elem = p.in_dtype.size_bytes();
+    let out_elem = p.out_dtype.size_bytes();
+    let view = |x: &MatrixArg, elem: usize| {
+        if along_m {
+            rows(x, from, to, elem)
+        } else {
+            cols(x, from, to, elem)
+        }
+    };
+    let c = optional(p.c, |c| view(c, out_elem))?;
+    let d = view(&p.d, out_elem)?;
+    Some(if along_m {
+        GemmProblem {
+            m: to - from,
+            a: view(&p.a, in_elem)?,
+            c,
+            d,
+            ..*p
+        }
+    } else {
+        GemmProblem {
+            n: to - from,
+            b: view(&p.b, in_elem)?,
+            c,
+            d,
+            bias: p.bias.map(|b| b + (from * out_elem) as u64),
+            ..*p
+        }
     })
 }
 
