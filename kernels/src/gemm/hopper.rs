@@ -90,12 +90,7 @@ impl TileConfig {
 
     /// Bytes of one fused split-K slot: every consumer thread's f32 accumulators.
     pub(super) fn slot_bytes(self) -> usize {
-        let wg_n = if self.bm == 64 && !self.pingpong {
-            self.bn / 2
-        } else {
-            self.bn
-        };
-        wg_n / 2 * 256 * 4
+        warpgroup_cols(self.bm, self.bn, self.pingpong) / 2 * 256 * 4
     }
 
     /// Scheduling units: clusters of `cluster` row tiles of one column tile.
@@ -211,15 +206,19 @@ impl Tune {
         t
     }
 
-    /// False in tuning runs that force a shape, a split, clusters or ping-pong (their launch
-    /// stays one launch), and with `cut=0`.
+    /// False with `cut=0` and in tuning runs that force the launch ([`Tune::forces_the_launch`]).
     pub(super) fn allows_wave_cut(self) -> bool {
-        self.wave_cut != Some(false)
-            && self.pingpong != Some(true)
-            && self.cluster != Some(2)
-            && self.split.is_none()
-            && self.bm.is_none()
-            && self.bn.is_none()
+        self.wave_cut != Some(false) && !self.forces_the_launch()
+    }
+
+    /// True in tuning runs that force a tile shape, a split, clusters or ping-pong: their
+    /// launch stays the one they ask for (no wave cut, no fused split-K).
+    fn forces_the_launch(self) -> bool {
+        self.pingpong == Some(true)
+            || self.cluster == Some(2)
+            || self.split.is_some()
+            || self.bm.is_some()
+            || self.bn.is_some()
     }
 
     pub(super) fn get() -> Tune {
@@ -351,7 +350,7 @@ pub(super) fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(Ti
     let cfg = pick(arch, &partial, b_kmajor, false, widest)?;
     let tiles = cfg.tiles(p).max(1);
     // Pieces of `per` k-tiles each: no empty piece.
-    let pieces = |wanted: usize| k_tiles.div_ceil(k_tiles.div_ceil(wanted.max(1)));
+    let pieces = |wanted: usize| pieces_of(k_tiles, wanted);
     let partial_bytes = |splits: usize| splits * p.batch * p.m * p.n * 4;
     let splits = match tune.split {
         Some(s) => pieces(s.min(k_tiles)),
@@ -383,6 +382,12 @@ pub(super) fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(Ti
         }
     };
     (splits >= 2 && partial_bytes(splits) <= MAX_SPLIT_K_BYTES).then_some((cfg, splits))
+}
+
+/// How many pieces of `ceil(k_tiles / wanted)` k-tiles cover `k_tiles`: about `wanted`, never
+/// an empty piece (the kernel cuts K the same way).
+fn pieces_of(k_tiles: usize, wanted: usize) -> usize {
+    k_tiles.div_ceil(k_tiles.div_ceil(wanted.max(1)))
 }
 
 /// A rough model of the Hopper kernel's time (microseconds, H100) for `rounds` rounds of
@@ -452,13 +457,7 @@ pub(super) fn fused_split_plan(
     p: &GemmProblem,
     tune: Tune,
 ) -> Option<(TileConfig, usize)> {
-    if tune.fused == Some(false)
-        || tune.pingpong == Some(true)
-        || tune.cluster == Some(2)
-        || tune.split.is_some()
-        || tune.bm.is_some()
-        || tune.bn.is_some()
-    {
+    if tune.fused == Some(false) || tune.forces_the_launch() {
         return None;
     }
     let sms = arch.compute_units.max(1) as usize;
@@ -487,7 +486,7 @@ pub(super) fn fused_split_plan(
         return None;
     }
     let tiles = cfg.tiles(p);
-    let pieces = |wanted: usize| k_tiles.div_ceil(k_tiles.div_ceil(wanted.max(1)));
+    let pieces = |wanted: usize| pieces_of(k_tiles, wanted);
     let (splits, us) = (2..=MAX_FUSED_SPLITS)
         .map(pieces)
         .filter(|&s| k_tiles.div_ceil(s) >= MIN_SPLIT_K_TILES)
@@ -602,10 +601,7 @@ fn pick(
         (128, 64),
     ];
     let pingpong = tune.pingpong == Some(true);
-    // Columns per consumer warpgroup: ping-pong warpgroups own whole tiles (BM / 64 m64
-    // blocks of BN / 2 accumulators, 128 at most); cooperative ones split BM = 128 by rows
-    // and BM = 64 by columns.
-    let wg_n = |bm: usize, bn: usize| if bm == 64 && !pingpong { bn / 2 } else { bn };
+    let wg_n = |bm: usize, bn: usize| warpgroup_cols(bm, bn, pingpong);
     let allowed = |&(bm, bn): &(usize, usize)| {
         wg_n(bm, bn) >= 16
             && wg_n(bm, bn) <= 256
@@ -689,6 +685,17 @@ fn pick(
             .max_by_key(|c| (c.tiles(p), c.bm * c.bn))
     })?;
     (chosen.tiles(p) <= MAX_EXTENT).then_some(chosen)
+}
+
+/// Columns per consumer warpgroup of a `bm` x `bn` tile: ping-pong warpgroups own whole tiles
+/// (BM / 64 m64 blocks of BN / 2 accumulators, 128 at most); cooperative ones split BM = 128
+/// by rows and BM = 64 by columns.
+fn warpgroup_cols(bm: usize, bn: usize, pingpong: bool) -> usize {
+    if bm == 64 && !pingpong {
+        bn / 2
+    } else {
+        bn
+    }
 }
 
 /// A stride for a TMA dimension: the real one, or (extent 1 or broadcast) any valid value.
