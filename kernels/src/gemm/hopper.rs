@@ -4,6 +4,7 @@
 
 use super::params::HopperParams;
 pub(crate) use super::wave_cut::wave_cut;
+use super::wave_cut::wave_cut_of;
 use super::{GemmProblem, MatrixArg};
 use calico_core::{
     Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, KernelVariant,
@@ -1145,15 +1146,18 @@ impl KernelVariant for SplitReduce {
 /// wave boundary when its last round of tiles would leave most SMs idle ([`wave_cut`]), split
 /// along K when its tiles leave most SMs idle ([`split_plan`]).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
-    let tune = Tune::get();
-    if let Some((cfg, splits)) = fused_split_plan(gpu.arch(), p, tune) {
+    let (arch, tune) = (gpu.arch(), Tune::get());
+    if let Some((cfg, splits)) = fused_split_plan(arch, p, tune) {
         return launch_fused(gpu, p, cfg, splits);
     }
-    if let Some(cut) = wave_cut(gpu.arch(), p, tune) {
+    // The uncut launch's tile, picked once: the wave cut weighs it and the whole launch runs it.
+    let whole = config(arch, p).ok_or_else(not_supported)?;
+    if let Some(cut) = wave_cut_of(arch, p, whole, tune) {
         launch_for(gpu, &cut.head, d_tma_ok(&cut.head))?;
-        return launch_whole(gpu, &cut.tail, tune);
+        let tail = config(arch, &cut.tail).ok_or_else(not_supported)?;
+        return launch_whole(gpu, &cut.tail, tail, tune);
     }
-    launch_whole(gpu, p, tune)
+    launch_whole(gpu, p, whole, tune)
 }
 
 /// The fused split-K kernel's scratch: one slot of f32 partial sums per work item (workspace)
@@ -1180,11 +1184,16 @@ fn launch_fused(
     })
 }
 
-/// [`launch`] without a wave cut: one launch, or split-K's two.
-fn launch_whole(gpu: &dyn GpuBackend, p: &GemmProblem, tune: Tune) -> Result<()> {
+/// [`launch`] without a wave cut: one launch on `whole` (`p`'s [`config`]), or split-K's two.
+fn launch_whole(
+    gpu: &dyn GpuBackend,
+    p: &GemmProblem,
+    whole: TileConfig,
+    tune: Tune,
+) -> Result<()> {
     match split_plan(gpu.arch(), p, tune) {
         Some((cfg, splits)) => launch_split(gpu, p, cfg, splits),
-        None => launch_for(gpu, p, d_tma_ok(p)),
+        None => launch_tiles(gpu, p, whole, 1, None),
     }
 }
 
@@ -1263,12 +1272,14 @@ fn launch_split(
 }
 
 fn launch_for(gpu: &dyn GpuBackend, p: &GemmProblem, d_tma: bool) -> Result<()> {
-    let Some(cfg) = config_for(gpu.arch(), p, d_tma) else {
-        return Err(Error::unsupported(
-            "the Hopper GEMM does not support this problem (layout, alignment or device)",
-        ));
-    };
+    let cfg = config_for(gpu.arch(), p, d_tma).ok_or_else(not_supported)?;
     launch_tiles(gpu, p, cfg, 1, None)
+}
+
+fn not_supported() -> Error {
+    Error::unsupported(
+        "the Hopper GEMM does not support this problem (layout, alignment or device)",
+    )
 }
 
 /// Queues the Hopper kernel for `p` on tile `cfg`; `splits` > 1: `p` is the split-K partial

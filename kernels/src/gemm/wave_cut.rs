@@ -34,11 +34,20 @@ pub(crate) struct WaveCut {
 /// launch's last round fills at most half the SMs and the launch is not split along K; the
 /// head keeps the uncut launch's tile, so each of its rounds is as full as the uncut one's.
 pub(crate) fn wave_cut(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<WaveCut> {
+    wave_cut_of(arch, p, hopper::config(arch, p)?, tune)
+}
+
+/// [`wave_cut`] for a caller that already holds the uncut launch's tile (`whole`).
+pub(crate) fn wave_cut_of(
+    arch: &Arch,
+    p: &GemmProblem,
+    whole: TileConfig,
+    tune: Tune,
+) -> Option<WaveCut> {
     if !tune.allows_wave_cut() {
         return None;
     }
     let sms = arch.compute_units.max(1) as usize;
-    let whole = hopper::config(arch, p)?;
     let work = whole.work(p);
     if work <= sms || whole.cluster != 1 {
         return None;
