@@ -97,8 +97,7 @@ pub fn layer_norm(
 ) -> Vec<f64> {
     let mut y = Vec::with_capacity(x.len());
     for row in x.chunks(cols) {
-        let mean = row.iter().sum::<f64>() / cols as f64;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+        let (mean, var) = row_moments(row);
         let r = 1.0 / (var + eps).sqrt();
         for (j, v) in row.iter().enumerate() {
             let wj = w.map_or(1.0, |w| w[j]);
@@ -107,6 +106,14 @@ pub fn layer_norm(
         }
     }
     y
+}
+
+/// A row's mean and (biased) variance, in two passes.
+pub fn row_moments(row: &[f64]) -> (f64, f64) {
+    let n = row.len() as f64;
+    let mean = row.iter().sum::<f64>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    (mean, var)
 }
 
 /// The residual sum as the fused ops store it: `round_to_dtype(x + residual)`.

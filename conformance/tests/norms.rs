@@ -137,9 +137,7 @@ fn norm_case(dev: &Device, c: &RowCase, norm: Norm, eps: f32) -> Result<(), Stri
 fn mean_to_spread(s: &[f64], cols: usize) -> f64 {
     s.chunks(cols.max(1))
         .map(|row| {
-            let n = row.len() as f64;
-            let mean = row.iter().sum::<f64>() / n;
-            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+            let (mean, var) = reference::row_moments(row);
             mean.abs() / var.sqrt().max(1e-30)
         })
         .fold(0.0, f64::max)
