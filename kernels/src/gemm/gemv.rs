@@ -365,12 +365,8 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::portable::tests::problem;
+    use crate::gemm::portable::tests::{h100, problem};
     use calico_core::KernelArg;
-
-    fn h100() -> Arch {
-        Arch::for_target("sm_90a").unwrap()
-    }
 
     #[test]
     fn decode_shapes_fill_the_sms() {

@@ -1422,11 +1422,7 @@ fn launch_tiles(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::portable::tests::problem;
-
-    fn h100() -> Arch {
-        Arch::for_target("sm_90a").unwrap()
-    }
+    use crate::gemm::portable::tests::{h100, problem};
 
     #[test]
     fn tiles_filling_half_to_all_sms_sum_split_pieces_in_the_kernel() {

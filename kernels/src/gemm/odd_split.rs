@@ -175,11 +175,7 @@ pub(super) fn launch(gpu: &dyn GpuBackend, s: &Split, padded_d: bool) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::portable::tests::problem;
-
-    fn h100() -> Arch {
-        Arch::for_target("sm_90a").unwrap()
-    }
+    use crate::gemm::portable::tests::{h100, problem};
 
     /// `m x n x k` with the operands as the padded path leaves them (rows of `k` rounded up to
     /// 64 elements, B as an N x K weight) and D with its odd rows.

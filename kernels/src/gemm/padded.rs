@@ -397,11 +397,7 @@ pub(crate) fn catalog(vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::portable::tests::problem;
-
-    fn h100() -> Arch {
-        Arch::for_target("sm_90a").unwrap()
-    }
+    use crate::gemm::portable::tests::{h100, problem};
 
     #[test]
     fn aligned_problems_need_no_padding() {

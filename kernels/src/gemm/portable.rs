@@ -236,6 +236,11 @@ pub(crate) fn catalog(vendor: HeaderSet) -> Result<Vec<CatalogEntry>> {
 pub(crate) mod tests {
     use super::*;
 
+    /// The H100's target, for the GEMM routers' unit tests.
+    pub(crate) fn h100() -> calico_core::Arch {
+        calico_core::Arch::for_target("sm_90a").unwrap()
+    }
+
     /// A row-major problem (B as K x N, or as an N x K weight when `b_kmajor`).
     pub(crate) fn problem(m: usize, n: usize, k: usize, b_kmajor: bool) -> GemmProblem {
         let a = MatrixArg {

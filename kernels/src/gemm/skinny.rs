@@ -294,11 +294,7 @@ pub(crate) fn catalog(arch: &Arch, vendor: HeaderSet) -> Result<Vec<CatalogEntry
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::portable::tests::problem;
-
-    fn h100() -> Arch {
-        Arch::for_target("sm_90a").unwrap()
-    }
+    use crate::gemm::portable::tests::{h100, problem};
 
     #[test]
     fn decode_shapes_are_taken_with_four_ctas_per_sm() {

@@ -187,11 +187,7 @@ fn optional(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm::portable::tests::problem;
-
-    fn h100() -> Arch {
-        Arch::for_target("sm_90a").unwrap()
-    }
+    use crate::gemm::portable::tests::{h100, problem};
 
     #[test]
     fn a_nearly_empty_last_round_is_cut_into_whole_rounds() {
