@@ -363,7 +363,7 @@ pub(super) fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(Ti
             // one wave.
             let whole = config(arch, p)?;
             let rounds = whole.work(p).div_ceil(sms);
-            let unsplit = modeled_us(p, rounds, k_tiles, whole, 0);
+            let unsplit = modeled_us(p, rounds, k_tiles, whole, 0, tune);
             let most = (sms / tiles)
                 .min(k_tiles / MIN_SPLIT_K_TILES)
                 .min(MAX_SPLIT_K);
@@ -372,7 +372,7 @@ pub(super) fn split_plan(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<(Ti
                 .map(|s| {
                     (
                         s,
-                        modeled_us(p, 1, k_tiles.div_ceil(s), cfg, partial_bytes(s)),
+                        modeled_us(p, 1, k_tiles.div_ceil(s), cfg, partial_bytes(s), tune),
                     )
                 })
                 .min_by(|a, b| a.1.total_cmp(&b.1))?;
@@ -408,6 +408,7 @@ pub(super) fn modeled_us(
     k_tiles: usize,
     cfg: TileConfig,
     partial_bytes: usize,
+    tune: Tune,
 ) -> f64 {
     const KTILE_US: f64 = 0.6;
     const DRAM_BYTES_PER_US: f64 = 2.8e6;
@@ -420,7 +421,7 @@ pub(super) fn modeled_us(
     } else {
         35
     };
-    let floor = Tune::get().area_floor_pct.unwrap_or(fitted) as f64 / 100.0;
+    let floor = tune.area_floor_pct.unwrap_or(fitted) as f64 / 100.0;
     let compute = rounds as f64 * k_tiles as f64 * KTILE_US * area.max(floor);
     let elem = p.in_dtype.size_bytes() as f64;
     let operands = (p.m + p.n) as f64 * p.k as f64 * elem * p.batch as f64;
@@ -439,11 +440,25 @@ pub(super) fn planned_us(arch: &Arch, p: &GemmProblem, tune: Tune) -> Option<f64
     let k_tiles = p.k.div_ceil(BK);
     if let Some((cfg, splits)) = split_plan(arch, p, tune) {
         let partials = splits * p.batch * p.m * p.n * 4;
-        return Some(modeled_us(p, 1, k_tiles.div_ceil(splits), cfg, partials));
+        return Some(modeled_us(
+            p,
+            1,
+            k_tiles.div_ceil(splits),
+            cfg,
+            partials,
+            tune,
+        ));
     }
     let cfg = config(arch, p)?;
     let sms = arch.compute_units.max(1) as usize;
-    Some(modeled_us(p, cfg.work(p).div_ceil(sms), k_tiles, cfg, 0))
+    Some(modeled_us(
+        p,
+        cfg.work(p).div_ceil(sms),
+        k_tiles,
+        cfg,
+        0,
+        tune,
+    ))
 }
 
 /// Split-K summed inside the kernel (hopper.cu SPLIT_FUSED, gemm/split_fused.cuh) for
@@ -488,19 +503,18 @@ pub(super) fn fused_split_plan(
     }
     let tiles = cfg.tiles(p);
     let pieces = |wanted: usize| pieces_of(k_tiles, wanted);
-    let (splits, us) = (2..=MAX_FUSED_SPLITS)
+    let (splits, us, slots) = (2..=MAX_FUSED_SPLITS)
         .map(pieces)
         .filter(|&s| k_tiles.div_ceil(s) >= MIN_SPLIT_K_TILES)
         .map(|s| {
             let rounds = (tiles * s).div_ceil(sms);
             let slots = tiles * s * cfg.slot_bytes();
-            let us = modeled_us(p, rounds, k_tiles.div_ceil(s), cfg, 0) + fused_fixup_us(slots);
-            (s, us)
+            let model = modeled_us(p, rounds, k_tiles.div_ceil(s), cfg, 0, tune);
+            (s, model + fused_fixup_us(slots), slots)
         })
         .min_by(|a, b| a.1.total_cmp(&b.1))?;
-    let bytes = tiles * splits * cfg.slot_bytes();
     let best = planned_us(arch, p, tune)?;
-    (us < best * (1.0 - MIN_FUSED_GAIN) && bytes <= MAX_SPLIT_K_BYTES).then_some((cfg, splits))
+    (us < best * (1.0 - MIN_FUSED_GAIN) && slots <= MAX_SPLIT_K_BYTES).then_some((cfg, splits))
 }
 
 /// The wave cut [`launch`] makes of `p` (none where the fused split-K runs it).
@@ -580,9 +594,8 @@ fn cluster_splits_b(bn: usize, b_kmajor: bool) -> bool {
     }
 }
 
-/// The tile shape for `p`: 128 x 256 when that already gives 60% of a wave of tiles (the big
-/// GEMMs), else the first smaller shape that gives 3/4 (skinny M, small N), else the one with the
-/// most tiles. N-major B needs 64-column chunks per consumer warpgroup. The epilogue goes
+/// The tile shape for `p`: the first of 128 x 256 (the big GEMMs) and the smaller shapes
+/// (skinny M, small N) that gives 60% of a wave of tiles, else the one with the most tiles. N-major B needs 64-column chunks per consumer warpgroup. The epilogue goes
 /// through TMA stores when D allows it (`d_tma`) and the warpgroup tile is whole 64-column
 /// boxes; `tune` (CALICO_HOPPER_TUNE) may force the shape, stages, epilogue and cluster.
 fn pick(

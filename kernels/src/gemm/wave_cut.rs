@@ -59,7 +59,7 @@ pub(crate) fn wave_cut_of(
         return None;
     }
     let k_tiles = p.k.div_ceil(hopper::BK);
-    let uncut_us = hopper::modeled_us(p, rounds, k_tiles, whole, 0);
+    let uncut_us = hopper::modeled_us(p, rounds, k_tiles, whole, 0, tune);
     let head_tiles = (rounds - 1) * sms;
     let row_tiles = p.m.div_ceil(whole.bm);
     let col_tiles = p.n.div_ceil(whole.bn);
@@ -82,7 +82,7 @@ pub(crate) fn wave_cut_of(
         .filter(|&(_, head, all, _)| head >= 1 && head < all)
         .filter_map(|(along_m, head, _, unit)| {
             let cut = cut_at(p, along_m, head * unit)?;
-            let head_us = head_us(arch, &cut.head, whole, k_tiles)?;
+            let head_us = head_us(arch, &cut.head, whole, k_tiles, tune)?;
             let tail_us = hopper::planned_us(arch, &cut.tail, tune)?;
             Some((head_us + tail_us + CUT_LAUNCH_US, cut))
         })
@@ -93,16 +93,17 @@ pub(crate) fn wave_cut_of(
 
 /// The head's modelled time, if it runs on the uncut launch's tile (it always should: it has
 /// whole rounds of that tile); `None` declines the cut.
-fn head_us(arch: &Arch, head: &GemmProblem, whole: TileConfig, k_tiles: usize) -> Option<f64> {
+fn head_us(
+    arch: &Arch,
+    head: &GemmProblem,
+    whole: TileConfig,
+    k_tiles: usize,
+    tune: Tune,
+) -> Option<f64> {
     let cfg = hopper::config(arch, head).filter(|&c| c == whole)?;
     let sms = arch.compute_units.max(1) as usize;
-    Some(hopper::modeled_us(
-        head,
-        cfg.work(head).div_ceil(sms),
-        k_tiles,
-        cfg,
-        0,
-    ))
+    let rounds = cfg.work(head).div_ceil(sms);
+    Some(hopper::modeled_us(head, rounds, k_tiles, cfg, 0, tune))
 }
 
 /// `p` cut into D's rows (or columns) before `at` and from `at` on.
