@@ -7,8 +7,8 @@
 //! the text, compile it (through the disk cache) and load it.
 
 use crate::{HeaderSet, KernelSource, Result};
+use rustc_hash::FxHashMap;
 use std::any::{Any, TypeId};
-use std::collections::HashMap;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
@@ -37,8 +37,9 @@ pub trait DynVariant: fmt::Debug + Send + Sync {
 
 impl<V: KernelVariant> DynVariant for V {
     fn key_hash(&self) -> u64 {
-        // SipHash with fixed keys: a few tens of nanoseconds for a handful of fields.
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        // FxHash: every launch hashes its variant once, and SipHash cost several times as much
+        // for these few fields; the keys are the library's own values, never hostile input.
+        let mut h = rustc_hash::FxHasher::default();
         TypeId::of::<V>().hash(&mut h);
         self.hash(&mut h);
         h.finish()
@@ -63,13 +64,13 @@ type Bucket<K> = Vec<(Box<dyn DynVariant>, K)>;
 /// A map from kernel variants to what a backend loaded for them (a function handle).
 pub struct VariantCache<K> {
     /// Buckets by hash.
-    map: Mutex<HashMap<u64, Bucket<K>>>,
+    map: Mutex<FxHashMap<u64, Bucket<K>>>,
 }
 
 impl<K> Default for VariantCache<K> {
     fn default() -> Self {
         VariantCache {
-            map: Mutex::new(HashMap::new()),
+            map: Mutex::new(FxHashMap::default()),
         }
     }
 }

@@ -3,8 +3,9 @@
 //! picks the tile shape, encodes the tensor maps and launches it.
 
 use super::params::HopperParams;
+use super::plan_cache::{PlanKey, PlanMemo};
 pub(crate) use super::wave_cut::wave_cut;
-use super::wave_cut::wave_cut_of;
+use super::wave_cut::{self, wave_cut_of};
 use super::{GemmProblem, MatrixArg};
 use calico_core::{
     Arch, AsyncCopy, DType, Error, GpuBackend, KernelArg, KernelSource, KernelVariant,
@@ -1155,22 +1156,80 @@ impl KernelVariant for SplitReduce {
     }
 }
 
+/// How [`launch`] runs a problem: decided by [`plan_launch`] once per problem shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum LaunchPlan {
+    /// Split-K summed inside the kernel ([`fused_split_plan`]).
+    Fused {
+        cfg: TileConfig,
+        splits: usize,
+    },
+    /// Cut at a wave boundary ([`wave_cut`]): the head (D's rows or columns before `at`) on
+    /// the uncut tile `head`, then the tail as planned.
+    Cut {
+        along_m: bool,
+        at: usize,
+        head: TileConfig,
+        tail: WholePlan,
+    },
+    Whole(WholePlan),
+}
+
+/// One problem in one or two launches: the tile list once, or split-K ([`split_plan`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) enum WholePlan {
+    Tiles(TileConfig),
+    Split { cfg: TileConfig, splits: usize },
+}
+
 /// Launches the Hopper GEMM for `p` (call only when [`tiles`] is `Some`), cut in two at a
 /// wave boundary when its last round of tiles would leave most SMs idle ([`wave_cut`]), split
 /// along K when its tiles leave most SMs idle ([`split_plan`]).
 pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
-    let (arch, tune) = (gpu.arch(), Tune::get());
+    static PLANS: PlanMemo<LaunchPlan> = PlanMemo::new();
+    let arch = gpu.arch();
+    match PLANS.get_or_plan(PlanKey::of(arch, p), || plan_launch(arch, p, Tune::get()))? {
+        LaunchPlan::Fused { cfg, splits } => launch_fused(gpu, p, cfg, splits),
+        LaunchPlan::Cut {
+            along_m,
+            at,
+            head,
+            tail,
+        } => {
+            let cut = wave_cut::cut_at(p, along_m, at).ok_or_else(not_supported)?;
+            launch_tiles(gpu, &cut.head, head, 1, None)?;
+            launch_whole(gpu, &cut.tail, tail)
+        }
+        LaunchPlan::Whole(whole) => launch_whole(gpu, p, whole),
+    }
+}
+
+pub(super) fn plan_launch(arch: &Arch, p: &GemmProblem, tune: Tune) -> Result<LaunchPlan> {
     if let Some((cfg, splits)) = fused_split_plan(arch, p, tune) {
-        return launch_fused(gpu, p, cfg, splits);
+        return Ok(LaunchPlan::Fused { cfg, splits });
     }
     // The uncut launch's tile, picked once: the wave cut weighs it and the whole launch runs it.
     let whole = config(arch, p).ok_or_else(not_supported)?;
     if let Some(cut) = wave_cut_of(arch, p, whole, tune) {
-        launch_for(gpu, &cut.head, d_tma_ok(&cut.head))?;
+        let head = config(arch, &cut.head).ok_or_else(not_supported)?;
         let tail = config(arch, &cut.tail).ok_or_else(not_supported)?;
-        return launch_whole(gpu, &cut.tail, tail, tune);
+        return Ok(LaunchPlan::Cut {
+            along_m: cut.along_m,
+            at: cut.at,
+            head,
+            tail: plan_whole(arch, &cut.tail, tail, tune),
+        });
     }
-    launch_whole(gpu, p, whole, tune)
+    Ok(LaunchPlan::Whole(plan_whole(arch, p, whole, tune)))
+}
+
+/// [`plan_launch`] without a wave cut: the tile list on `whole` (`p`'s [`config`]) once, or
+/// split-K's two launches.
+fn plan_whole(arch: &Arch, p: &GemmProblem, whole: TileConfig, tune: Tune) -> WholePlan {
+    match split_plan(arch, p, tune) {
+        Some((cfg, splits)) => WholePlan::Split { cfg, splits },
+        None => WholePlan::Tiles(whole),
+    }
 }
 
 /// The fused split-K kernel's scratch: one slot of f32 partial sums per work item (workspace)
@@ -1197,16 +1256,10 @@ fn launch_fused(
     })
 }
 
-/// [`launch`] without a wave cut: one launch on `whole` (`p`'s [`config`]), or split-K's two.
-fn launch_whole(
-    gpu: &dyn GpuBackend,
-    p: &GemmProblem,
-    whole: TileConfig,
-    tune: Tune,
-) -> Result<()> {
-    match split_plan(gpu.arch(), p, tune) {
-        Some((cfg, splits)) => launch_split(gpu, p, cfg, splits),
-        None => launch_tiles(gpu, p, whole, 1, None),
+fn launch_whole(gpu: &dyn GpuBackend, p: &GemmProblem, plan: WholePlan) -> Result<()> {
+    match plan {
+        WholePlan::Split { cfg, splits } => launch_split(gpu, p, cfg, splits),
+        WholePlan::Tiles(cfg) => launch_tiles(gpu, p, cfg, 1, None),
     }
 }
 

@@ -18,6 +18,7 @@ mod odd_split;
 mod padded;
 mod params;
 mod plan;
+mod plan_cache;
 mod portable;
 mod skinny;
 mod sm80;
@@ -264,8 +265,17 @@ pub fn gemm_kernel(
     route_on(dev.arch(), &p).map(Some)
 }
 
-/// [`route`] for a device, honouring `CALICO_GEMM_KERNEL` and `CALICO_GEMM_ROUTE_AS` (plan.rs).
+/// [`route`] for a device, honouring `CALICO_GEMM_KERNEL` and `CALICO_GEMM_ROUTE_AS` (plan.rs),
+/// planned once per problem shape ([`plan_cache`]).
 fn route_on(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
+    static ROUTES: plan_cache::PlanMemo<GemmKernel> = plan_cache::PlanMemo::new();
+    ROUTES.get_or_plan(plan_cache::PlanKey::of(arch, p), || {
+        route_unremembered(arch, p)
+    })
+}
+
+/// [`route_on`] planned afresh (the knobs it reads are fixed for the process).
+fn route_unremembered(arch: &calico_core::Arch, p: &GemmProblem) -> Result<GemmKernel> {
     match plan::forced_kernel() {
         Some(GemmKernel::Tile) if tile::supports(arch, p) => return Ok(GemmKernel::Tile),
         Some(GemmKernel::Portable) if portable::supports(arch, p) => {

@@ -107,7 +107,7 @@ fn head_us(
 }
 
 /// `p` cut into D's rows (or columns) before `at` and from `at` on.
-fn cut_at(p: &GemmProblem, along_m: bool, at: usize) -> Option<WaveCut> {
+pub(crate) fn cut_at(p: &GemmProblem, along_m: bool, at: usize) -> Option<WaveCut> {
     let extent = if along_m { p.m } else { p.n };
     if at == 0 || at >= extent {
         return None;
