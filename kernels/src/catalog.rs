@@ -60,12 +60,13 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
     let mut out = Vec::new();
     let dtypes = [DType::BF16, DType::F16, DType::F32];
     // Register-resident rows (vectorised and scalar) and the streaming fallback.
-    let plans = |dtype: DType| -> Vec<(usize, RowPlan)> {
+    // (`aim`: vectors per thread aimed for, RMSNorm's or the others'.)
+    let plans = |dtype: DType, aim: usize| -> Vec<(usize, RowPlan)> {
         let vec = 16 / dtype.size_bytes();
         vec![
-            (vec, rows::plan(4096, vec, &arch)),
-            (1, rows::plan(1000, 1, &arch)),
-            (vec, rows::plan(1 << 20, vec, &arch)),
+            (vec, rows::plan_aiming(4096, vec, &arch, aim)),
+            (1, rows::plan_aiming(1000, 1, &arch, aim)),
+            (vec, rows::plan_aiming(1 << 20, vec, &arch, aim)),
         ]
     };
     // CDNA row kernels (buffer loads): a row per wavefront, a row per workgroup, and rows
@@ -112,8 +113,13 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                 }
             }
         }
+        let aim = if layer {
+            rows::TARGET_VECTORS
+        } else {
+            rows::RMS_TARGET_VECTORS
+        };
         for dtype in dtypes {
-            for (vec, plan) in plans(dtype) {
+            for (vec, plan) in plans(dtype, aim) {
                 for residual in [false, true] {
                     let v = NormVariant {
                         dtype,
@@ -143,7 +149,7 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                     let v = NormVariant {
                         dtype,
                         vec: wide,
-                        plan: rows::plan(4097, wide, &arch),
+                        plan: rows::plan_aiming(4097, wide, &arch, aim),
                         align_body: true,
                         layer,
                         residual,
@@ -171,7 +177,7 @@ pub fn entries(target: &str, op: Option<&str>) -> Result<Vec<CatalogEntry>> {
                     source: v.source(vendor)?,
                 });
             }
-            for (vec, plan) in plans(dtype) {
+            for (vec, plan) in plans(dtype, rows::TARGET_VECTORS) {
                 let label = format!(
                     "{dtype} vec{vec} nv{} streaming={}",
                     plan.vectors_per_thread, plan.streaming

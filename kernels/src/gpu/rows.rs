@@ -13,17 +13,67 @@ pub(crate) struct RowPlan {
 
 /// Most vectors a thread holds in registers before the kernel streams instead.
 const MAX_VECTORS: usize = 8;
-/// Vectors per thread aimed for: enough bytes in flight per thread, enough threads per row.
-const TARGET_VECTORS: usize = 4;
+/// Vectors per thread aimed for: enough bytes in flight per thread, enough threads per row
+/// (LayerNorm and softmax).
+pub(crate) const TARGET_VECTORS: usize = 4;
+/// The same for RMSNorm (with or without the residual add): twice the threads per row, half
+/// the vectors each. H200, session 27 (65536 rows of 1024 / 2048 / 4096 / 8192 bf16): rms_norm
+/// 83 / 87 / 86 / 77% of the copy bandwidth with 4, 94 / 98 / 95 / 80% with 2; add_rms_norm
+/// 93-98% -> 98-101%; LayerNorm lost 20-37 points with 2 and softmax 4 at 4096 columns, so
+/// they keep 4.
+pub(crate) const RMS_TARGET_VECTORS: usize = 2;
 /// Largest block that keeps rows in registers: 512 threads leave each up to 128 registers
 /// (1024 would cap them at 64 and fail to launch the LayerNorm variants that need more).
 const MAX_REGISTER_THREADS: usize = 512;
 
+/// Overrides from `CALICO_ROWS_TUNE` (A/B runs; entries that do not parse are ignored):
+/// `vectors=N` vectors per thread aimed for (1-8), `blocks=N` at most N blocks per SM, each
+/// looping over rows (the kernels are grid-stride).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Tune {
+    vectors: Option<usize>,
+    blocks_per_sm: Option<usize>,
+}
+
+impl Tune {
+    fn parse(text: &str) -> Tune {
+        let mut t = Tune::default();
+        for item in text.split([',', ' ', ';']) {
+            let Some((key, value)) = item.split_once('=') else {
+                continue;
+            };
+            let num = value.trim().parse::<usize>().ok();
+            match key.trim() {
+                "vectors" => t.vectors = num.filter(|v| (1..=MAX_VECTORS).contains(v)),
+                "blocks" => t.blocks_per_sm = num.filter(|v| (1..=64).contains(v)),
+                _ => {}
+            }
+        }
+        t
+    }
+
+    fn get() -> Tune {
+        static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
+        *TUNE.get_or_init(|| {
+            std::env::var("CALICO_ROWS_TUNE")
+                .map(|s| Tune::parse(&s))
+                .unwrap_or_default()
+        })
+    }
+}
+
+/// The plan for rows of `cols` elements read `vec` at a time, each thread aiming at
+/// [`TARGET_VECTORS`] vectors ([`plan_aiming`] for another aim).
 pub(crate) fn plan(cols: usize, vec: usize, arch: &Arch) -> RowPlan {
+    plan_aiming(cols, vec, arch, TARGET_VECTORS)
+}
+
+/// [`plan`] with `aim` vectors per thread (`CALICO_ROWS_TUNE=vectors=N` overrides it).
+pub(crate) fn plan_aiming(cols: usize, vec: usize, arch: &Arch, aim: usize) -> RowPlan {
     let lanes = arch.lanes.max(1) as usize;
     let vectors = cols.div_ceil(vec);
     let threads = vectors
-        .div_ceil(TARGET_VECTORS)
+        .div_ceil(Tune::get().vectors.unwrap_or(aim).max(1))
         .next_multiple_of(lanes)
         .clamp(lanes, MAX_REGISTER_THREADS.max(lanes));
     let per_thread = vectors.div_ceil(threads);
@@ -66,8 +116,11 @@ pub(crate) fn operand(t: &Tensor) -> Result<(u64, usize)> {
 }
 
 /// A grid of one block per row, capped (the kernels loop over rows).
-pub(crate) fn config(rows: usize, plan: RowPlan) -> LaunchConfig {
-    let blocks = rows.clamp(1, 1 << 20) as u32;
+pub(crate) fn config(rows: usize, plan: RowPlan, arch: &Arch) -> LaunchConfig {
+    let cap = Tune::get()
+        .blocks_per_sm
+        .map_or(1 << 20, |b| b * arch.compute_units.max(1) as usize);
+    let blocks = rows.clamp(1, cap.min(1 << 20)) as u32;
     LaunchConfig::linear(blocks, plan.threads, 0)
 }
 

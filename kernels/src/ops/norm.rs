@@ -214,7 +214,9 @@ fn launch(dev: &Device, c: &NormCall) -> Result<()> {
     )?;
     match choose(dev.arch(), c.x.dtype(), c.layer, &geometry) {
         NormKernel::Cdna(v) => gpu.launch_variant(&v, &cdna_rows::config(xr.rows, v.plan), &args),
-        NormKernel::Portable(v) => gpu.launch_variant(&v, &rows::config(xr.rows, v.plan), &args),
+        NormKernel::Portable(v) => {
+            gpu.launch_variant(&v, &rows::config(xr.rows, v.plan, dev.arch()), &args)
+        }
     }
 }
 
@@ -300,7 +302,12 @@ pub(crate) fn choose(arch: &Arch, dtype: DType, layer: bool, g: &NormGeometry) -
     // RMSNorm rows that are not 16-byte aligned (odd lengths or strides) but misaligned alike
     // in every row operand: vector loads over each row's aligned body, scalar head and tail.
     let wide = 16 / esz;
-    let wide_plan = rows::plan(g.cols, wide, arch);
+    let aim = if layer {
+        rows::TARGET_VECTORS
+    } else {
+        rows::RMS_TARGET_VECTORS
+    };
+    let wide_plan = rows::plan_aiming(g.cols, wide, arch, aim);
     let alike =
         |o: Option<RowOperand>| o.is_none_or(|o| rows::same_misalignment(esz, g.x, o, g.rows));
     let align_body = vec < wide
@@ -313,7 +320,7 @@ pub(crate) fn choose(arch: &Arch, dtype: DType, layer: bool, g: &NormGeometry) -
     let (vec, plan) = if align_body {
         (wide, wide_plan)
     } else {
-        (vec, rows::plan(g.cols, vec, arch))
+        (vec, rows::plan_aiming(g.cols, vec, arch, aim))
     };
     NormKernel::Portable(NormVariant {
         dtype,

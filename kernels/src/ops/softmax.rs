@@ -42,7 +42,9 @@ pub fn softmax(dev: &Device, x: &Tensor, y: &mut Tensor) -> Result<()> {
         SoftmaxKernel::Cdna(v) => {
             gpu.launch_variant(&v, &cdna_rows::config(xr.rows, v.plan), &args)
         }
-        SoftmaxKernel::Portable(v) => gpu.launch_variant(&v, &rows::config(xr.rows, v.plan), &args),
+        SoftmaxKernel::Portable(v) => {
+            gpu.launch_variant(&v, &rows::config(xr.rows, v.plan, dev.arch()), &args)
+        }
     }
 }
 
