@@ -18,6 +18,7 @@ use ops::check as ops_check;
 pub mod catalog;
 pub mod gemm;
 mod gpu;
+mod knobs;
 pub mod ops;
 pub mod tile_kernel;
 

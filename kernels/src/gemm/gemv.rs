@@ -149,12 +149,9 @@ struct Tune {
 impl Tune {
     fn parse(text: &str) -> Tune {
         let mut t = Tune::default();
-        for item in text.split([',', ' ', ';']) {
-            let Some((key, value)) = item.split_once('=') else {
-                continue;
-            };
-            let num = value.trim().parse::<usize>().ok();
-            match key.trim() {
+        for (key, value) in crate::knobs::pairs(text) {
+            let num = value.parse::<usize>().ok();
+            match key {
                 "nb" => t.nb = num.filter(|v| [1, 2, 4].contains(v)),
                 "warps" => t.warps = num.filter(|v| (1..=16).contains(v)),
                 "unroll" => t.unroll = num.filter(|v| [1, 2, 4, 8].contains(v)),

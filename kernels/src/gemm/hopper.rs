@@ -166,13 +166,9 @@ impl L2Hint {
 impl Tune {
     pub(super) fn parse(text: &str) -> Tune {
         let mut t = Tune::default();
-        for item in text.split([',', ' ', ';']) {
-            let Some((key, value)) = item.split_once('=') else {
-                continue;
-            };
-            let value = value.trim();
+        for (key, value) in crate::knobs::pairs(text) {
             let num = value.parse::<usize>().ok();
-            match key.trim() {
+            match key {
                 "bm" => t.bm = num.filter(|v| [64, 128].contains(v)),
                 "bn" => t.bn = num.filter(|v| v.is_power_of_two() && (32..=256).contains(v)),
                 "stages" => t.stages = num.filter(|v| (2..=MAX_STAGES).contains(v)),

@@ -38,12 +38,9 @@ struct Tune {
 impl Tune {
     fn parse(text: &str) -> Tune {
         let mut t = Tune::default();
-        for item in text.split([',', ' ', ';']) {
-            let Some((key, value)) = item.split_once('=') else {
-                continue;
-            };
-            let num = value.trim().parse::<usize>().ok();
-            match key.trim() {
+        for (key, value) in crate::knobs::pairs(text) {
+            let num = value.parse::<usize>().ok();
+            match key {
                 "vectors" => t.vectors = num.filter(|v| (1..=MAX_VECTORS).contains(v)),
                 "blocks" => t.blocks_per_sm = num.filter(|v| (1..=64).contains(v)),
                 _ => {}

@@ -431,14 +431,11 @@ fn tune() -> Tune {
 /// `key=value` pairs over the defaults; unknown keys and bad values are ignored.
 fn parse_tune(text: &str) -> Tune {
     let mut t = DEFAULT_TUNE;
-    for pair in text.split(',') {
-        let Some((key, value)) = pair.split_once('=') else {
+    for (key, value) in crate::knobs::pairs(text) {
+        let Ok(n) = value.parse::<usize>() else {
             continue;
         };
-        let Ok(n) = value.trim().parse::<usize>() else {
-            continue;
-        };
-        match key.trim() {
+        match key {
             "kernel" if matches!(n, 1 | 2) => t.kernel = n,
             "stages" if (2..=8).contains(&n) => t.stages = n,
             "warps" if matches!(n, 1 | 2 | 4 | 8) => {
