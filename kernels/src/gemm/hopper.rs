@@ -1200,6 +1200,8 @@ pub(crate) fn launch(gpu: &dyn GpuBackend, p: &GemmProblem) -> Result<()> {
     }
 }
 
+/// The form [`launch`] runs `p` in (fused split, wave cut, split-K or whole): a function of
+/// `p`'s [`PlanKey`] and `tune` alone, so [`launch`] makes it once per key.
 pub(super) fn plan_launch(arch: &Arch, p: &GemmProblem, tune: Tune) -> Result<LaunchPlan> {
     if let Some((cfg, splits)) = fused_split_plan(arch, p, tune) {
         return Ok(LaunchPlan::Fused { cfg, splits });
