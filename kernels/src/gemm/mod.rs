@@ -69,6 +69,51 @@ pub struct GemmProblem {
     pub epilogue: Epilogue,
 }
 
+impl MatrixArg {
+    /// The `rows` x `cols` block of `self` from row `r0` and column `c0` on (elements of
+    /// `elem` bytes): the same buffer, its base moved; `None` if the offset overflows.
+    fn block(&self, elem: usize, r0: usize, rows: usize, c0: usize, cols: usize) -> Option<Self> {
+        let offset = r0
+            .checked_mul(self.row_stride)?
+            .checked_add(c0.checked_mul(self.col_stride)?)?
+            .checked_mul(elem)?;
+        Some(MatrixArg {
+            ptr: self.ptr.checked_add(u64::try_from(offset).ok()?)?,
+            rows,
+            cols,
+            ..*self
+        })
+    }
+}
+
+impl GemmProblem {
+    /// The part of `self` that writes D's rows `r0 .. r0 + m` and columns `c0 .. c0 + n`:
+    /// views of the same buffers (A's rows, B's columns, C's and D's block, the bias's
+    /// columns); `None` if an offset overflows. The odd-shape split's slivers and the wave
+    /// cut's head and tail are such parts.
+    fn part(&self, r0: usize, m: usize, c0: usize, n: usize) -> Option<GemmProblem> {
+        let (ie, oe) = (self.in_dtype.size_bytes(), self.out_dtype.size_bytes());
+        let c = match self.c {
+            Some(c) => Some(c.block(oe, r0, m, c0, n)?),
+            None => None,
+        };
+        let bias = match self.bias {
+            Some(b) => Some(b.checked_add(u64::try_from(c0.checked_mul(oe)?).ok()?)?),
+            None => None,
+        };
+        Some(GemmProblem {
+            m,
+            n,
+            a: self.a.block(ie, r0, m, 0, self.k)?,
+            b: self.b.block(ie, 0, self.k, c0, n)?,
+            c,
+            d: self.d.block(oe, r0, m, c0, n)?,
+            bias,
+            ..*self
+        })
+    }
+}
+
 /// The optional parts of a GEMM.
 #[derive(Debug, Clone, Copy)]
 pub struct GemmOptions<'a> {

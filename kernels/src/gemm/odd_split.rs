@@ -54,16 +54,6 @@ pub(super) struct Split {
     cols: Option<(GemmKernel, GemmProblem)>,
 }
 
-/// `x` from row `r0` and column `c0` on, `rows` x `cols` (elements of `elem` bytes).
-fn sub(x: &MatrixArg, elem: usize, r0: usize, rows: usize, c0: usize, cols: usize) -> MatrixArg {
-    MatrixArg {
-        ptr: x.ptr + ((r0 * x.row_stride + c0 * x.col_stride) * elem) as u64,
-        rows,
-        cols,
-        ..*x
-    }
-}
-
 fn transposed(x: MatrixArg) -> MatrixArg {
     MatrixArg {
         rows: x.cols,
@@ -71,21 +61,6 @@ fn transposed(x: MatrixArg) -> MatrixArg {
         row_stride: x.col_stride,
         col_stride: x.row_stride,
         ..x
-    }
-}
-
-/// The part of `q` that writes D's rows `r0 .. r0 + m` and columns `c0 .. c0 + n`.
-fn part(q: &GemmProblem, r0: usize, m: usize, c0: usize, n: usize) -> GemmProblem {
-    let (ie, oe) = (q.in_dtype.size_bytes(), q.out_dtype.size_bytes());
-    GemmProblem {
-        m,
-        n,
-        a: sub(&q.a, ie, r0, m, 0, q.k),
-        b: sub(&q.b, ie, 0, q.k, c0, n),
-        c: q.c.map(|c| sub(&c, oe, r0, m, c0, n)),
-        d: sub(&q.d, oe, r0, m, c0, n),
-        bias: q.bias.map(|b| b + (c0 * oe) as u64),
-        ..*q
     }
 }
 
@@ -132,19 +107,19 @@ pub(super) fn split(arch: &Arch, q: &GemmProblem) -> Option<Split> {
         return None;
     }
     let (mb, nb) = (q.m - ms, q.n - ns);
-    let bulk = part(q, 0, mb, 0, nb);
+    let bulk = q.part(0, mb, 0, nb)?;
     let waves = |tiles: usize| tiles.div_ceil(ctas);
     if waves(hopper::tiles(arch, &bulk)?) >= waves(hopper::tiles(arch, q)?) {
         return None;
     }
     let rows = match ms {
         0 => None,
-        _ => Some(routed(arch, part(q, mb, ms, 0, q.n))?),
+        _ => Some(routed(arch, q.part(mb, ms, 0, q.n)?)?),
     };
     let cols = match ns {
         0 => None,
         _ => {
-            let p = part(q, 0, mb, nb, ns);
+            let p = q.part(0, mb, nb, ns)?;
             let gemv = transpose_problem(&p)
                 .and_then(|t| routed(arch, t))
                 .filter(|(kernel, _)| *kernel == GemmKernel::Gemv);

@@ -10,7 +10,7 @@
 //! operand by the tail; [`hopper::modeled_us`] weighs that against the round it saves.
 
 use super::hopper::{self, TileConfig, Tune};
-use super::{GemmProblem, MatrixArg};
+use super::GemmProblem;
 use calico_core::Arch;
 
 /// What the second launch costs beyond its own modelled time (the first one's drain and the
@@ -114,74 +114,18 @@ pub(crate) fn cut_at(p: &GemmProblem, along_m: bool, at: usize) -> Option<WaveCu
     }
     Some(WaveCut {
         head: part(p, along_m, 0, at)?,
-        tail: part(p, along_m, at, extent)?,
+        tail: part(p, along_m, at, extent - at)?,
         along_m,
         at,
     })
 }
 
-/// `p` restricted to D's rows (or columns) [from, to): views of the same buffers, A's rows
-/// (or B's columns), C's and D's, and the bias's columns moved along.
-fn part(p: &GemmProblem, along_m: bool, from: usize, to: usize) -> Option<GemmProblem> {
-    let in_elem = p.in_dtype.size_bytes();
-    let out_elem = p.out_dtype.size_bytes();
-    let view = |x: &MatrixArg, elem: usize| {
-        if along_m {
-            rows(x, from, to, elem)
-        } else {
-            cols(x, from, to, elem)
-        }
-    };
-    let c = optional(p.c, |c| view(c, out_elem))?;
-    let d = view(&p.d, out_elem)?;
-    Some(if along_m {
-        GemmProblem {
-            m: to - from,
-            a: view(&p.a, in_elem)?,
-            c,
-            d,
-            ..*p
-        }
+/// `p` restricted to `len` of D's rows (`along_m`) or columns from `from` on.
+fn part(p: &GemmProblem, along_m: bool, from: usize, len: usize) -> Option<GemmProblem> {
+    if along_m {
+        p.part(from, len, 0, p.n)
     } else {
-        GemmProblem {
-            n: to - from,
-            b: view(&p.b, in_elem)?,
-            c,
-            d,
-            bias: p.bias.map(|b| b + (from * out_elem) as u64),
-            ..*p
-        }
-    })
-}
-
-/// Rows [from, to) of `x` (elements of `elem` bytes).
-fn rows(x: &MatrixArg, from: usize, to: usize, elem: usize) -> Option<MatrixArg> {
-    let offset = from.checked_mul(x.row_stride)?.checked_mul(elem)?;
-    Some(MatrixArg {
-        ptr: x.ptr.checked_add(offset as u64)?,
-        rows: to - from,
-        ..*x
-    })
-}
-
-/// Columns [from, to) of `x`.
-fn cols(x: &MatrixArg, from: usize, to: usize, elem: usize) -> Option<MatrixArg> {
-    let offset = from.checked_mul(x.col_stride)?.checked_mul(elem)?;
-    Some(MatrixArg {
-        ptr: x.ptr.checked_add(offset as u64)?,
-        cols: to - from,
-        ..*x
-    })
-}
-
-/// The view `f` makes of an optional matrix: `Some(None)` without one, `None` when `f` fails.
-fn optional(
-    x: Option<MatrixArg>,
-    f: impl Fn(&MatrixArg) -> Option<MatrixArg>,
-) -> Option<Option<MatrixArg>> {
-    match x {
-        None => Some(None),
-        Some(x) => f(&x).map(Some),
+        p.part(0, p.m, from, len)
     }
 }
 
