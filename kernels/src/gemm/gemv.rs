@@ -167,11 +167,7 @@ impl Tune {
 
     fn get() -> Tune {
         static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
-        *TUNE.get_or_init(|| {
-            std::env::var("CALICO_GEMV_TUNE")
-                .map(|s| Tune::parse(&s))
-                .unwrap_or_default()
-        })
+        crate::knobs::read(&TUNE, "CALICO_GEMV_TUNE", Tune::parse)
     }
 }
 

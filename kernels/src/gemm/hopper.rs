@@ -221,11 +221,7 @@ impl Tune {
 
     pub(super) fn get() -> Tune {
         static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
-        *TUNE.get_or_init(|| {
-            std::env::var("CALICO_HOPPER_TUNE")
-                .map(|s| Tune::parse(&s))
-                .unwrap_or_default()
-        })
+        crate::knobs::read(&TUNE, "CALICO_HOPPER_TUNE", Tune::parse)
     }
 }
 

@@ -51,11 +51,7 @@ impl Tune {
 
     fn get() -> Tune {
         static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
-        *TUNE.get_or_init(|| {
-            std::env::var("CALICO_ROWS_TUNE")
-                .map(|s| Tune::parse(&s))
-                .unwrap_or_default()
-        })
+        crate::knobs::read(&TUNE, "CALICO_ROWS_TUNE", Tune::parse)
     }
 }
 

@@ -425,7 +425,7 @@ const DEFAULT_TUNE: Tune = Tune {
 
 fn tune() -> Tune {
     static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
-    *TUNE.get_or_init(|| parse_tune(&std::env::var("CALICO_DECODE_TUNE").unwrap_or_default()))
+    crate::knobs::read(&TUNE, "CALICO_DECODE_TUNE", parse_tune)
 }
 
 /// `key=value` pairs over the defaults; unknown keys and bad values are ignored.

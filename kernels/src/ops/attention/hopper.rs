@@ -622,7 +622,7 @@ impl Tune {
 
 fn tune() -> Tune {
     static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
-    *TUNE.get_or_init(|| Tune::parse(&std::env::var("CALICO_ATTN_HOPPER_TUNE").unwrap_or_default()))
+    crate::knobs::read(&TUNE, "CALICO_ATTN_HOPPER_TUNE", Tune::parse)
 }
 
 /// A TMA dimension's byte stride: the real one, or any valid value where the extent is 1.

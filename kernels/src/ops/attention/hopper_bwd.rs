@@ -211,9 +211,7 @@ impl Tune {
 
     fn get() -> Tune {
         static TUNE: std::sync::OnceLock<Tune> = std::sync::OnceLock::new();
-        *TUNE.get_or_init(|| {
-            Tune::parse(&std::env::var("CALICO_ATTN_HOPPER_BWD_TUNE").unwrap_or_default())
-        })
+        crate::knobs::read(&TUNE, "CALICO_ATTN_HOPPER_BWD_TUNE", Tune::parse)
     }
 }
 
