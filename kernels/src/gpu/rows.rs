@@ -20,7 +20,8 @@ pub(crate) const TARGET_VECTORS: usize = 4;
 /// the vectors each. H200, session 27 (65536 rows of 1024 / 2048 / 4096 / 8192 bf16): rms_norm
 /// 83 / 87 / 86 / 77% of the copy bandwidth with 4, 94 / 98 / 95 / 80% with 2; add_rms_norm
 /// 93-98% -> 98-101%; LayerNorm lost 20-37 points with 2 and softmax 4 at 4096 columns, so
-/// they keep 4.
+/// they keep 4. H100, session 28 (same rows, mirrored A/B): rms_norm 91-97% with 4, 97-101%
+/// with 2.
 pub(crate) const RMS_TARGET_VECTORS: usize = 2;
 /// Largest block that keeps rows in registers: 512 threads leave each up to 128 registers
 /// (1024 would cap them at 64 and fail to launch the LayerNorm variants that need more).
