@@ -9,7 +9,9 @@
 #                                              # .gpu/bundle.tgz (a folder of executables works)
 # Environment:
 #   SANITIZE_TOOLS     tools to run, in order (default "memcheck racecheck synccheck initcheck")
-#   SANITIZE_FILTER    only executables whose name contains this (default: all)
+#   SANITIZE_FILTER    only executables whose name contains one of these space-separated
+#                      parts (default: all), e.g. "norms rope softmax" to finish a run that a
+#                      call's time limit cut
 #   SANITIZE_EXCLUDE   space-separated name parts of executables to leave out, listed as
 #                      "excluded" (default "huge": conformance's tensors of 4+ GiB, whose
 #                      instrumented launches take minutes per tool; they run the same kernel
@@ -69,10 +71,17 @@ else
   tar -C "$unpacked" -xzf "$bundle" || { echo "sanitize: cannot unpack $bundle" >&2; exit 2; }
   exes_dir=$unpacked/tests
 fi
+# Whether an executable's name contains one of SANITIZE_FILTER's parts (all are, without one).
+is_selected() {
+  local x
+  [[ -z "$filter" ]] && return 0
+  for x in $filter; do [[ "$(basename "$1")" == *"$x"* ]] && return 0; done
+  return 1
+}
 exes=()
 for t in "$exes_dir"/*; do
   [[ -x "$t" && -f "$t" ]] || continue
-  [[ -z "$filter" || "$(basename "$t")" == *"$filter"* ]] && exes+=("$t")
+  is_selected "$t" && exes+=("$t")
 done
 is_excluded() {
   local x
