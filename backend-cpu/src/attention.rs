@@ -365,11 +365,23 @@ pub fn attention_backward(
             Ok::<f32, Error>(dot(a, b))
         };
 
-        // dQ: one task per block of query rows.
+        // The rows of all three outputs are cut before any is written, so that rows which
+        // overlap (an `Aliasing` error) leave every output as it was.
+        // dQ: one task per block of query rows; dK and dV: one per block of key rows of a KV
+        // head, over its query heads.
         let q_work = tasks(shape, shape.q_heads, |s| s.q_len);
         let dq_rows =
             carve_task_rows(dqb, &Reader::new(dq, &[], false, d)?, shape, &q_work, |s| {
                 s.q_start
+            })?;
+        let k_work = tasks(shape, shape.kv_heads, |s| s.k_len);
+        let dk_rows =
+            carve_task_rows(dkb, &Reader::new(dk, &[], false, d)?, shape, &k_work, |s| {
+                s.k_start
+            })?;
+        let dv_rows =
+            carve_task_rows(dvb, &Reader::new(dv, &[], false, d)?, shape, &k_work, |s| {
+                s.k_start
             })?;
         q_work
             .into_par_iter()
@@ -400,16 +412,6 @@ pub fn attention_backward(
                 Ok::<(), Error>(())
             })?;
 
-        // dK and dV: one task per block of key rows of a KV head, over its query heads.
-        let k_work = tasks(shape, shape.kv_heads, |s| s.k_len);
-        let dk_rows =
-            carve_task_rows(dkb, &Reader::new(dk, &[], false, d)?, shape, &k_work, |s| {
-                s.k_start
-            })?;
-        let dv_rows =
-            carve_task_rows(dvb, &Reader::new(dv, &[], false, d)?, shape, &k_work, |s| {
-                s.k_start
-            })?;
         k_work
             .into_par_iter()
             .zip(dk_rows)

@@ -1,6 +1,6 @@
 //! Bad inputs give the right `Err` variant, never a panic, and leave outputs unwritten.
 
-use calico::ops::{self, GemmOptions, RopeMode};
+use calico::ops::{self, AttentionOptions, GemmOptions, KvCache, RopeMode};
 use calico::{BackendKind, DType, Device, Error, Tensor};
 use calico_conformance::{backends, report_skipped};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -515,6 +515,116 @@ fn gemm_errors() {
         ex.unwritten(d, "gemm D after errors", &out);
     }
     ex.finish("gemm_errors");
+}
+
+/// Outputs whose elements overlap each other (rows broadcast from one row of memory, rows
+/// closer together than their length, heads on one head's memory) are an `Aliasing` error on
+/// every backend, before anything is written: the CPU backend cannot write them and GPU threads
+/// would race on them. The check is the ops' own, before any backend runs.
+#[test]
+fn outputs_that_overlap_themselves_are_errors() {
+    report_skipped("outputs_that_overlap_themselves_are_errors");
+    let mut ex = Expect::default();
+    for dev in backends().0 {
+        let d = &dev;
+        let (x, r, w) = (t(d, BF, &[4, 8]), t(d, BF, &[4, 8]), t(d, BF, &[8]));
+        let mut y = nan(d, BF, &[4, 8]);
+        let one_row = nan(d, BF, &[8]);
+        let close = nan(d, BF, &[20]);
+        let broadcast = || one_row.as_strided(&[4, 8], &[0, 1], 0).expect("view");
+        let squeezed = || close.as_strided(&[4, 8], &[4, 1], 0).expect("view");
+        ex.err(d, "rms_norm y rows on one row", Want::Aliasing, || {
+            ops::rms_norm(d, &x, &w, 1e-5, &mut broadcast())
+        });
+        ex.err(d, "rms_norm y rows 4 apart", Want::Aliasing, || {
+            ops::rms_norm(d, &x, &w, 1e-5, &mut squeezed())
+        });
+        ex.err(
+            d,
+            "add_rms_norm sum rows on one row",
+            Want::Aliasing,
+            || ops::add_rms_norm(d, &x, &r, &w, 1e-5, &mut y, &mut broadcast()),
+        );
+        ex.err(d, "softmax y rows 4 apart", Want::Aliasing, || {
+            ops::softmax(d, &x, &mut squeezed())
+        });
+        let (cos, sin) = (t(d, DType::F32, &[4, 4]), t(d, DType::F32, &[4, 4]));
+        ex.err(d, "rope y heads on one head", Want::Aliasing, || {
+            let mut heads = one_row.as_strided(&[4, 2, 8], &[0, 0, 1], 0).expect("view");
+            let x = t(d, BF, &[4, 2, 8]);
+            ops::rope(d, &x, &cos, &sin, 0, RopeMode::HalfSplit, &mut heads)
+        });
+        ex.err(d, "gemm D rows on one row", Want::Aliasing, || {
+            ops::matmul(d, &x, &t(d, BF, &[8, 8]), &mut broadcast())
+        });
+        let (q, k, v) = (
+            t(d, BF, &[1, 2, 4, 64]),
+            t(d, BF, &[1, 2, 4, 64]),
+            t(d, BF, &[1, 2, 4, 64]),
+        );
+        let lse = t(d, DType::F32, &[1, 2, 4]);
+        let rows = nan(d, BF, &[2 * 64]);
+        // [1, 2, 4, 64] with every query row of a head on one row of memory.
+        let one_row_a_head = || {
+            rows.as_strided(&[1, 2, 4, 64], &[128, 64, 0, 1], 0)
+                .expect("view")
+        };
+        let opts = AttentionOptions::default();
+        ex.err(d, "attention o rows on one row", Want::Aliasing, || {
+            ops::attention(
+                d,
+                &q,
+                &k,
+                &v,
+                &opts,
+                &mut one_row_a_head(),
+                &mut lse.clone(),
+            )
+        });
+        ex.err(
+            d,
+            "attention_backward dk rows on one row",
+            Want::Aliasing,
+            || {
+                let (o, d_o) = (t(d, BF, &[1, 2, 4, 64]), t(d, BF, &[1, 2, 4, 64]));
+                let (mut dq, mut dv) = (nan(d, BF, &[1, 2, 4, 64]), nan(d, BF, &[1, 2, 4, 64]));
+                let mut dk = one_row_a_head();
+                ops::attention_backward(
+                    d, &q, &k, &v, &o, &lse, &d_o, &opts, &mut dq, &mut dk, &mut dv,
+                )
+            },
+        );
+        ex.err(
+            d,
+            "attention_decode o heads on one head",
+            Want::Aliasing,
+            || {
+                let q = t(d, BF, &[1, 2, 1, 64]);
+                let seq_lens = d.tensor(&[4i32], &[1]).expect("seq_lens");
+                let cache = KvCache::Contiguous {
+                    k: &k,
+                    v: &v,
+                    seq_lens: &seq_lens,
+                };
+                let mut o = rows
+                    .as_strided(&[1, 2, 1, 64], &[128, 0, 64, 1], 0)
+                    .expect("view");
+                ops::attention_decode(
+                    d,
+                    &q,
+                    &cache,
+                    &opts,
+                    &mut o,
+                    &mut nan(d, DType::F32, &[1, 2, 1]),
+                )
+            },
+        );
+        ex.unwritten(d, "y after errors", &y);
+        ex.unwritten(d, "the one row after errors", &one_row);
+        ex.unwritten(d, "the close rows after errors", &close);
+        ex.unwritten(d, "the attention rows after errors", &rows);
+    }
+    ex.finish("outputs_that_overlap_themselves_are_errors");
 }
 
 /// Tensors of another device: needs two backends (CPU + CPU is one device).

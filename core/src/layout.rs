@@ -83,6 +83,57 @@ impl Layout {
         true
     }
 
+    /// Whether two different indices may name one element: a stride of 0 on a dimension
+    /// longer than 1, or strides that interleave. The dimensions are taken in stride order, and
+    /// each must step past everything the smaller-stride ones reach; a layout that passes is
+    /// one-to-one (a few exotic one-to-one layouts do not pass; no kernel takes them). An empty
+    /// layout overlaps nothing.
+    pub fn overlaps_itself(&self) -> bool {
+        if self.numel() == 0 {
+            return false;
+        }
+        // (stride, size) of the dimensions longer than 1, sorted by stride; no allocation up
+        // to rank 8 (every op's tensors).
+        let mut fixed = [(0usize, 0usize); 8];
+        let mut spilled = Vec::new();
+        let dims: &mut [(usize, usize)] = if self.rank() <= fixed.len() {
+            let mut n = 0;
+            for (&d, &s) in self.shape.iter().zip(&self.strides) {
+                if d > 1 {
+                    fixed[n] = (s, d);
+                    n += 1;
+                }
+            }
+            &mut fixed[..n]
+        } else {
+            spilled.extend(
+                self.strides
+                    .iter()
+                    .zip(&self.shape)
+                    .filter(|(_, &d)| d > 1)
+                    .map(|(&s, &d)| (s, d)),
+            );
+            &mut spilled
+        };
+        dims.sort_unstable();
+        // `reach`: one past the largest offset the dimensions so far can reach.
+        let mut reach = 1usize;
+        for &(stride, size) in dims.iter() {
+            if stride < reach {
+                return true;
+            }
+            reach = match stride
+                .checked_mul(size - 1)
+                .and_then(|r| r.checked_add(reach))
+            {
+                Some(r) => r,
+                // Past usize: no larger stride can follow without overlapping.
+                None => usize::MAX,
+            };
+        }
+        false
+    }
+
     /// The largest element index touched plus one, or `offset` for an empty tensor; `None` on overflow.
     pub fn end_element(&self) -> Option<usize> {
         if self.numel() == 0 {
@@ -180,6 +231,55 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn self_overlap_follows_the_strides() {
+        let overlaps = |shape: &[usize], strides: &[usize]| {
+            Layout::strided(shape, strides, 0)
+                .unwrap()
+                .overlaps_itself()
+        };
+        // Dense, padded, transposed and [B, N, H, D] seen as [B, H, N, D]: one-to-one.
+        assert!(!overlaps(&[2, 3, 4], &[12, 4, 1]));
+        assert!(!overlaps(&[3, 4], &[9, 1]));
+        assert!(!overlaps(&[4, 3], &[1, 4]));
+        assert!(!overlaps(&[2, 8, 5, 64], &[2560, 64, 512, 1]));
+        // Size-1 and empty dimensions have no say.
+        assert!(!overlaps(&[1, 4], &[0, 1]));
+        assert!(!overlaps(&[0, 4], &[0, 0]));
+        // Broadcast rows, rows shorter than their stride apart, and interleaved strides.
+        assert!(overlaps(&[3, 4], &[0, 1]));
+        assert!(overlaps(&[3, 4], &[3, 1]));
+        assert!(overlaps(&[2, 3], &[1, 1]));
+        assert!(overlaps(&[4, 4], &[2, 3]));
+        // Every two distinct indices of small layouts, against the rule.
+        for shape in [[2usize, 3], [3, 2], [2, 2], [4, 3]] {
+            for s0 in 0..7 {
+                for s1 in 0..7 {
+                    let strides = [s0, s1];
+                    let mut seen = std::collections::HashSet::new();
+                    let mut one_to_one = true;
+                    for i in 0..shape[0] {
+                        for j in 0..shape[1] {
+                            one_to_one &= seen.insert(i * s0 + j * s1);
+                        }
+                    }
+                    // The rule may reject a one-to-one layout, never accept an overlapping one.
+                    if overlaps(&shape, &strides) {
+                        continue;
+                    }
+                    assert!(one_to_one, "{shape:?} {strides:?} passed but overlaps");
+                }
+            }
+        }
+        // Rank past 8 takes the allocating path.
+        let shape = [2usize; 10];
+        let dense: Vec<usize> = (0..10).rev().map(|i| 1 << i).collect();
+        assert!(!overlaps(&shape, &dense));
+        let mut broadcast = dense.clone();
+        broadcast[3] = 0;
+        assert!(overlaps(&shape, &broadcast));
+    }
 
     #[test]
     fn contiguous_strides() {

@@ -53,8 +53,12 @@ pub(crate) fn shape_is(name: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
     }
 }
 
-/// No output overlaps an input or another output.
+/// No output overlaps an input, another output or itself (two of its indices naming one
+/// element: the CPU backend would reject it, and GPU threads would race to write it).
 pub(crate) fn no_overlap(outputs: &[(&str, &Tensor)], inputs: &[(&str, &Tensor)]) -> Result<()> {
+    for (oname, o) in outputs {
+        not_overlapping_itself(oname, o)?;
+    }
     for (i, (oname, o)) in outputs.iter().enumerate() {
         for (iname, t) in inputs.iter().chain(&outputs[i + 1..]) {
             if o.overlaps(t) {
@@ -63,6 +67,18 @@ pub(crate) fn no_overlap(outputs: &[(&str, &Tensor)], inputs: &[(&str, &Tensor)]
                 )));
             }
         }
+    }
+    Ok(())
+}
+
+/// No two indices of the output `t` name one element.
+pub(crate) fn not_overlapping_itself(name: &str, t: &Tensor) -> Result<()> {
+    if t.layout().overlaps_itself() {
+        return Err(Error::Aliasing(format!(
+            "output `{name}` (shape {:?}, strides {:?}) has elements that overlap each other",
+            t.shape(),
+            t.strides()
+        )));
     }
     Ok(())
 }

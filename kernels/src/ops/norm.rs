@@ -160,6 +160,7 @@ fn validate(dev: &Device, c: &NormCall) -> Result<()> {
     let outputs = [("y", Some(c.y)), ("sum", c.sum)];
     for (i, (oname, o)) in outputs.iter().enumerate() {
         let Some(o) = o else { continue };
+        check::not_overlapping_itself(oname, o)?;
         for (iname, t) in inputs.iter().chain(&outputs[i + 1..]) {
             if t.is_some_and(|t| o.overlaps(t)) {
                 return Err(Error::Aliasing(format!(
