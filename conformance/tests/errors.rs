@@ -353,6 +353,13 @@ fn rope_errors() {
         ex.err(d, "rope in place", Want::Aliasing, || {
             ops::rope(d, &x, &cos, &sin, 0, mode, &mut x.clone())
         });
+        // offset + sequence length past usize: a wrapped sum must not pass the table check.
+        ex.err(
+            d,
+            "rope position offset that overflows",
+            Want::Shape,
+            || ops::rope(d, &x, &cos, &sin, usize::MAX - 1, mode, &mut y),
+        );
         ex.unwritten(d, "rope y after errors", &y);
     }
     ex.finish("rope_errors");

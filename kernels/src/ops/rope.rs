@@ -41,6 +41,13 @@ pub fn rope(
             "rope needs an even head dimension, got {dim}"
         )));
     }
+    // Past usize, a wrapped sum would pass the length check below and index the tables out
+    // of bounds.
+    let positions = pos_offset.checked_add(seq).ok_or_else(|| {
+        Error::shape(format!(
+            "position offset {pos_offset} + sequence length {seq} overflows"
+        ))
+    })?;
     for (name, t) in [("cos", cos), ("sin", sin)] {
         if t.shape().len() != 2 || t.shape()[1] != dim / 2 || !t.layout().is_contiguous() {
             return Err(Error::shape(format!(
@@ -49,11 +56,10 @@ pub fn rope(
                 t.shape()
             )));
         }
-        if t.shape()[0] < pos_offset + seq {
+        if t.shape()[0] < positions {
             return Err(Error::shape(format!(
-                "`{name}` has {} positions; positions up to {} are needed",
+                "`{name}` has {} positions; positions up to {positions} are needed",
                 t.shape()[0],
-                pos_offset + seq
             )));
         }
     }
