@@ -634,6 +634,43 @@ fn outputs_that_overlap_themselves_are_errors() {
     ex.finish("outputs_that_overlap_themselves_are_errors");
 }
 
+/// Shapes whose element count passes `usize` are a Shape error wherever a tensor is made: a
+/// wrapped count once let such a shape pass as a small or empty one, whose rows the kernels
+/// then read past the end of its buffer.
+#[test]
+fn shapes_past_usize_are_errors() {
+    report_skipped("shapes_past_usize_are_errors");
+    let mut ex = Expect::default();
+    for dev in backends().0 {
+        let d = &dev;
+        // 2^33 * 2^33 * 8 = 2^69 elements (2^64 * 32: a wrapped count of 0).
+        let huge = [1usize << 33, 1 << 33, 8];
+        let buf = t(d, BF, &[8]);
+        ex.err(d, "zeros of 2^69 elements", Want::Shape, || {
+            d.zeros(&huge, BF).map(drop)
+        });
+        ex.err(d, "a slice seen as 2^69 elements", Want::Shape, || {
+            d.tensor::<f32>(&[], &huge).map(drop)
+        });
+        ex.err(d, "a broadcast view of 2^69 elements", Want::Shape, || {
+            buf.as_strided(&huge, &[0, 0, 0], 0).map(drop)
+        });
+        ex.err(d, "a reshape to 2^66 elements", Want::Shape, || {
+            buf.reshape(&[1 << 33, 1 << 33]).map(drop)
+        });
+        // A broadcast view of usize::MAX elements counts, and is a valid input.
+        let wide = buf.as_strided(&[usize::MAX, 1], &[0, 0], 0);
+        if wide.as_ref().map(|w| w.numel()).ok() != Some(usize::MAX) {
+            ex.failures.push(format!(
+                "backend {}: a broadcast view of usize::MAX elements: {:?}",
+                d.kind(),
+                wide.map(|w| w.numel())
+            ));
+        }
+    }
+    ex.finish("shapes_past_usize_are_errors");
+}
+
 /// Tensors of another device: needs two backends (CPU + CPU is one device).
 #[test]
 fn device_mismatch_errors() {

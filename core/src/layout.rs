@@ -21,6 +21,25 @@ pub struct Rows {
     pub offset: usize,
 }
 
+/// The number of elements of `shape`, or `None` when it passes `usize` (a shape with a 0 has
+/// none, whatever its other dimensions).
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    if shape.contains(&0) {
+        return Some(0);
+    }
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
+}
+
+/// [`checked_numel`], as a `Shape` error for a count that passes `usize`: every tensor's
+/// element count fits, so products of its dimensions cannot wrap.
+pub fn checked_numel_or_err(shape: &[usize]) -> Result<usize> {
+    checked_numel(shape).ok_or_else(|| {
+        Error::shape(format!(
+            "shape {shape:?} has more elements than a usize counts"
+        ))
+    })
+}
+
 impl Layout {
     /// A dense row-major layout of `shape`.
     pub fn contiguous(shape: &[usize]) -> Self {
@@ -40,6 +59,7 @@ impl Layout {
     /// A layout with explicit strides and offset (elements). Use [`Layout::max_element`] to
     /// check it fits a buffer.
     pub fn strided(shape: &[usize], strides: &[usize], offset: usize) -> Result<Self> {
+        checked_numel_or_err(shape)?;
         if shape.len() != strides.len() {
             return Err(Error::shape(format!(
                 "shape {shape:?} has rank {} but strides {strides:?} have rank {}",
@@ -66,9 +86,10 @@ impl Layout {
     pub fn rank(&self) -> usize {
         self.shape.len()
     }
-    /// Number of elements.
+    /// Number of elements (`usize::MAX` for a shape whose count passes `usize`, which
+    /// [`Layout::strided`] and `Tensor` reject).
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        checked_numel(&self.shape).unwrap_or(usize::MAX)
     }
 
     /// True when the elements are dense and row-major (offset may be non-zero).
@@ -231,6 +252,17 @@ impl Layout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn element_counts_past_usize_are_caught() {
+        assert_eq!(checked_numel(&[2, 3, 4]), Some(24));
+        assert_eq!(checked_numel(&[]), Some(1));
+        assert_eq!(checked_numel(&[usize::MAX, usize::MAX, 0]), Some(0));
+        assert_eq!(checked_numel(&[usize::MAX, 1]), Some(usize::MAX));
+        assert_eq!(checked_numel(&[1 << 32, 1 << 32]), None);
+        assert!(Layout::strided(&[1 << 32, 1 << 32], &[0, 0], 0).is_err());
+        assert_eq!(Layout::contiguous(&[1 << 32, 1 << 32]).numel(), usize::MAX);
+    }
 
     #[test]
     fn self_overlap_follows_the_strides() {

@@ -1,5 +1,6 @@
 //! `Tensor`: a device buffer with a dtype and a strided layout. Views share the buffer.
 
+use crate::layout::checked_numel_or_err;
 use crate::{Backend, DType, DeviceId, Element, Error, Layout, Result, Storage};
 use std::sync::Arc;
 
@@ -14,6 +15,9 @@ pub struct Tensor {
 impl Tensor {
     /// Wraps existing storage. Fails if the layout reaches past the end of the buffer.
     pub fn from_storage(storage: Arc<dyn Storage>, dtype: DType, layout: Layout) -> Result<Tensor> {
+        // A count past usize would wrap in every product of the dimensions (a huge shape
+        // could then pass as a small or empty one).
+        checked_numel_or_err(layout.shape())?;
         let end = layout
             .end_element()
             .and_then(|e| e.checked_mul(dtype.size_bytes()))
@@ -36,12 +40,10 @@ impl Tensor {
 
     /// A zero-filled contiguous tensor on `backend`.
     pub fn zeros(backend: &dyn Backend, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let layout = Layout::contiguous(shape);
-        let bytes = layout
-            .numel()
+        let bytes = checked_numel_or_err(shape)?
             .checked_mul(dtype.size_bytes())
             .ok_or_else(|| Error::shape(format!("shape {shape:?} is too large")))?;
-        Tensor::from_storage(backend.alloc(bytes)?, dtype, layout)
+        Tensor::from_storage(backend.alloc(bytes)?, dtype, Layout::contiguous(shape))
     }
 
     /// A contiguous tensor on `backend` holding `data` in row-major order.
@@ -50,7 +52,7 @@ impl Tensor {
         data: &[T],
         shape: &[usize],
     ) -> Result<Tensor> {
-        let numel: usize = shape.iter().product();
+        let numel = checked_numel_or_err(shape)?;
         if numel != data.len() {
             return Err(Error::shape(format!(
                 "shape {shape:?} holds {numel} elements, the slice has {}",
@@ -137,7 +139,7 @@ impl Tensor {
         if !self.layout.is_contiguous() {
             return Err(Error::stride("reshape needs a contiguous tensor"));
         }
-        let numel: usize = shape.iter().product();
+        let numel = checked_numel_or_err(shape)?;
         if numel != self.numel() {
             return Err(Error::shape(format!(
                 "cannot reshape {:?} into {shape:?}",
