@@ -635,8 +635,8 @@ fn outputs_that_overlap_themselves_are_errors() {
 }
 
 /// Shapes whose element count passes `usize` are a Shape error wherever a tensor is made: a
-/// wrapped count once let such a shape pass as a small or empty one, whose rows the kernels
-/// then read past the end of its buffer.
+/// wrapped count once let such a shape pass as an empty one (2^69 elements wrap to 0) or as a
+/// small one (2^64 + 2^32 wrap to 2^32), whose rows then reach past the end of its buffer.
 #[test]
 fn shapes_past_usize_are_errors() {
     report_skipped("shapes_past_usize_are_errors");
