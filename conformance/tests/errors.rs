@@ -634,7 +634,9 @@ fn outputs_that_overlap_themselves_are_errors() {
     ex.finish("outputs_that_overlap_themselves_are_errors");
 }
 
-/// Shapes whose element count passes `usize` are a Shape error wherever a tensor is made: a
+/// Shapes whose element count passes `usize`, or whose bytes pass `isize::MAX` (Rust's bound
+/// on an allocation, kept by views that repeat elements too), are a Shape error wherever a
+/// tensor is made: a
 /// wrapped count once let such a shape pass as an empty one (2^69 elements wrap to 0) or as a
 /// small one (2^64 + 2^32 wrap to 2^32), whose rows then reach past the end of its buffer.
 #[test]
@@ -658,15 +660,26 @@ fn shapes_past_usize_are_errors() {
         ex.err(d, "a reshape to 2^66 elements", Want::Shape, || {
             buf.reshape(&[1 << 33, 1 << 33]).map(drop)
         });
-        // A broadcast view of usize::MAX elements counts, and is a valid input.
-        let wide = buf.as_strided(&[usize::MAX, 1], &[0, 0], 0);
-        if wide.as_ref().map(|w| w.numel()).ok() != Some(usize::MAX) {
+        // Views that repeat elements count their logical bytes: up to isize::MAX is a valid
+        // input, past it a Shape error (byte counts derived from the shape could wrap).
+        let most = isize::MAX as usize / 2;
+        if buf
+            .as_strided(&[most, 1], &[0, 0], 0)
+            .map(|w| w.numel())
+            .ok()
+            != Some(most)
+        {
             ex.failures.push(format!(
-                "backend {}: a broadcast view of usize::MAX elements: {:?}",
-                d.kind(),
-                wide.map(|w| w.numel())
+                "backend {}: a broadcast view of isize::MAX bytes was refused",
+                d.kind()
             ));
         }
+        ex.err(
+            d,
+            "a broadcast view past isize::MAX bytes",
+            Want::Shape,
+            || buf.as_strided(&[most + 1, 1], &[0, 0], 0).map(drop),
+        );
     }
     ex.finish("shapes_past_usize_are_errors");
 }

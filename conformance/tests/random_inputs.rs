@@ -4,8 +4,13 @@
 //! unsupported, out of bounds), never panics, and a call that fails leaves every output buffer
 //! exactly as it was. The checks before dispatch are the same code on every backend; the
 //! GPU-only rules (TMA alignment, device mismatch) are in errors.rs, which runs on every backend.
+//! The planners (`calico bench --dry-run`) route random sizes, small to past usize, for every
+//! GPU target through the routers that GPU calls use, with no GPU: each gives a plan or an
+//! input error, never a panic (in a debug build, as CI runs it, no arithmetic may overflow).
 
-use calico::ops::{self, AttentionOptions, GemmOptions, KvCache, RopeMode};
+use calico::ops::{
+    self, AttentionCase, AttentionOptions, DecodeCase, GemmOptions, KvCache, RopeMode, RowOp,
+};
 use calico::{DType, Device, Epilogue, Error, Tensor};
 use calico_conformance::rng::Rng;
 use calico_conformance::tensors::write;
@@ -557,6 +562,156 @@ fn random_calls_succeed_or_fail_cleanly() {
         if ok == 0 || err == 0 {
             failures.push(format!(
                 "{op}: {ok} calls succeeded and {err} failed; the generator must reach both"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures[..failures.len().min(30)].join("\n")
+    );
+}
+
+/// Sizes from the empty to past usize, with the tile edges and the 32-bit limits between.
+const PLAN_SIZES: [usize; 16] = [
+    0,
+    1,
+    3,
+    7,
+    8,
+    9,
+    64,
+    4095,
+    4097,
+    1 << 20,
+    (1 << 31) - 1,
+    1 << 31,
+    1 << 32,
+    1 << 40,
+    usize::MAX / 2,
+    usize::MAX,
+];
+
+#[test]
+fn random_plans_route_or_fail_cleanly() {
+    let targets = [
+        "sm_90a",
+        "sm_80",
+        "sm_100a",
+        "gfx942",
+        "gfx90a",
+        "x86_64",
+        "no_such_gpu",
+    ];
+    let planners = [
+        "plan_dense",
+        "plan_row_op",
+        "plan_attention",
+        "plan_attention_decode",
+    ];
+    let row_ops = [
+        RowOp::RmsNorm,
+        RowOp::AddRmsNorm,
+        RowOp::LayerNorm,
+        RowOp::AddLayerNorm,
+        RowOp::Softmax,
+        RowOp::Rope,
+    ];
+    let dtypes = [DType::BF16, DType::F16, DType::F32];
+    let mut rng = Rng::new(0x91a7);
+    let mut outcomes = [[0usize; 2]; 4];
+    let mut failures = Vec::new();
+    for case in 0..20_000 {
+        let target = targets[rng.below(targets.len())];
+        let which = rng.below(planners.len());
+        let [a, b, c, d] = std::array::from_fn(|_| PLAN_SIZES[rng.below(PLAN_SIZES.len())]);
+        let pick = rng.below(60);
+        let called = catch_unwind(AssertUnwindSafe(|| match which {
+            0 => {
+                let what = format!("{target} {a}x{b}x{c}");
+                let result = calico::gemm::plan_dense(
+                    target,
+                    (a, b, c),
+                    DType::BF16,
+                    dtypes[pick % 3],
+                    pick.is_multiple_of(2),
+                )
+                .map(drop);
+                (what, result)
+            }
+            1 => {
+                let op = row_ops[pick % row_ops.len()];
+                let shape = if op == RowOp::Rope {
+                    vec![b, c, d, 128]
+                } else {
+                    vec![b, c]
+                };
+                let what = format!("{target} {op:?} {shape:?}");
+                let result = ops::plan_row_op(target, op, &shape, dtypes[pick % 3]).map(drop);
+                (what, result)
+            }
+            2 => {
+                let case = AttentionCase {
+                    dtype: DType::BF16,
+                    batch: a,
+                    q_heads: b,
+                    kv_heads: [1, 2, 8, b][pick % 4],
+                    seq: c,
+                    head_dim: [64, 128, 256, 72, d][pick % 5],
+                    causal: pick.is_multiple_of(2),
+                    backward: pick.is_multiple_of(3),
+                    varlen: pick.is_multiple_of(5),
+                    softcap: None,
+                };
+                let what = format!("{target} {case:?}");
+                let result = ops::plan_attention(target, &case).map(drop);
+                (what, result)
+            }
+            _ => {
+                let case = DecodeCase {
+                    dtype: DType::BF16,
+                    batch: a,
+                    q_heads: b,
+                    kv_heads: [1, 2, 8, b][pick % 4],
+                    head_dim: [64, 128, 256, d][pick % 4],
+                    context: c,
+                    page_size: [None, Some(16), Some(d)][pick % 3],
+                };
+                let what = format!("{target} {case:?}");
+                let result = ops::plan_attention_decode(target, &case).map(drop);
+                (what, result)
+            }
+        }));
+        match called {
+            Ok((what, result)) => {
+                outcomes[which][usize::from(result.is_err())] += 1;
+                if let Err(e) = result {
+                    if !is_input_error(&e) {
+                        failures.push(format!(
+                            "case {case} {} {what}: not an input error: {e}",
+                            planners[which]
+                        ));
+                    }
+                }
+            }
+            Err(p) => {
+                let msg = p
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
+                failures.push(format!(
+                    "case {case} {}: panicked: {}",
+                    planners[which],
+                    msg.unwrap_or_default()
+                ));
+            }
+        }
+    }
+    for (planner, [ok, err]) in planners.iter().zip(outcomes) {
+        if ok == 0 || err == 0 {
+            failures.push(format!(
+                "{planner}: {ok} plans and {err} errors; the sizes must reach both"
             ));
         }
     }

@@ -30,14 +30,28 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
     shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d))
 }
 
-/// [`checked_numel`], as a `Shape` error for a count that passes `usize`: every tensor's
-/// element count fits, so products of its dimensions cannot wrap.
+/// [`checked_numel`], as a `Shape` error for a count that passes `usize`.
 pub fn checked_numel_or_err(shape: &[usize]) -> Result<usize> {
     checked_numel(shape).ok_or_else(|| {
         Error::shape(format!(
             "shape {shape:?} has more elements than a usize counts"
         ))
     })
+}
+
+/// The bytes `shape` spans at `elem_bytes` an element, as a `Shape` error past `isize::MAX`
+/// (Rust's own bound on an allocation). Every tensor, views that repeat elements included,
+/// keeps its logical size under it, so byte counts of its dimensions, and of padded copies of
+/// them, cannot wrap.
+pub fn checked_bytes(shape: &[usize], elem_bytes: usize) -> Result<usize> {
+    checked_numel_or_err(shape)?
+        .checked_mul(elem_bytes)
+        .filter(|&b| b <= isize::MAX as usize)
+        .ok_or_else(|| {
+            Error::shape(format!(
+                "shape {shape:?} of {elem_bytes}-byte elements spans more than isize::MAX bytes"
+            ))
+        })
 }
 
 impl Layout {
@@ -262,6 +276,9 @@ mod tests {
         assert_eq!(checked_numel(&[1 << 32, 1 << 32]), None);
         assert!(Layout::strided(&[1 << 32, 1 << 32], &[0, 0], 0).is_err());
         assert_eq!(Layout::contiguous(&[1 << 32, 1 << 32]).numel(), usize::MAX);
+        assert_eq!(checked_bytes(&[1 << 20, 8], 2).ok(), Some(1 << 24));
+        assert!(checked_bytes(&[1 << 62], 2).is_err());
+        assert!(checked_bytes(&[usize::MAX, 1], 1).is_err());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! `Tensor`: a device buffer with a dtype and a strided layout. Views share the buffer.
 
-use crate::layout::checked_numel_or_err;
+use crate::layout::{checked_bytes, checked_numel_or_err};
 use crate::{Backend, DType, DeviceId, Element, Error, Layout, Result, Storage};
 use std::sync::Arc;
 
@@ -16,8 +16,9 @@ impl Tensor {
     /// Wraps existing storage. Fails if the layout reaches past the end of the buffer.
     pub fn from_storage(storage: Arc<dyn Storage>, dtype: DType, layout: Layout) -> Result<Tensor> {
         // A count past usize would wrap in every product of the dimensions (a huge shape
-        // could then pass as a small or empty one).
-        checked_numel_or_err(layout.shape())?;
+        // could then pass as a small or empty one); the logical bytes, repeated elements
+        // counted, stay under isize::MAX so that byte counts derived from them cannot wrap.
+        checked_bytes(layout.shape(), dtype.size_bytes())?;
         let end = layout
             .end_element()
             .and_then(|e| e.checked_mul(dtype.size_bytes()))
@@ -40,9 +41,7 @@ impl Tensor {
 
     /// A zero-filled contiguous tensor on `backend`.
     pub fn zeros(backend: &dyn Backend, shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let bytes = checked_numel_or_err(shape)?
-            .checked_mul(dtype.size_bytes())
-            .ok_or_else(|| Error::shape(format!("shape {shape:?} is too large")))?;
+        let bytes = checked_bytes(shape, dtype.size_bytes())?;
         Tensor::from_storage(backend.alloc(bytes)?, dtype, Layout::contiguous(shape))
     }
 

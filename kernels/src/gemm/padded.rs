@@ -173,6 +173,23 @@ fn plan(arch: &Arch, p: &GemmProblem) -> Option<Plan> {
     if p.k == 0 || (a_ready(p) && b_ready(p) && !d_to_buffer(p)) {
         return None;
     }
+    // The workspace sums below are unchecked: each padded copy must stay under 2^62 bytes
+    // (three of them under usize). Only views that repeat elements come near it.
+    let padded_bytes = |rows: usize, cols: usize| {
+        let row = cols.checked_next_multiple_of(ROW_ELEMS)?.checked_mul(2)?;
+        p.batch
+            .max(1)
+            .checked_mul(rows)?
+            .checked_mul(row)?
+            .checked_add(ALIGN)
+    };
+    let sizes = [(p.m, p.k), (p.n, p.k), (p.k, p.n), (p.m, p.n)];
+    if sizes
+        .iter()
+        .any(|&(r, c)| padded_bytes(r, c).is_none_or(|b| b > 1 << 62))
+    {
+        return None;
+    }
     let mut padded = *p;
     let mut offset = 0;
     let mut take = |mut c: Copy| {

@@ -89,6 +89,11 @@ pub fn plan_dense(
 ) -> Result<GemmPlan> {
     let arch = Arch::for_target(target)
         .ok_or_else(|| Error::unsupported(format!("unknown target `{target}`")))?;
+    let (ie, oe) = (in_dtype.size_bytes(), out_dtype.size_bytes());
+    crate::ops::plan::operands_fit(&[(&[m, n], oe)])?;
+    // K = 0 is a call (D from the epilogue alone); A and B then hold nothing.
+    calico_core::layout::checked_bytes(&[m, k], ie)?;
+    calico_core::layout::checked_bytes(&[k, n], ie)?;
     let p = dense_problem((m, n, k), in_dtype, out_dtype, b_k_major);
     let kernel = route(&arch, &p)?;
     let source = match (arch.vendor, kernel) {

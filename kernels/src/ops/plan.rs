@@ -70,6 +70,20 @@ pub struct DecodeCase {
 /// Where the planner places operands: far apart, 256-byte aligned.
 const BASE: u64 = 1 << 40;
 
+/// The operands a planner describes (shapes, element bytes) hold at least one element and
+/// fit in memory as tensors must (`calico_core::layout::checked_bytes`): a call with an empty
+/// output launches nothing, and sizes past those limits cannot come from tensors.
+pub(crate) fn operands_fit(operands: &[(&[usize], usize)]) -> Result<()> {
+    for &(shape, elem) in operands {
+        if calico_core::layout::checked_bytes(shape, elem)? == 0 {
+            return Err(Error::shape(format!(
+                "an operand of shape {shape:?} is empty: the call launches nothing"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn arch_for(target: &str) -> Result<Arch> {
     Arch::for_target(target).ok_or_else(|| Error::unsupported(format!("unknown target `{target}`")))
 }
@@ -159,6 +173,7 @@ pub(crate) fn row_choice(
 /// (`[rows, cols]`, or `[B, S, H, D]` for rope) and `dtype`.
 pub fn plan_row_op(target: &str, op: RowOp, shape: &[usize], dtype: DType) -> Result<OpPlan> {
     let arch = arch_for(target)?;
+    operands_fit(&[(shape, dtype.size_bytes())])?;
     let kernel = match row_choice(&arch, op, shape, dtype)? {
         RowChoice::Norm(norm::NormKernel::Cdna(v)) => planned(
             &arch,
@@ -289,6 +304,11 @@ pub(crate) fn attention_choice(arch: &Arch, c: &AttentionCase) -> Result<Attenti
 /// The kernels an attention forward or backward would run on `target`.
 pub fn plan_attention(target: &str, case: &AttentionCase) -> Result<OpPlan> {
     let arch = arch_for(target)?;
+    let elem = case.dtype.size_bytes();
+    operands_fit(&[
+        (&[case.batch, case.q_heads, case.seq, case.head_dim], elem),
+        (&[case.batch, case.kv_heads, case.seq, case.head_dim], elem),
+    ])?;
     let tile = |v: attn::AttentionVariant| planned(&arch, v.label(), &v);
     let kernels = match attention_choice(&arch, case)? {
         AttentionChoice::Forward(attn::ForwardRoute::Hopper(v)) => vec![PlannedKernel {
@@ -335,6 +355,17 @@ pub fn plan_attention_decode(target: &str, case: &DecodeCase) -> Result<OpPlan> 
     if case.kv_heads == 0 || !case.q_heads.is_multiple_of(case.kv_heads) || case.context == 0 {
         return Err(Error::shape(format!("no decode problem: {case:?}")));
     }
+    let elem = case.dtype.size_bytes();
+    // The cache as the contiguous [B, Hkv, context, D] it holds, pages rounded up.
+    let context = match case.page_size {
+        Some(0) => return Err(Error::shape("pages of 0 tokens")),
+        Some(page) => case.context.div_ceil(page).saturating_mul(page),
+        None => case.context,
+    };
+    operands_fit(&[
+        (&[case.batch, case.q_heads, case.head_dim], elem),
+        (&[case.batch, case.kv_heads, context, case.head_dim], elem),
+    ])?;
     decode::head_dim_supported(case.head_dim)?;
     let kernels = decode::planned_kernels(
         &arch,

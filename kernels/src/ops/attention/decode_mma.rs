@@ -170,9 +170,14 @@ pub(crate) fn choose_splits(
     let longest = capacity
         .div_ceil(min_split.max(TILE_TOKENS))
         .clamp(1, max_splits);
+    // Saturating: a comparison of costs, whose sizes only views that repeat elements (a
+    // broadcast cache) take near usize.
     let cost = |splits: usize| -> usize {
         let tokens = split_tokens(capacity, splits);
-        (blocks * splits).div_ceil(slots) * (tokens + BLOCK_OVERHEAD_TOKENS)
+        blocks
+            .saturating_mul(splits)
+            .div_ceil(slots)
+            .saturating_mul(tokens.saturating_add(BLOCK_OVERHEAD_TOKENS))
     };
     let mut best = 1;
     for waves in 1..=4 {

@@ -770,23 +770,27 @@ pub(crate) fn backward_variant(
     let tune = Tune::get();
     // Deterministic calls keep the tile kernels where the dQ reductions add in timing order;
     // at 256 with the dQ kernel every sum goes in a fixed order.
+    // Packed sequences run as one batch of all the rows (try_backward), at the kernel width:
+    // the limits below hold for that problem (`p.batch` counts the sequences there, and
+    // multiplying by it refused large packed batches that fit, as the forward's max_units
+    // says).
+    let kernel_problem = Problem {
+        batch: if varlen { 1 } else { p.batch },
+        head_dim: d,
+        ..*p
+    };
+    let kp = &kernel_problem;
     let fits = (!deterministic || (d == 256 && tune.dq_kernel))
         && enabled()
         && arch_ok(arch)
         && matches!(p.dtype, DType::BF16 | DType::F16)
         && (1..=MAX_LEN).contains(&p.q_len)
         && (1..=MAX_LEN).contains(&p.k_len)
-        && p.batch * p.kv_heads * p.k_len.div_ceil(block_kv(d)) <= i32::MAX as usize;
+        && kp.batch * kp.kv_heads * kp.k_len.div_ceil(block_kv(d)) <= i32::MAX as usize;
     // TMA coordinates of the LSE / delta rows are 32-bit.
-    if !fits || Workspace::new(&Problem { head_dim: d, ..*p }, 0).rows > i32::MAX as usize {
+    if !fits || Workspace::new(kp, 0).rows > i32::MAX as usize {
         return None;
     }
-    // Packed sequences run as one batch of all the rows (try_backward), at the kernel width.
-    let kernel_problem = Problem {
-        batch: if varlen { 1 } else { p.batch },
-        head_dim: d,
-        ..*p
-    };
     HopperBwdVariant::main(arch, p.dtype, d, params.softcap.is_some(), tune, varlen).map(|v| {
         HopperBwdVariant {
             padded: d != p.head_dim,
@@ -1303,6 +1307,32 @@ mod tests {
         );
         assert_eq!(walk_of("chunk=4", problem(8, 16, 4, 2048), causal), 4 << 1);
         assert_eq!(walk_of("chunk=99", problem(2, 16, 4, 8192), causal), 8 << 1);
+    }
+
+    #[test]
+    fn packed_batches_are_limited_as_the_one_batch_they_run_as() {
+        let arch = Arch::for_target("sm_90a").unwrap();
+        let params = AttentionParams {
+            scale: 0.1,
+            softcap: None,
+            left: None,
+            right: Some(0),
+        };
+        // 64 sequences over 2^20 packed tokens, 32 query heads: 2^25 LSE rows in the one
+        // batch the kernel runs (64 x that counted the sequences as batches, past i32).
+        let problem = |batch| Problem {
+            dtype: DType::BF16,
+            batch,
+            q_heads: 32,
+            kv_heads: 8,
+            q_len: 1 << 20,
+            k_len: 1 << 20,
+            head_dim: 128,
+        };
+        assert!(backward_variant(&arch, &problem(64), &params, false, true).is_some());
+        // As 64 separate batches of 2^20 rows each, the rows pass i32.
+        assert!(backward_variant(&arch, &problem(64), &params, false, false).is_none());
+        assert!(backward_variant(&arch, &problem(1), &params, false, false).is_some());
     }
 
     #[test]
