@@ -127,6 +127,26 @@ impl Layout {
         if self.numel() == 0 {
             return false;
         }
+        // Most views keep their strides in row-major order (the last dimension the finest):
+        // one pass from the last dimension out, no sort.
+        let mut reach = 1usize;
+        let mut ordered = true;
+        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
+            if size == 1 {
+                continue;
+            }
+            if stride < reach {
+                ordered = false;
+                break;
+            }
+            reach = stride
+                .checked_mul(size - 1)
+                .and_then(|r| r.checked_add(reach))
+                .unwrap_or(usize::MAX);
+        }
+        if ordered {
+            return false;
+        }
         // (stride, size) of the dimensions longer than 1, sorted by stride; no allocation up
         // to rank 8 (every op's tensors).
         let mut fixed = [(0usize, 0usize); 8];
