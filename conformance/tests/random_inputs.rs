@@ -510,6 +510,33 @@ fn one_call(c: &mut Case<'_>) -> (usize, String, calico::Result<()>) {
     }
 }
 
+/// The message a panic carried.
+fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_default()
+}
+
+/// Fails with every failure, and with each name whose calls did not reach both outcomes
+/// (`[succeeded, failed]`): the generator must cover the valid path and the errors.
+fn finish(names: &[&str], outcomes: &[[usize; 2]], mut failures: Vec<String>) {
+    for (name, [ok, err]) in names.iter().zip(outcomes) {
+        if *ok == 0 || *err == 0 {
+            failures.push(format!(
+                "{name}: {ok} succeeded and {err} failed; the generator must reach both"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures[..failures.len().min(30)].join("\n")
+    );
+}
+
 #[test]
 fn random_calls_succeed_or_fail_cleanly() {
     let dev = Device::cpu();
@@ -527,14 +554,7 @@ fn random_calls_succeed_or_fail_cleanly() {
         let (op, what, result) = match called {
             Ok(r) => r,
             Err(p) => {
-                let msg = p
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-                failures.push(format!(
-                    "case {case}: panicked: {}",
-                    msg.unwrap_or_default()
-                ));
+                failures.push(format!("case {case}: panicked: {}", panic_text(&*p)));
                 continue;
             }
         };
@@ -558,19 +578,7 @@ fn random_calls_succeed_or_fail_cleanly() {
         "succeeded / failed calls per op: {:?}",
         OPS.iter().zip(outcomes).collect::<Vec<_>>()
     );
-    for (op, [ok, err]) in OPS.iter().zip(outcomes) {
-        if ok == 0 || err == 0 {
-            failures.push(format!(
-                "{op}: {ok} calls succeeded and {err} failed; the generator must reach both"
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures[..failures.len().min(30)].join("\n")
-    );
+    finish(&OPS, &outcomes, failures);
 }
 
 /// Sizes from the empty to past usize, with the tile edges and the 32-bit limits between.
@@ -695,30 +703,12 @@ fn random_plans_route_or_fail_cleanly() {
                     }
                 }
             }
-            Err(p) => {
-                let msg = p
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
-                failures.push(format!(
-                    "case {case} {}: panicked: {}",
-                    planners[which],
-                    msg.unwrap_or_default()
-                ));
-            }
+            Err(p) => failures.push(format!(
+                "case {case} {}: panicked: {}",
+                planners[which],
+                panic_text(&*p)
+            )),
         }
     }
-    for (planner, [ok, err]) in planners.iter().zip(outcomes) {
-        if ok == 0 || err == 0 {
-            failures.push(format!(
-                "{planner}: {ok} plans and {err} errors; the sizes must reach both"
-            ));
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{} failures:\n{}",
-        failures.len(),
-        failures[..failures.len().min(30)].join("\n")
-    );
+    finish(&planners, &outcomes, failures);
 }
