@@ -510,6 +510,13 @@ fn one_call(c: &mut Case<'_>) -> (usize, String, calico::Result<()>) {
     }
 }
 
+/// Counts `result` in `outcome` (`[succeeded, failed]`) and returns its error when that is not
+/// an input error.
+fn tally<'r>(outcome: &mut [usize; 2], result: &'r calico::Result<()>) -> Option<&'r Error> {
+    outcome[usize::from(result.is_err())] += 1;
+    result.as_ref().err().filter(|e| !is_input_error(e))
+}
+
 /// The message a panic carried.
 fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -558,14 +565,13 @@ fn random_calls_succeed_or_fail_cleanly() {
                 continue;
             }
         };
-        outcomes[op][usize::from(result.is_err())] += 1;
+        if let Some(e) = tally(&mut outcomes[op], &result) {
+            failures.push(format!(
+                "case {case} {}: {what}: not an input error: {e}",
+                OPS[op]
+            ));
+        }
         if let Err(e) = result {
-            if !is_input_error(&e) {
-                failures.push(format!(
-                    "case {case} {}: {what}: not an input error: {e}",
-                    OPS[op]
-                ));
-            }
             if let Err(written) = c.outputs_untouched() {
                 failures.push(format!(
                     "case {case} {}: {what}: failed with `{e}` but {written}",
@@ -693,14 +699,11 @@ fn random_plans_route_or_fail_cleanly() {
         }));
         match called {
             Ok((what, result)) => {
-                outcomes[which][usize::from(result.is_err())] += 1;
-                if let Err(e) = result {
-                    if !is_input_error(&e) {
-                        failures.push(format!(
-                            "case {case} {} {what}: not an input error: {e}",
-                            planners[which]
-                        ));
-                    }
+                if let Some(e) = tally(&mut outcomes[which], &result) {
+                    failures.push(format!(
+                        "case {case} {} {what}: not an input error: {e}",
+                        planners[which]
+                    ));
                 }
             }
             Err(p) => failures.push(format!(

@@ -54,6 +54,26 @@ pub fn checked_bytes(shape: &[usize], elem_bytes: usize) -> Result<usize> {
         })
 }
 
+/// Whether each `(stride, size)` dimension, in the order given, steps past every offset the
+/// ones before it reach (dimensions of size 1 have no say). In increasing stride order that
+/// is exactly "no two indices name one element" for the strides [`Layout::overlaps_itself`]
+/// accepts.
+fn each_steps_past(dims: impl Iterator<Item = (usize, usize)>) -> bool {
+    // One past the largest offset the dimensions so far reach; past usize, no larger stride
+    // can follow without overlapping.
+    let mut reach = 1usize;
+    for (stride, size) in dims.filter(|&(_, size)| size > 1) {
+        if stride < reach {
+            return false;
+        }
+        reach = stride
+            .checked_mul(size - 1)
+            .and_then(|r| r.checked_add(reach))
+            .unwrap_or(usize::MAX);
+    }
+    true
+}
+
 impl Layout {
     /// A dense row-major layout of `shape`.
     pub fn contiguous(shape: &[usize]) -> Self {
@@ -129,22 +149,8 @@ impl Layout {
         }
         // Most views keep their strides in row-major order (the last dimension the finest):
         // one pass from the last dimension out, no sort.
-        let mut reach = 1usize;
-        let mut ordered = true;
-        for (&size, &stride) in self.shape.iter().zip(&self.strides).rev() {
-            if size == 1 {
-                continue;
-            }
-            if stride < reach {
-                ordered = false;
-                break;
-            }
-            reach = stride
-                .checked_mul(size - 1)
-                .and_then(|r| r.checked_add(reach))
-                .unwrap_or(usize::MAX);
-        }
-        if ordered {
+        let row_major = self.shape.iter().zip(&self.strides).rev();
+        if each_steps_past(row_major.map(|(&size, &stride)| (stride, size))) {
             return false;
         }
         // (stride, size) of the dimensions longer than 1, sorted by stride; no allocation up
@@ -171,22 +177,7 @@ impl Layout {
             &mut spilled
         };
         dims.sort_unstable();
-        // `reach`: one past the largest offset the dimensions so far can reach.
-        let mut reach = 1usize;
-        for &(stride, size) in dims.iter() {
-            if stride < reach {
-                return true;
-            }
-            reach = match stride
-                .checked_mul(size - 1)
-                .and_then(|r| r.checked_add(reach))
-            {
-                Some(r) => r,
-                // Past usize: no larger stride can follow without overlapping.
-                None => usize::MAX,
-            };
-        }
-        false
+        !each_steps_past(dims.iter().copied())
     }
 
     /// The largest element index touched plus one, or `offset` for an empty tensor; `None` on overflow.

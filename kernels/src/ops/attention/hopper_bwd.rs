@@ -768,8 +768,6 @@ pub(crate) fn backward_variant(
     // Head dims that are multiples of 8 up to 256, at the kernel width 64, 128 or 256.
     let d = kernel_head_dim(p.head_dim, 256)?;
     let tune = Tune::get();
-    // Deterministic calls keep the tile kernels where the dQ reductions add in timing order;
-    // at 256 with the dQ kernel every sum goes in a fixed order.
     // Packed sequences run as one batch of all the rows (try_backward), at the kernel width:
     // the limits below hold for that problem (`p.batch` counts the sequences there, and
     // multiplying by it refused large packed batches that fit, as the forward's max_units
@@ -780,6 +778,8 @@ pub(crate) fn backward_variant(
         ..*p
     };
     let kp = &kernel_problem;
+    // Deterministic calls keep the tile kernels where the dQ reductions add in timing order;
+    // at 256 with the dQ kernel every sum goes in a fixed order.
     let fits = (!deterministic || (d == 256 && tune.dq_kernel))
         && enabled()
         && arch_ok(arch)
