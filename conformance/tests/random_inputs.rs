@@ -12,6 +12,7 @@ use calico::ops::{
     self, AttentionCase, AttentionOptions, DecodeCase, GemmOptions, KvCache, RopeMode, RowOp,
 };
 use calico::{DType, Device, Epilogue, Error, Tensor};
+use calico_conformance::gpu_backends;
 use calico_conformance::rng::Rng;
 use calico_conformance::tensors::write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,6 +22,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 const SENTINEL: f64 = 7.0;
 
 const CASES: usize = 4000;
+/// On a GPU: enough for every op to reach both outcomes.
+const GPU_CASES: usize = 600;
 
 /// The op families, each of which must see both outcomes.
 const OPS: [&str; 11] = [
@@ -546,13 +549,37 @@ fn finish(names: &[&str], outcomes: &[[usize; 2]], mut failures: Vec<String>) {
 
 #[test]
 fn random_calls_succeed_or_fail_cleanly() {
-    let dev = Device::cpu();
+    random_calls(&Device::cpu(), CASES);
+}
+
+/// The same calls on each GPU backend, fewer of them (each new kernel variant compiles on
+/// its first call): the checks before dispatch are shared, but the GPU routers add their own
+/// (TMA alignment, 32-bit limits) and the valid calls reach the kernels with unusual strides,
+/// offsets and views. After the calls the device must synchronise cleanly: no valid call may
+/// fault on the device.
+#[test]
+fn random_calls_on_gpus_succeed_or_fail_cleanly() {
+    let gpus = gpu_backends(
+        "random_calls_on_gpus_succeed_or_fail_cleanly",
+        "random op calls on a GPU",
+    );
+    for dev in gpus {
+        random_calls(&dev, GPU_CASES);
+        if let Err(e) = dev.synchronize() {
+            panic!("{}: the device failed after the random calls: {e}", dev.name());
+        }
+    }
+}
+
+/// `cases` random calls on `dev` (a fixed seed: the same calls on every backend), checked as the
+/// module says.
+fn random_calls(dev: &Device, cases: usize) {
     let mut rng = Rng::new(0xca11_c0de);
     let mut outcomes = [[0usize; 2]; OPS.len()];
     let mut failures = Vec::new();
-    for case in 0..CASES {
+    for case in 0..cases {
         let mut c = Case {
-            dev: &dev,
+            dev,
             rng: &mut rng,
             outputs: Vec::new(),
             rate: 5,
@@ -561,27 +588,34 @@ fn random_calls_succeed_or_fail_cleanly() {
         let (op, what, result) = match called {
             Ok(r) => r,
             Err(p) => {
-                failures.push(format!("case {case}: panicked: {}", panic_text(&*p)));
+                failures.push(format!(
+                    "{} case {case}: panicked: {}",
+                    dev.name(),
+                    panic_text(&*p)
+                ));
                 continue;
             }
         };
         if let Some(e) = tally(&mut outcomes[op], &result) {
             failures.push(format!(
-                "case {case} {}: {what}: not an input error: {e}",
+                "{} case {case} {}: {what}: not an input error: {e}",
+                dev.name(),
                 OPS[op]
             ));
         }
         if let Err(e) = result {
             if let Err(written) = c.outputs_untouched() {
                 failures.push(format!(
-                    "case {case} {}: {what}: failed with `{e}` but {written}",
+                    "{} case {case} {}: {what}: failed with `{e}` but {written}",
+                    dev.name(),
                     OPS[op]
                 ));
             }
         }
     }
     eprintln!(
-        "succeeded / failed calls per op: {:?}",
+        "{}: succeeded / failed calls per op: {:?}",
+        dev.name(),
         OPS.iter().zip(outcomes).collect::<Vec<_>>()
     );
     finish(&OPS, &outcomes, failures);
