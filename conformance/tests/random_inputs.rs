@@ -566,7 +566,10 @@ fn random_calls_on_gpus_succeed_or_fail_cleanly() {
     for dev in gpus {
         random_calls(&dev, GPU_CASES);
         if let Err(e) = dev.synchronize() {
-            panic!("{}: the device failed after the random calls: {e}", dev.name());
+            panic!(
+                "{}: the device failed after the random calls: {e}",
+                dev.name()
+            );
         }
     }
 }
