@@ -112,7 +112,7 @@ pub fn add_layer_norm(
     )
 }
 
-fn validate(dev: &Device, c: &NormCall) -> Result<()> {
+fn validate<'a>(dev: &Device, c: &NormCall<'a>) -> Result<()> {
     let dtype = check::float_dtype("x", c.x)?;
     if c.x.shape().is_empty() {
         return Err(Error::shape("a norm needs at least one dimension"));
@@ -158,18 +158,11 @@ fn validate(dev: &Device, c: &NormCall) -> Result<()> {
         ("bias", c.bias),
     ];
     let outputs = [("y", Some(c.y)), ("sum", c.sum)];
-    for (i, (oname, o)) in outputs.iter().enumerate() {
-        let Some(o) = o else { continue };
-        check::not_overlapping_itself(oname, o)?;
-        for (iname, t) in inputs.iter().chain(&outputs[i + 1..]) {
-            if t.is_some_and(|t| o.overlaps(t)) {
-                return Err(Error::Aliasing(format!(
-                    "output `{oname}` overlaps `{iname}`"
-                )));
-            }
-        }
-    }
-    Ok(())
+    // The optional tensors take part only when given.
+    let given = |ts: &[(&'static str, Option<&'a Tensor>)]| -> Vec<(&'static str, &'a Tensor)> {
+        ts.iter().filter_map(|&(n, t)| t.map(|t| (n, t))).collect()
+    };
+    check::no_overlap(&given(&outputs), &given(&inputs))
 }
 
 fn run(dev: &Device, c: NormCall) -> Result<()> {
