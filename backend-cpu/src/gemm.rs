@@ -3,6 +3,7 @@
 //! `gemm` crate's f32 kernels; the epilogue runs in f32 per output row.
 
 use crate::convert::{float_dtype, load, store};
+use crate::gemm_few_rows as few_rows;
 use crate::math;
 use crate::rows::{carve_rows, rows_of};
 use crate::views::with_views;
@@ -131,6 +132,91 @@ impl Mat {
     }
 }
 
+/// The few-rows path's form for B, when it takes the problem (M small, K or N of B
+/// contiguous; see gemm_few_rows.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FewRows {
+    /// B's columns (W's rows) are contiguous.
+    Dot,
+    /// B's rows are contiguous.
+    Axpy,
+}
+
+impl FewRows {
+    fn of(b: &Mat, m: usize, k: usize) -> Option<FewRows> {
+        if m > few_rows::MAX_M {
+            None
+        } else if b.row_stride == 1 || k == 1 {
+            Some(FewRows::Dot)
+        } else if b.col_stride == 1 || b.cols == 1 {
+            Some(FewRows::Axpy)
+        } else {
+            None
+        }
+    }
+
+    /// `acc = alpha * a @ b` (`scratch`: a panel the form may use).
+    fn run(
+        self,
+        a: &[f32],
+        mnk: (usize, usize, usize),
+        b: few_rows::Lines,
+        alpha: f32,
+        acc: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        match self {
+            FewRows::Dot => few_rows::dot(a, mnk, b, alpha, acc, scratch),
+            FewRows::Axpy => few_rows::axpy(a, mnk, b, alpha, acc, scratch),
+        }
+    }
+}
+
+impl Mat {
+    /// Matrix `b`'s lines for a few-rows form: its columns (K elements each) for `Dot`, its
+    /// rows (N elements each) for `Axpy`.
+    fn lines<'a>(&self, bytes: &'a [u8], b: usize, form: FewRows) -> few_rows::Lines<'a> {
+        few_rows::Lines {
+            bytes,
+            dtype: self.dtype,
+            start: self.row_start(b, 0),
+            stride: match form {
+                FewRows::Dot => self.col_stride,
+                FewRows::Axpy => self.row_stride,
+            },
+        }
+    }
+}
+
+/// The f32 panels of a call (A and B widened, the product), kept by the calling thread for its
+/// next call: a fresh allocation of a 4096 x 4096 panel costs ~16k page faults, which took
+/// longer than the product itself at decode shapes. Panels over [`Panels::KEPT_F32S`] are
+/// freed after the call, which bounds what a thread holds.
+struct Panels;
+
+impl Panels {
+    /// 16 Mi floats (64 MiB): a 4096 x 4096 weight.
+    const KEPT_F32S: usize = 16 << 20;
+
+    fn take() -> [Vec<f32>; 3] {
+        PANELS.with(|p| std::mem::take(&mut *p.borrow_mut()))
+    }
+
+    fn keep(mut panels: [Vec<f32>; 3]) {
+        for p in &mut panels {
+            if p.capacity() > Self::KEPT_F32S {
+                *p = Vec::new();
+            }
+        }
+        PANELS.with(|p| *p.borrow_mut() = panels);
+    }
+}
+
+thread_local! {
+    static PANELS: std::cell::RefCell<[Vec<f32>; 3]> =
+        const { std::cell::RefCell::new([Vec::new(), Vec::new(), Vec::new()]) };
+}
+
 /// Lines per rayon task when widening lines of `len` elements.
 fn min_lines(len: usize) -> usize {
     (8192 / len.max(1)).max(1)
@@ -219,10 +305,27 @@ pub fn gemm(
             epilogue,
         };
         let mut out = Output::new(d_bytes, &dm)?;
-        let (mut lhs, mut rhs, mut acc) = (Vec::new(), Vec::new(), vec![0.0f32; m * n]);
+        let [mut lhs, mut rhs, mut acc] = Panels::take();
+        acc.clear();
+        acc.resize(m * n, 0.0);
+        let few_rows = FewRows::of(&bm, m, k);
         for bi in 0..batch {
             if k == 0 {
                 acc.fill(0.0);
+            } else if let Some(form) = few_rows {
+                lhs.resize(m * k, 0.0);
+                lhs.par_chunks_mut(k)
+                    .enumerate()
+                    .with_min_len(min_lines(k))
+                    .for_each(|(r, row)| am.load_row(a_bytes, bi, r, row));
+                form.run(
+                    &lhs,
+                    (m, n, k),
+                    bm.lines(b_bytes, bi, form),
+                    alpha,
+                    &mut acc,
+                    &mut rhs,
+                );
             } else {
                 let (lrs, lcs) = am.widen(a_bytes, bi, &mut lhs);
                 let (rrs, rcs) = bm.widen(b_bytes, bi, &mut rhs);
@@ -262,6 +365,7 @@ pub fn gemm(
             }
             out.write_batch(bi, &mut acc, &finish)?;
         }
+        Panels::keep([lhs, rhs, acc]);
         Ok(())
     })
 }

@@ -10,6 +10,7 @@ mod attention_decode;
 mod convert;
 mod device;
 mod gemm;
+mod gemm_few_rows;
 mod lanes;
 mod math;
 mod norm;

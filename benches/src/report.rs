@@ -738,17 +738,18 @@ impl Report {
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"
         );
         for g in rows {
-            let want = g.target_pct_of_copy.unwrap_or(0.0);
+            let want = g.target_pct_of_copy;
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} | {} | {} | {want:.0}% | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 g.name,
                 or_status(&g.calico, g.calico.median_ms().map(|ms| format!("{ms:.4}"))),
                 fmt_rate(g.weight_gbps),
                 fmt_opt(g.pct_of_copy, 1, "%"),
                 fmt_rate(g.cublaslt_weight_gbps),
                 fmt_rate(g.torch_weight_gbps),
-                met(g.pct_of_copy.map(|p| p >= want)),
+                fmt_opt(want, 0, "%"),
+                met(g.pct_of_copy.zip(want).map(|(p, want)| p >= want)),
             );
         }
     }

@@ -222,7 +222,11 @@ pub fn gemm_specs(gpu: bool, profile: Profile) -> Vec<GemmSpec> {
             .chain(gemv_specs(&[16]))
             .chain(odd_specs(false))
             .collect(),
-        (false, Profile::Full) => vec![sq(256), sq(512)],
+        // Decode GEMVs too: the CPU backend's few-rows path streams the weight once.
+        (false, Profile::Full) => [sq(256), sq(512)]
+            .into_iter()
+            .chain(gemv_specs(&[1, 16]))
+            .collect(),
         (false, Profile::Quick) => vec![sq(256)],
         (_, Profile::Tiny) => vec![sq(64)],
     }
