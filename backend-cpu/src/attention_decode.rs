@@ -1,7 +1,12 @@
-//! Decode attention over a paged or contiguous KV cache: each (sequence, query head, query
-//! token) row in parallel, scores and softmax in f32.
+//! Decode attention over a paged or contiguous KV cache, scores and softmax in f32. Work items
+//! are (sequence, KV head, split of 2048 keys): the item's query rows (every query head of the
+//! GQA group, every query token) share each K and V row, widened once per item, and keep an
+//! online softmax over blocks of 64 keys; the splits are merged through their LSEs in order,
+//! so results do not depend on the thread count.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
+use crate::math;
+use crate::simd::{vectorised_fma, MulAdd};
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
@@ -162,8 +167,7 @@ pub fn attention_decode(
         return Ok(());
     }
     let esz = dtype.size_bytes();
-    let first = |t: &Tensor| t.byte_span().0 / esz;
-    let (q_first, k_first, v_first) = (first(q), first(k), first(v));
+    // Views start at each tensor's first element: offsets below are from there.
     let (qs, os) = (q.strides(), o.strides());
 
     with_views(&[q, k, v], &[o, lse], |ins, outs| {
@@ -171,54 +175,278 @@ pub fn attention_decode(
             [a, b, c] => (a, b, c),
             _ => return Err(Error::unsupported("internal: missing view")),
         };
-        let row = |bytes: &[u8], first_elem: usize, at: usize| -> Result<Vec<f32>> {
-            let start = (at - first_elem) * esz;
-            let src = bytes.get(start..start + dim * esz).ok_or_else(|| {
-                Error::OutOfBounds("attention_decode: a row lies past its tensor".into())
-            })?;
-            let mut out = vec![0.0f32; dim];
-            load(dtype, src, &mut out);
-            Ok(out)
-        };
-        let results: Vec<(Vec<f32>, f32)> = (0..rows)
-            .into_par_iter()
-            .map(|r| -> Result<(Vec<f32>, f32)> {
-                let (b, head, qi) = (r / (hq * nq), (r / nq) % hq, r % nq);
-                let qv = row(qb, q_first, q_first + b * qs[0] + head * qs[1] + qi * qs[2])?;
+        let read = Reader { dtype, dim };
+        // One item per (sequence, KV head, key split): the group's query rows share each K and
+        // V row, which is widened once for all of them.
+        let items: Vec<(usize, usize, usize)> = (0..batch)
+            .flat_map(|b| {
+                let splits = (lens[b] as usize).div_ceil(SPLIT_KEYS).max(1);
+                (0..hkv).flat_map(move |h| (0..splits).map(move |s| (b, h, s)))
+            })
+            .collect();
+        let group_rows = group * nq;
+        let partials: Vec<Partial> = items
+            .par_iter()
+            .map(|&(b, kv_head, split)| -> Result<Partial> {
+                let mut part = Partial::empty(group_rows, dim);
+                let mut qv = vec![0.0f32; group_rows * dim];
+                let mut ranges = Vec::with_capacity(group_rows);
                 let len = lens[b] as usize;
-                let (lo, hi) = visible(mask, qi, nq, len);
-                let kv_head = head / group;
-                let mut scores = Vec::with_capacity(hi.saturating_sub(lo));
-                let mut values = Vec::with_capacity(hi.saturating_sub(lo));
-                for j in lo..hi {
-                    let (ko, vo) = map.at(b, kv_head, j);
-                    let kr = row(kb, k_first, k_first + ko)?;
-                    let mut s = qv.iter().zip(&kr).map(|(a, b)| a * b).sum::<f32>() * mask.scale;
-                    if let Some(cap) = mask.softcap {
-                        s = cap * (s / cap).tanh();
+                let (k0, k1) = (split * SPLIT_KEYS, ((split + 1) * SPLIT_KEYS).min(len));
+                for g in 0..group {
+                    let head = kv_head * group + g;
+                    for qi in 0..nq {
+                        let r = g * nq + qi;
+                        let at = b * qs[0] + head * qs[1] + qi * qs[2];
+                        read.row(qb, at, &mut qv[r * dim..(r + 1) * dim])?;
+                        let (lo, hi) = visible(mask, qi, nq, len);
+                        ranges.push((lo.max(k0), hi.min(k1)));
                     }
-                    scores.push(s);
-                    values.push(row(vb, v_first, v_first + vo)?);
                 }
-                Ok(softmax_rows(&scores, &values, dim))
+                let mut blocks = KeyBlocks::new(dim);
+                let mut j0 = ranges.iter().map(|r| r.0).min().unwrap_or(k1);
+                let end = ranges.iter().map(|r| r.1).max().unwrap_or(k0);
+                while j0 < end {
+                    let j1 = (j0 + KEY_BLOCK).min(end);
+                    for j in j0..j1 {
+                        let (ko, _) = map.at(b, kv_head, j);
+                        blocks.load_k(&read, kb, ko, j - j0)?;
+                    }
+                    let seen = vectorised_fma!(|M| blocks.scores::<M>(
+                        &qv,
+                        &ranges,
+                        (j0, j1),
+                        mask,
+                        &mut part
+                    ));
+                    if seen {
+                        for j in j0..j1 {
+                            let (_, vo) = map.at(b, kv_head, j);
+                            read.row(vb, vo, blocks.v_row(j - j0))?;
+                        }
+                        vectorised_fma!(|M| blocks.accumulate::<M>(j1 - j0, &mut part));
+                    }
+                    j0 = j1;
+                }
+                Ok(part)
             })
             .collect::<Result<_>>()?;
+        // Partials merged in split order, per query row.
         let mut outs = outs.into_iter();
         let (ob, lb) = match (outs.next(), outs.next()) {
             (Some(a), Some(b)) => (a, b),
             _ => return Err(Error::unsupported("internal: missing output view")),
         };
-        for (r, (out, l)) in results.iter().enumerate() {
-            let (b, head, qi) = (r / (hq * nq), (r / nq) % hq, r % nq);
-            let start = (b * os[0] + head * os[1] + qi * os[2]) * esz;
-            let dst = ob.get_mut(start..start + dim * esz).ok_or_else(|| {
-                Error::OutOfBounds("attention_decode: o row past its tensor".into())
-            })?;
-            store(dtype, out, dst);
-            lb[4 * r..4 * r + 4].copy_from_slice(&l.to_ne_bytes());
+        let mut out = vec![0.0f32; dim];
+        let mut first_item = 0;
+        for (b, splits) in lens
+            .iter()
+            .map(|&l| (l as usize).div_ceil(SPLIT_KEYS).max(1))
+            .enumerate()
+        {
+            for kv_head in 0..hkv {
+                let parts = &partials[first_item..first_item + splits];
+                first_item += splits;
+                for g in 0..group {
+                    let head = kv_head * group + g;
+                    for qi in 0..nq {
+                        let l = merge(parts, g * nq + qi, &mut out);
+                        let start = (b * os[0] + head * os[1] + qi * os[2]) * esz;
+                        let dst = ob.get_mut(start..start + dim * esz).ok_or_else(|| {
+                            Error::OutOfBounds("attention_decode: o row past its tensor".into())
+                        })?;
+                        store(dtype, &out, dst);
+                        let r = (b * hq + head) * nq + qi;
+                        lb[4 * r..4 * r + 4].copy_from_slice(&l.to_ne_bytes());
+                    }
+                }
+            }
         }
         Ok(())
     })
+}
+
+/// Keys per block of the online softmax (its K and V rows widened together).
+const KEY_BLOCK: usize = 64;
+/// Keys per work item: long caches are split and the splits merged through their LSEs.
+const SPLIT_KEYS: usize = 2048;
+
+/// Widens rows of `dim` elements of one dtype.
+struct Reader {
+    dtype: DType,
+    dim: usize,
+}
+
+impl Reader {
+    /// Widens the row at element `at` of `bytes` (its view) into `dst`.
+    fn row(&self, bytes: &[u8], at: usize, dst: &mut [f32]) -> Result<()> {
+        let esz = self.dtype.size_bytes();
+        let src = bytes.get(at * esz..(at + self.dim) * esz).ok_or_else(|| {
+            Error::OutOfBounds("attention_decode: a row lies past its tensor".into())
+        })?;
+        load(self.dtype, src, dst);
+        Ok(())
+    }
+}
+
+/// One item's online softmax per query row: running max and sum (natural base) and the
+/// unnormalised output.
+struct Partial {
+    max: Vec<f32>,
+    sum: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+impl Partial {
+    fn empty(rows: usize, dim: usize) -> Partial {
+        Partial {
+            max: vec![f32::NEG_INFINITY; rows],
+            sum: vec![0.0; rows],
+            acc: vec![0.0; rows * dim],
+        }
+    }
+}
+
+/// A block's widened K (transposed: `k_t[d * KEY_BLOCK + key]`, so that a row's scores are
+/// KEY_BLOCK lanes of multiply-adds with no sum across lanes) and V rows, and its
+/// probabilities (rows x KEY_BLOCK).
+struct KeyBlocks {
+    dim: usize,
+    k_t: Vec<f32>,
+    k_row: Vec<f32>,
+    v: Vec<f32>,
+    p: Vec<f32>,
+}
+
+impl KeyBlocks {
+    fn new(dim: usize) -> KeyBlocks {
+        KeyBlocks {
+            dim,
+            k_t: vec![0.0; KEY_BLOCK * dim],
+            k_row: vec![0.0; dim],
+            v: vec![0.0; KEY_BLOCK * dim],
+            p: Vec::new(),
+        }
+    }
+
+    /// Widens K row `at` of `bytes` as key `i` of the block.
+    fn load_k(&mut self, read: &Reader, bytes: &[u8], at: usize, i: usize) -> Result<()> {
+        read.row(bytes, at, &mut self.k_row)?;
+        for (d, &x) in self.k_row.iter().enumerate() {
+            self.k_t[d * KEY_BLOCK + i] = x;
+        }
+        Ok(())
+    }
+
+    fn v_row(&mut self, i: usize) -> &mut [f32] {
+        &mut self.v[i * self.dim..(i + 1) * self.dim]
+    }
+
+    /// Scores of keys `j0..j1` for every row that sees them, folded into the rows' running
+    /// max and sum (rescaling their outputs), leaving the block's probabilities in `p`.
+    /// Returns whether any row saw a key.
+    #[inline(always)]
+    fn scores<M: MulAdd>(
+        &mut self,
+        q: &[f32],
+        ranges: &[(usize, usize)],
+        (j0, j1): (usize, usize),
+        mask: &DecodeMask,
+        part: &mut Partial,
+    ) -> bool {
+        let dim = self.dim;
+        self.p.clear();
+        self.p.resize(ranges.len() * KEY_BLOCK, 0.0);
+        let mut seen = false;
+        for (r, &(lo, hi)) in ranges.iter().enumerate() {
+            let (lo, hi) = (lo.max(j0), hi.min(j1));
+            if lo >= hi {
+                continue;
+            }
+            seen = true;
+            let qr = &q[r * dim..(r + 1) * dim];
+            let p: &mut [f32; KEY_BLOCK] = (&mut self.p[r * KEY_BLOCK..(r + 1) * KEY_BLOCK])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!("a row of KEY_BLOCK probabilities"));
+            // Keys past the block's end hold stale values; they are masked below.
+            for (&qd, kd) in qr.iter().zip(self.k_t.chunks_exact(KEY_BLOCK)) {
+                for (pj, &kj) in p.iter_mut().zip(kd) {
+                    *pj = M::mul_add(qd, kj, *pj);
+                }
+            }
+            let mut block_max = f32::NEG_INFINITY;
+            for (j, pj) in p.iter_mut().enumerate() {
+                let mut s = *pj * mask.scale;
+                if let Some(cap) = mask.softcap {
+                    s = cap * (s / cap).tanh();
+                }
+                let key = j0 + j;
+                *pj = if key >= lo && key < hi {
+                    s
+                } else {
+                    f32::NEG_INFINITY
+                };
+                block_max = block_max.max(*pj);
+            }
+            let new_max = part.max[r].max(block_max);
+            // The first block a row sees has nothing to rescale (exp(-inf) = 0).
+            let rescale = (part.max[r] - new_max).exp();
+            if rescale != 1.0 {
+                part.sum[r] *= rescale;
+                part.acc[r * dim..(r + 1) * dim]
+                    .iter_mut()
+                    .for_each(|a| *a *= rescale);
+            }
+            let mut sum = 0.0f32;
+            for pj in p.iter_mut() {
+                *pj = math::exp_nonpositive::<M>(*pj - new_max);
+                sum += *pj;
+            }
+            part.sum[r] += sum;
+            part.max[r] = new_max;
+        }
+        seen
+    }
+
+    /// Adds the block's probabilities times its V rows into every row's output.
+    #[inline(always)]
+    fn accumulate<M: MulAdd>(&self, keys: usize, part: &mut Partial) {
+        let dim = self.dim;
+        for (r, acc) in part.acc.chunks_exact_mut(dim).enumerate() {
+            let p = &self.p[r * KEY_BLOCK..r * KEY_BLOCK + keys];
+            for (&pj, v) in p.iter().zip(self.v.chunks_exact(dim)) {
+                if pj != 0.0 {
+                    for (a, &x) in acc.iter_mut().zip(v) {
+                        *a = M::mul_add(pj, x, *a);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Row `r`'s output (`out`) and natural-log LSE from its partials, merged in order; no key
+/// seen: zeros and -inf.
+fn merge(parts: &[Partial], r: usize, out: &mut [f32]) -> f32 {
+    let dim = out.len();
+    let max = parts
+        .iter()
+        .map(|p| p.max[r])
+        .fold(f32::NEG_INFINITY, f32::max);
+    out.fill(0.0);
+    if max == f32::NEG_INFINITY {
+        return f32::NEG_INFINITY;
+    }
+    let mut sum = 0.0f32;
+    for p in parts {
+        let w = (p.max[r] - max).exp();
+        sum += p.sum[r] * w;
+        for (o, &a) in out.iter_mut().zip(&p.acc[r * dim..(r + 1) * dim]) {
+            *o += a * w;
+        }
+    }
+    out.iter_mut().for_each(|o| *o /= sum);
+    max + sum.ln()
 }
 
 /// Keys `lo..hi` that query `qi` of `nq` may see in a sequence of `len` tokens.
@@ -237,26 +465,6 @@ fn visible(mask: &DecodeMask, qi: usize, nq: usize, len: usize) -> (usize, usize
     } else {
         (lo as usize, hi as usize)
     }
-}
-
-/// softmax(scores) @ values and the natural-log LSE; no scores: zeros and -inf.
-fn softmax_rows(scores: &[f32], values: &[Vec<f32>], dim: usize) -> (Vec<f32>, f32) {
-    let mut out = vec![0.0f32; dim];
-    let Some(max) = scores.iter().copied().reduce(f32::max) else {
-        return (out, f32::NEG_INFINITY);
-    };
-    let mut sum = 0.0f32;
-    for (s, v) in scores.iter().zip(values) {
-        let p = (s - max).exp();
-        sum += p;
-        for (o, x) in out.iter_mut().zip(v) {
-            *o += p * x;
-        }
-    }
-    for o in &mut out {
-        *o /= sum;
-    }
-    (out, max + sum.ln())
 }
 
 fn shape4(t: &Tensor) -> Result<[usize; 4]> {
