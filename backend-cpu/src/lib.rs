@@ -1,5 +1,6 @@
 //! calico-cpu: Calico's CPU backend. Every op in portable Rust, parallel over rows with
-//! rayon, computing in f32 as `docs/ops-spec.md` specifies; GEMM through the `gemm` crate.
+//! rayon, computing in f32 as `docs/ops-spec.md` specifies; decode GEMMs streaming the weight
+//! once (gemm_few_rows.rs), larger ones through the `gemm` crate.
 //!
 //! The op functions take tensors the `calico` crate has already validated; they still return
 //! an `Err` (never panic) on a storage that is not a [`CpuStorage`], a layout that is not
