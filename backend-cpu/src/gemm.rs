@@ -20,6 +20,10 @@ fn apply(epilogue: Epilogue, x: f32) -> f32 {
     }
 }
 
+/// A batch of few-rows problems whose A and output each fit this many floats runs one matrix
+/// per rayon task (each task holds its own A, output and scratch).
+const BATCH_TASK_F32S: usize = 1 << 20;
+
 /// Below this many multiply-adds the `gemm` crate runs on the calling thread.
 const PARALLEL_MACS: usize = 1 << 18;
 
@@ -309,6 +313,36 @@ pub fn gemm(
         acc.clear();
         acc.resize(m * n, 0.0);
         let few_rows = FewRows::of(&bm, m, k);
+        if let (Some(form), Output::Rows { rows, dtype }) = (few_rows, &mut out) {
+            if batch > 1 && k > 0 && m * n.max(k) <= BATCH_TASK_F32S {
+                // Matrices of a batch one task each: splitting each small matrix over the
+                // threads in turn cost more in rayon than the products (512 x 64x64x100).
+                let dtype = *dtype;
+                rows.par_chunks_mut(m).enumerate().for_each_init(
+                    || {
+                        (
+                            vec![0.0f32; m * k],
+                            vec![0.0f32; m * n],
+                            Vec::new(),
+                            vec![0.0f32; n],
+                        )
+                    },
+                    |(a, acc, scratch, c_row), (bi, out_rows)| {
+                        for (r, row) in a.chunks_exact_mut(k).enumerate() {
+                            am.load_row(a_bytes, bi, r, row);
+                        }
+                        let b_lines = bm.lines(b_bytes, bi, form);
+                        form.run(a, (m, n, k), b_lines, alpha, acc, scratch);
+                        for (r, (row, out)) in acc.chunks_exact_mut(n).zip(out_rows).enumerate() {
+                            finish.row(bi, r, row, c_row);
+                            store(dtype, row, out);
+                        }
+                    },
+                );
+                Panels::keep([lhs, rhs, acc]);
+                return Ok(());
+            }
+        }
         for bi in 0..batch {
             if k == 0 {
                 acc.fill(0.0);
