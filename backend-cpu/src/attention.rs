@@ -1,13 +1,15 @@
 //! Scaled dot-product attention (forward, backward, packed variable-length batches) in f32.
 //!
-//! Work is split with rayon over (sequence, head, block of rows). The forward pass walks the
-//! visible keys in blocks with an online softmax (running max and sum, the accumulator
-//! rescaled when the max grows), as the GPU kernels do. The backward pass recomputes the
+//! Work is split with rayon over (sequence, head, block of rows). The forward pass runs each
+//! block's rows through key_blocks.rs: the visible keys in blocks, each block's K and V rows
+//! widened once for all the rows, with an online softmax (running max and sum, the
+//! accumulator rescaled when the max grows), as the GPU kernels do. The backward pass recomputes the
 //! probabilities from the saved log-sum-exp: one pass over query blocks writes dQ, another
 //! over key blocks writes dK and dV (summed over the query heads that share a KV head), so no
 //! two tasks write one element and the result does not depend on the thread count.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
+use crate::key_blocks::{self, Partial};
 use crate::math;
 use crate::rows::carve_rows;
 use crate::views::with_views;
@@ -16,8 +18,6 @@ use rayon::prelude::*;
 
 /// Rows per rayon task.
 const ROWS_PER_TASK: usize = 16;
-/// Keys per online-softmax step.
-const KEY_BLOCK: usize = 64;
 
 /// The score transform and mask of one call, resolved by the caller.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -255,42 +255,34 @@ pub fn attention_forward(
             |((task, mut o_rows), mut l_rows)| {
                 let span = shape.seqs[task.seq];
                 let kv_head = task.head / group;
-                let mut qrow = vec![0.0f32; d];
-                let mut krow = vec![0.0f32; d];
-                let mut vrow = vec![0.0f32; d];
-                let mut acc = vec![0.0f32; d];
-                let mut scores = vec![0.0f32; KEY_BLOCK];
+                // The task's rows share each K and V row, widened once for all of them.
+                let rows = task.rows.len();
+                let mut qv = vec![0.0f32; rows * d];
+                let mut ranges = Vec::with_capacity(rows);
                 for (r, i) in task.rows.clone().enumerate() {
-                    qr.load(span.batch, task.head, span.q_start + i, &mut qrow)?;
-                    let (lo, hi) = params.visible_keys(i, span.q_len, span.k_len);
-                    acc.fill(0.0);
-                    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-                    for j0 in (lo..hi).step_by(KEY_BLOCK) {
-                        let j1 = (j0 + KEY_BLOCK).min(hi);
-                        for (s, j) in scores.iter_mut().zip(j0..j1) {
-                            kr.load(span.batch, kv_head, span.k_start + j, &mut krow)?;
-                            *s = params.score(dot(&qrow, &krow)).0;
-                        }
-                        let block = &mut scores[..j1 - j0];
-                        let new_max = max.max(math::max(block));
-                        let rescale = math::exp(max - new_max);
-                        sum *= rescale;
-                        acc.iter_mut().for_each(|a| *a *= rescale);
-                        for (s, j) in block.iter().zip(j0..j1) {
-                            let p = math::exp(s - new_max);
-                            sum += p;
-                            vr.load(span.batch, kv_head, span.k_start + j, &mut vrow)?;
-                            acc.iter_mut().zip(&vrow).for_each(|(a, v)| *a += p * v);
-                        }
-                        max = new_max;
-                    }
-                    let (inv, row_lse) = if sum > 0.0 {
-                        (1.0 / sum, max + sum.ln())
-                    } else {
-                        (0.0, f32::NEG_INFINITY)
-                    };
-                    acc.iter_mut().for_each(|a| *a *= inv);
-                    store(dtype, &acc, o_rows[r]);
+                    qr.load(
+                        span.batch,
+                        task.head,
+                        span.q_start + i,
+                        &mut qv[r * d..(r + 1) * d],
+                    )?;
+                    ranges.push(params.visible_keys(i, span.q_len, span.k_len));
+                }
+                let mut part = Partial::empty(rows, d);
+                let key = |j: usize| span.k_start + j;
+                key_blocks::attend(
+                    &qv,
+                    d,
+                    &ranges,
+                    |j, dst| kr.load(span.batch, kv_head, key(j), dst),
+                    |j, dst| vr.load(span.batch, kv_head, key(j), dst),
+                    |dot| params.score(dot).0,
+                    &mut part,
+                )?;
+                let mut out = vec![0.0f32; d];
+                for r in 0..rows {
+                    let row_lse = key_blocks::merge(std::slice::from_ref(&part), r, &mut out);
+                    store(dtype, &out, o_rows[r]);
                     store(DType::F32, &[row_lse], l_rows[r]);
                 }
                 Ok::<(), Error>(())

@@ -5,8 +5,7 @@
 //! so results do not depend on the thread count.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
-use crate::math;
-use crate::simd::{vectorised_fma, MulAdd};
+use crate::key_blocks::{self, Partial};
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
@@ -203,31 +202,19 @@ pub fn attention_decode(
                         ranges.push((lo.max(k0), hi.min(k1)));
                     }
                 }
-                let mut blocks = KeyBlocks::new(dim);
-                let mut j0 = ranges.iter().map(|r| r.0).min().unwrap_or(k1);
-                let end = ranges.iter().map(|r| r.1).max().unwrap_or(k0);
-                while j0 < end {
-                    let j1 = (j0 + KEY_BLOCK).min(end);
-                    for j in j0..j1 {
-                        let (ko, _) = map.at(b, kv_head, j);
-                        blocks.load_k(&read, kb, ko, j - j0)?;
-                    }
-                    let seen = vectorised_fma!(|M| blocks.scores::<M>(
-                        &qv,
-                        &ranges,
-                        (j0, j1),
-                        mask,
-                        &mut part
-                    ));
-                    if seen {
-                        for j in j0..j1 {
-                            let (_, vo) = map.at(b, kv_head, j);
-                            read.row(vb, vo, blocks.v_row(j - j0))?;
-                        }
-                        vectorised_fma!(|M| blocks.accumulate::<M>(j1 - j0, &mut part));
-                    }
-                    j0 = j1;
-                }
+                let logit = |dot: f32| {
+                    let s = dot * mask.scale;
+                    mask.softcap.map_or(s, |cap| cap * (s / cap).tanh())
+                };
+                key_blocks::attend(
+                    &qv,
+                    dim,
+                    &ranges,
+                    |j, dst| read.row(kb, map.at(b, kv_head, j).0, dst),
+                    |j, dst| read.row(vb, map.at(b, kv_head, j).1, dst),
+                    logit,
+                    &mut part,
+                )?;
                 Ok(part)
             })
             .collect::<Result<_>>()?;
@@ -250,7 +237,7 @@ pub fn attention_decode(
                 for g in 0..group {
                     let head = kv_head * group + g;
                     for qi in 0..nq {
-                        let l = merge(parts, g * nq + qi, &mut out);
+                        let l = key_blocks::merge(parts, g * nq + qi, &mut out);
                         let start = (b * os[0] + head * os[1] + qi * os[2]) * esz;
                         let dst = ob.get_mut(start..start + dim * esz).ok_or_else(|| {
                             Error::OutOfBounds("attention_decode: o row past its tensor".into())
@@ -266,8 +253,6 @@ pub fn attention_decode(
     })
 }
 
-/// Keys per block of the online softmax (its K and V rows widened together).
-const KEY_BLOCK: usize = 64;
 /// Keys per work item: long caches are split and the splits merged through their LSEs.
 const SPLIT_KEYS: usize = 2048;
 
@@ -287,166 +272,6 @@ impl Reader {
         load(self.dtype, src, dst);
         Ok(())
     }
-}
-
-/// One item's online softmax per query row: running max and sum (natural base) and the
-/// unnormalised output.
-struct Partial {
-    max: Vec<f32>,
-    sum: Vec<f32>,
-    acc: Vec<f32>,
-}
-
-impl Partial {
-    fn empty(rows: usize, dim: usize) -> Partial {
-        Partial {
-            max: vec![f32::NEG_INFINITY; rows],
-            sum: vec![0.0; rows],
-            acc: vec![0.0; rows * dim],
-        }
-    }
-}
-
-/// A block's widened K (transposed: `k_t[d * KEY_BLOCK + key]`, so that a row's scores are
-/// KEY_BLOCK lanes of multiply-adds with no sum across lanes) and V rows, and its
-/// probabilities (rows x KEY_BLOCK).
-struct KeyBlocks {
-    dim: usize,
-    k_t: Vec<f32>,
-    k_row: Vec<f32>,
-    v: Vec<f32>,
-    p: Vec<f32>,
-}
-
-impl KeyBlocks {
-    fn new(dim: usize) -> KeyBlocks {
-        KeyBlocks {
-            dim,
-            k_t: vec![0.0; KEY_BLOCK * dim],
-            k_row: vec![0.0; dim],
-            v: vec![0.0; KEY_BLOCK * dim],
-            p: Vec::new(),
-        }
-    }
-
-    /// Widens K row `at` of `bytes` as key `i` of the block.
-    fn load_k(&mut self, read: &Reader, bytes: &[u8], at: usize, i: usize) -> Result<()> {
-        read.row(bytes, at, &mut self.k_row)?;
-        for (d, &x) in self.k_row.iter().enumerate() {
-            self.k_t[d * KEY_BLOCK + i] = x;
-        }
-        Ok(())
-    }
-
-    fn v_row(&mut self, i: usize) -> &mut [f32] {
-        &mut self.v[i * self.dim..(i + 1) * self.dim]
-    }
-
-    /// Scores of keys `j0..j1` for every row that sees them, folded into the rows' running
-    /// max and sum (rescaling their outputs), leaving the block's probabilities in `p`.
-    /// Returns whether any row saw a key.
-    #[inline(always)]
-    fn scores<M: MulAdd>(
-        &mut self,
-        q: &[f32],
-        ranges: &[(usize, usize)],
-        (j0, j1): (usize, usize),
-        mask: &DecodeMask,
-        part: &mut Partial,
-    ) -> bool {
-        let dim = self.dim;
-        self.p.clear();
-        self.p.resize(ranges.len() * KEY_BLOCK, 0.0);
-        let mut seen = false;
-        for (r, &(lo, hi)) in ranges.iter().enumerate() {
-            let (lo, hi) = (lo.max(j0), hi.min(j1));
-            if lo >= hi {
-                continue;
-            }
-            seen = true;
-            let qr = &q[r * dim..(r + 1) * dim];
-            let p: &mut [f32; KEY_BLOCK] = (&mut self.p[r * KEY_BLOCK..(r + 1) * KEY_BLOCK])
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("a row of KEY_BLOCK probabilities"));
-            // Keys past the block's end hold stale values; they are masked below.
-            for (&qd, kd) in qr.iter().zip(self.k_t.chunks_exact(KEY_BLOCK)) {
-                for (pj, &kj) in p.iter_mut().zip(kd) {
-                    *pj = M::mul_add(qd, kj, *pj);
-                }
-            }
-            let mut block_max = f32::NEG_INFINITY;
-            for (j, pj) in p.iter_mut().enumerate() {
-                let mut s = *pj * mask.scale;
-                if let Some(cap) = mask.softcap {
-                    s = cap * (s / cap).tanh();
-                }
-                let key = j0 + j;
-                *pj = if key >= lo && key < hi {
-                    s
-                } else {
-                    f32::NEG_INFINITY
-                };
-                block_max = block_max.max(*pj);
-            }
-            let new_max = part.max[r].max(block_max);
-            // The first block a row sees has nothing to rescale (exp(-inf) = 0).
-            let rescale = (part.max[r] - new_max).exp();
-            if rescale != 1.0 {
-                part.sum[r] *= rescale;
-                part.acc[r * dim..(r + 1) * dim]
-                    .iter_mut()
-                    .for_each(|a| *a *= rescale);
-            }
-            let mut sum = 0.0f32;
-            for pj in p.iter_mut() {
-                *pj = math::exp_nonpositive::<M>(*pj - new_max);
-                sum += *pj;
-            }
-            part.sum[r] += sum;
-            part.max[r] = new_max;
-        }
-        seen
-    }
-
-    /// Adds the block's probabilities times its V rows into every row's output.
-    #[inline(always)]
-    fn accumulate<M: MulAdd>(&self, keys: usize, part: &mut Partial) {
-        let dim = self.dim;
-        for (r, acc) in part.acc.chunks_exact_mut(dim).enumerate() {
-            let p = &self.p[r * KEY_BLOCK..r * KEY_BLOCK + keys];
-            for (&pj, v) in p.iter().zip(self.v.chunks_exact(dim)) {
-                if pj != 0.0 {
-                    for (a, &x) in acc.iter_mut().zip(v) {
-                        *a = M::mul_add(pj, x, *a);
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Row `r`'s output (`out`) and natural-log LSE from its partials, merged in order; no key
-/// seen: zeros and -inf.
-fn merge(parts: &[Partial], r: usize, out: &mut [f32]) -> f32 {
-    let dim = out.len();
-    let max = parts
-        .iter()
-        .map(|p| p.max[r])
-        .fold(f32::NEG_INFINITY, f32::max);
-    out.fill(0.0);
-    if max == f32::NEG_INFINITY {
-        return f32::NEG_INFINITY;
-    }
-    let mut sum = 0.0f32;
-    for p in parts {
-        let w = (p.max[r] - max).exp();
-        sum += p.sum[r] * w;
-        for (o, &a) in out.iter_mut().zip(&p.acc[r * dim..(r + 1) * dim]) {
-            *o += a * w;
-        }
-    }
-    out.iter_mut().for_each(|o| *o /= sum);
-    max + sum.ln()
 }
 
 /// Keys `lo..hi` that query `qi` of `nq` may see in a sequence of `len` tokens.

@@ -12,6 +12,7 @@ mod convert;
 mod device;
 mod gemm;
 mod gemm_few_rows;
+mod key_blocks;
 mod lanes;
 mod math;
 mod norm;

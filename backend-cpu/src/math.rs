@@ -1,49 +1,8 @@
-//! f32 building blocks written so the compiler vectorises them: reductions over 32 independent
-//! accumulators (a single running sum cannot be reordered, and 32 lanes keep several vector
-//! registers' additions in flight) and a polynomial exp (libm's `expf` is a call per element).
+//! f32 building blocks written so the compiler vectorises them: polynomial exponentials
+//! (libm's `expf` is a call per element) and the activations.
 //! They are `#[inline(always)]` so that they are compiled into `simd::vectorised` callers.
 
 use crate::simd::MulAdd;
-
-const LANES: usize = 32;
-
-/// Reduces `v` with `f` over `LANES` accumulators that start at `init`, then joins the
-/// accumulators pairwise with `join`.
-#[inline(always)]
-fn reduce(
-    v: &[f32],
-    init: f32,
-    f: impl Fn(f32, f32) -> f32,
-    join: impl Fn(f32, f32) -> f32,
-) -> f32 {
-    let mut acc = [init; LANES];
-    let chunks = v.chunks_exact(LANES);
-    let tail = chunks.remainder();
-    for c in chunks {
-        for (a, &x) in acc.iter_mut().zip(c) {
-            *a = f(*a, x);
-        }
-    }
-    for (a, &x) in acc.iter_mut().zip(tail) {
-        *a = f(*a, x);
-    }
-    let mut n = LANES;
-    while n > 1 {
-        n /= 2;
-        for i in 0..n {
-            acc[i] = join(acc[i], acc[i + n]);
-        }
-    }
-    acc[0]
-}
-
-/// Largest element (`-inf` for an empty slice; NaN propagates).
-#[inline(always)]
-pub(crate) fn max(v: &[f32]) -> f32 {
-    // `f32::max` ignores NaN; a NaN row must give NaN outputs, as the reference does.
-    let pick = |a: f32, x: f32| if x > a || x.is_nan() { x } else { a };
-    reduce(v, f32::NEG_INFINITY, pick, pick)
-}
 
 /// e^x to about 2 ulp (Cephes `expf` polynomial), 0 below the f32 range, inf above it.
 /// Selects instead of `clamp` and `as i32` keep the loop branch-free so it vectorises.
@@ -196,13 +155,5 @@ mod tests {
         assert_eq!(exp_nonpositive(-100.0), 0.0);
         assert_eq!(exp_nonpositive(f32::NEG_INFINITY), 0.0);
         assert!(exp_nonpositive(f32::NAN).is_nan());
-    }
-
-    #[test]
-    fn reductions_handle_tails() {
-        let v: Vec<f32> = (1..=13).map(|i| i as f32).collect();
-        assert_eq!(max(&v), 13.0);
-        assert_eq!(max(&[]), f32::NEG_INFINITY);
-        assert!(max(&[1.0, f32::NAN, 2.0]).is_nan());
     }
 }
