@@ -3,10 +3,11 @@
 //! Work is split with rayon over (sequence, head, block of rows). The forward pass runs each
 //! block's rows through key_blocks.rs: the visible keys in blocks, each block's K and V rows
 //! widened once for all the rows, with an online softmax (running max and sum, the
-//! accumulator rescaled when the max grows), as the GPU kernels do. The backward pass recomputes the
-//! probabilities from the saved log-sum-exp: one pass over query blocks writes dQ, another
-//! over key blocks writes dK and dV (summed over the query heads that share a KV head), so no
-//! two tasks write one element and the result does not depend on the thread count.
+//! accumulator rescaled when the max grows), as the GPU kernels do. The backward pass
+//! recomputes the probabilities from the saved log-sum-exp: one pass over query blocks writes
+//! dQ, another over key blocks writes dK and dV (summed over the query heads that share a KV
+//! head), so no two tasks write one element and the result does not depend on the thread
+//! count.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
 use crate::key_blocks::{self, Partial};

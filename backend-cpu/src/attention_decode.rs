@@ -177,10 +177,14 @@ pub fn attention_decode(
         let read = Reader { dtype, dim };
         // One item per (sequence, KV head, key split): the group's query rows share each K and
         // V row, which is widened once for all of them.
+        let splits: Vec<usize> = lens
+            .iter()
+            .map(|&l| (l as usize).div_ceil(SPLIT_KEYS).max(1))
+            .collect();
         let items: Vec<(usize, usize, usize)> = (0..batch)
             .flat_map(|b| {
-                let splits = (lens[b] as usize).div_ceil(SPLIT_KEYS).max(1);
-                (0..hkv).flat_map(move |h| (0..splits).map(move |s| (b, h, s)))
+                let n = splits[b];
+                (0..hkv).flat_map(move |h| (0..n).map(move |s| (b, h, s)))
             })
             .collect();
         let group_rows = group * nq;
@@ -226,14 +230,10 @@ pub fn attention_decode(
         };
         let mut out = vec![0.0f32; dim];
         let mut first_item = 0;
-        for (b, splits) in lens
-            .iter()
-            .map(|&l| (l as usize).div_ceil(SPLIT_KEYS).max(1))
-            .enumerate()
-        {
+        for (b, &n) in splits.iter().enumerate() {
             for kv_head in 0..hkv {
-                let parts = &partials[first_item..first_item + splits];
-                first_item += splits;
+                let parts = &partials[first_item..first_item + n];
+                first_item += n;
                 for g in 0..group {
                     let head = kv_head * group + g;
                     for qi in 0..nq {

@@ -227,7 +227,8 @@ fn min_lines(len: usize) -> usize {
 }
 
 /// Widens `dst.len()` elements starting at element `start` with element stride `step`.
-fn load_line(bytes: &[u8], dtype: DType, start: usize, step: usize, dst: &mut [f32]) {
+#[inline(always)]
+pub(crate) fn load_line(bytes: &[u8], dtype: DType, start: usize, step: usize, dst: &mut [f32]) {
     let esz = dtype.size_bytes();
     if step == 1 || dst.len() <= 1 {
         load(dtype, &bytes[start * esz..(start + dst.len()) * esz], dst);
@@ -310,8 +311,6 @@ pub fn gemm(
         };
         let mut out = Output::new(d_bytes, &dm)?;
         let [mut lhs, mut rhs, mut acc] = Panels::take();
-        acc.clear();
-        acc.resize(m * n, 0.0);
         let few_rows = FewRows::of(&bm, m, k);
         if let (Some(form), Output::Rows { rows, dtype }) = (few_rows, &mut out) {
             if batch > 1 && k > 0 && m * n.max(k) <= BATCH_TASK_F32S {
@@ -343,6 +342,8 @@ pub fn gemm(
                 return Ok(());
             }
         }
+        acc.clear();
+        acc.resize(m * n, 0.0);
         for bi in 0..batch {
             if k == 0 {
                 acc.fill(0.0);

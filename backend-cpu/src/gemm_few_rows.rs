@@ -11,7 +11,8 @@
 //! Work is split over N. Each output's sum runs in a fixed order (lanes over K, the lanes
 //! added in a fixed tree, K blocks in order), so results do not depend on the thread count.
 
-use crate::convert::load;
+use crate::gemm::load_line;
+use crate::lanes::{self, W};
 use crate::simd::{vectorised_fma, MulAdd};
 use calico_core::DType;
 use rayon::prelude::*;
@@ -23,8 +24,6 @@ use rayon::prelude::*;
 /// kernels reuse each widened element over enough rows to win.
 pub(crate) const MAX_M: usize = 256;
 
-/// Lanes of each partial sum: one AVX-512 register, two AVX2 ones.
-const LANES: usize = 16;
 /// W rows multiplied together in the dot form.
 const ROWS: usize = 4;
 /// K elements of each W row widened at a time (4 rows x 1024 x 4 B = 16 KiB, in L1).
@@ -48,9 +47,8 @@ impl Lines<'_> {
     /// Widens elements `from..from + dst.len()` of line `line` into `dst`.
     #[inline(always)]
     fn widen(&self, line: usize, from: usize, dst: &mut [f32]) {
-        let esz = self.dtype.size_bytes();
-        let at = (self.start + line * self.stride + from) * esz;
-        load(self.dtype, &self.bytes[at..at + dst.len() * esz], dst);
+        let at = self.start + line * self.stride + from;
+        load_line(self.bytes, self.dtype, at, 1, dst);
     }
 }
 
@@ -121,37 +119,32 @@ fn dot_rows<M: MulAdd>(
     }
 }
 
-/// `v` in chunks of LANES elements.
+/// `v` in chunks of W elements.
 #[inline(always)]
-fn lanes(v: &[f32]) -> std::slice::ChunksExact<'_, f32> {
-    v.chunks_exact(LANES)
+fn chunks(v: &[f32]) -> std::slice::ChunksExact<'_, f32> {
+    v.chunks_exact(W)
 }
 
 /// The four dot products of `x` with `w[0..4]` (each as long as `x`).
 #[inline(always)]
 fn dot4<M: MulAdd>(x: &[f32], [w0, w1, w2, w3]: [&[f32]; ROWS]) -> [f32; ROWS] {
     // Four named accumulators (not an array of them) stay in registers.
-    let (mut s0, mut s1, mut s2, mut s3) = (
-        [0.0f32; LANES],
-        [0.0f32; LANES],
-        [0.0f32; LANES],
-        [0.0f32; LANES],
-    );
-    for ((((xv, v0), v1), v2), v3) in lanes(x)
-        .zip(lanes(w0))
-        .zip(lanes(w1))
-        .zip(lanes(w2))
-        .zip(lanes(w3))
+    let (mut s0, mut s1, mut s2, mut s3) = ([0.0f32; W], [0.0f32; W], [0.0f32; W], [0.0f32; W]);
+    for ((((xv, v0), v1), v2), v3) in chunks(x)
+        .zip(chunks(w0))
+        .zip(chunks(w1))
+        .zip(chunks(w2))
+        .zip(chunks(w3))
     {
-        for l in 0..LANES {
+        for l in 0..W {
             s0[l] = M::mul_add(xv[l], v0[l], s0[l]);
             s1[l] = M::mul_add(xv[l], v1[l], s1[l]);
             s2[l] = M::mul_add(xv[l], v2[l], s2[l]);
             s3[l] = M::mul_add(xv[l], v3[l], s3[l]);
         }
     }
-    let full = x.len() / LANES * LANES;
-    let mut out = [lane_sum(&s0), lane_sum(&s1), lane_sum(&s2), lane_sum(&s3)];
+    let full = x.len() / W * W;
+    let mut out = [s0, s1, s2, s3].map(lanes::hsum);
     for (o, wr) in out.iter_mut().zip([w0, w1, w2, w3]) {
         let mut tail = 0.0f32;
         for (&xj, &wj) in x[full..].iter().zip(&wr[full..]) {
@@ -160,20 +153,6 @@ fn dot4<M: MulAdd>(x: &[f32], [w0, w1, w2, w3]: [&[f32]; ROWS]) -> [f32; ROWS] {
         *o += tail;
     }
     out
-}
-
-/// The lanes added pairwise, in a fixed tree.
-#[inline(always)]
-fn lane_sum(v: &[f32; LANES]) -> f32 {
-    let mut v = *v;
-    let mut width = LANES / 2;
-    while width > 0 {
-        for l in 0..width {
-            v[l] += v[l + width];
-        }
-        width /= 2;
-    }
-    v[0]
 }
 
 /// `acc[i, j] = alpha * sum_k a[i, k] * b[k, j]`: `a` is `m x k` row-major f32, B's row `k`

@@ -5,6 +5,7 @@
 //! polynomial exponential, and each row's running max, sum and output rescaled once per block.
 //! Sums run in key order, so a result depends only on how the caller splits the keys.
 
+use crate::lanes::W;
 use crate::math;
 use crate::simd::{vectorised_fma, MulAdd};
 use calico_core::Result;
@@ -122,18 +123,14 @@ impl KeyBlocks {
             }
             seen = true;
             let qr = &q[r * dim..(r + 1) * dim];
-            let p: &mut [f32; KEY_BLOCK] = (&mut self.p[r * KEY_BLOCK..(r + 1) * KEY_BLOCK])
-                .try_into()
-                .unwrap_or_else(|_| unreachable!("a row of KEY_BLOCK probabilities"));
-            // Keys past the block's end hold stale values; they are masked below. The sums stay
+            // Keys past the block's end hold stale values; they are masked below. The row stays
             // in a local array (registers) across the head dim.
-            let mut dots = [0.0f32; KEY_BLOCK];
+            let mut p = [0.0f32; KEY_BLOCK];
             for (&qd, kd) in qr.iter().zip(self.k_t.chunks_exact(KEY_BLOCK)) {
-                for (s, &kj) in dots.iter_mut().zip(kd) {
+                for (s, &kj) in p.iter_mut().zip(kd) {
                     *s = M::mul_add(qd, kj, *s);
                 }
             }
-            *p = dots;
             let mut block_max = f32::NEG_INFINITY;
             for (j, pj) in p.iter_mut().enumerate() {
                 let s = score(*pj);
@@ -159,6 +156,7 @@ impl KeyBlocks {
                 *pj = math::exp_nonpositive::<M>(*pj - new_max);
                 sum += *pj;
             }
+            self.p[r * KEY_BLOCK..(r + 1) * KEY_BLOCK].copy_from_slice(&p);
             part.sum[r] += sum;
             part.max[r] = new_max;
         }
@@ -168,20 +166,21 @@ impl KeyBlocks {
     /// Adds the block's probabilities times its V rows into every row's output.
     #[inline(always)]
     fn accumulate<M: MulAdd>(&self, keys: usize, part: &mut Partial) {
-        const LANES: usize = 16;
         let dim = self.dim;
         for (r, acc) in part.acc.chunks_exact_mut(dim).enumerate() {
             let p = &self.p[r * KEY_BLOCK..r * KEY_BLOCK + keys];
-            // 16 output columns at a time in a local array (registers) across the keys; each
-            // output still sums its keys in order.
-            for (c, out) in acc.chunks_mut(LANES).enumerate() {
-                let mut a = [0.0f32; LANES];
+            // W output columns at a time in a local array (registers) across the keys; each
+            // output still sums its keys in order. Whole chunks take fixed-length slices, which
+            // vectorise (run-time lengths did not, and ran 2.5x slower); a head dim that is not
+            // a multiple of W ends with a shorter chunk.
+            for (c, out) in acc.chunks_mut(W).enumerate() {
+                let mut a = [0.0f32; W];
                 a[..out.len()].copy_from_slice(out);
-                let col = c * LANES;
-                if out.len() == LANES {
+                let col = c * W;
+                if out.len() == W {
                     for (&pj, v) in p.iter().zip(self.v.chunks_exact(dim)) {
-                        let v = &v[col..col + LANES];
-                        for l in 0..LANES {
+                        let v = &v[col..col + W];
+                        for l in 0..W {
                             a[l] = M::mul_add(pj, v[l], a[l]);
                         }
                     }
