@@ -3,22 +3,25 @@
 //! Work is split with rayon over (sequence, head, block of rows). The forward pass runs each
 //! block's rows through key_blocks.rs: the visible keys in blocks, each block's K and V rows
 //! widened once for all the rows, with an online softmax (running max and sum, the
-//! accumulator rescaled when the max grows), as the GPU kernels do. The backward pass
-//! recomputes the probabilities from the saved log-sum-exp: one pass over query blocks writes
-//! dQ, another over key blocks writes dK and dV (summed over the query heads that share a KV
-//! head), so no two tasks write one element and the result does not depend on the thread
-//! count.
+//! accumulator rescaled when the max grows), as the GPU kernels do. The backward pass is in
+//! attention_backward.rs.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
-use crate::key_blocks::{self, Partial};
-use crate::math;
+use crate::key_blocks::{self, Logit, Partial};
 use crate::rows::carve_rows;
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
 
-/// Rows per rayon task.
-const ROWS_PER_TASK: usize = 16;
+/// Rows per rayon task at most: a task widens the other side's rows once for all of its rows.
+const MAX_ROWS_PER_TASK: usize = 64;
+
+/// Rows per rayon task at least, when fewer rows per task are needed to keep every thread busy.
+const MIN_ROWS_PER_TASK: usize = 16;
+
+/// Tasks per rayon thread that the task size aims for (so that uneven tasks, causal ones,
+/// balance out).
+const TASKS_PER_THREAD: usize = 4;
 
 /// The score transform and mask of one call, resolved by the caller.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -49,7 +52,7 @@ impl AttentionParams {
     }
 
     /// The queries that see key `j`, as a half-open range (empty when none).
-    fn visible_queries(&self, j: usize, n_q: usize, n_k: usize) -> (usize, usize) {
+    pub(crate) fn visible_queries(&self, j: usize, n_q: usize, n_k: usize) -> (usize, usize) {
         // c - left <= j  <=>  i <= j + left - shift;  j <= c + right  <=>  i >= j - right - shift.
         let shift = n_k as i64 - n_q as i64;
         let lo = self
@@ -65,16 +68,11 @@ impl AttentionParams {
         }
     }
 
-    /// The transformed score and its derivative with respect to the scaled score.
-    #[inline]
-    fn score(&self, dot: f32) -> (f32, f32) {
-        let s = dot * self.scale;
-        match self.softcap {
-            Some(cap) => {
-                let t = (s / cap).tanh();
-                (cap * t, 1.0 - t * t)
-            }
-            None => (s, 1.0),
+    /// The map from `q . k` to the logit.
+    pub(crate) fn logit(&self) -> Logit {
+        Logit {
+            scale: self.scale,
+            softcap: self.softcap,
         }
     }
 }
@@ -100,7 +98,7 @@ pub struct AttentionShape {
 }
 
 impl AttentionShape {
-    fn group(&self) -> usize {
+    pub(crate) fn group(&self) -> usize {
         self.q_heads / self.kv_heads.max(1)
     }
 }
@@ -119,7 +117,7 @@ fn strides_of(t: &Tensor, is_lse: bool) -> Result<[usize; 3]> {
 
 /// Read access to one operand's rows through its view slice.
 #[derive(Clone, Copy)]
-struct Reader<'a> {
+pub(crate) struct Reader<'a> {
     bytes: &'a [u8],
     dtype: DType,
     first: usize,
@@ -128,7 +126,7 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn new(t: &Tensor, bytes: &'a [u8], is_lse: bool, width: usize) -> Result<Self> {
+    pub(crate) fn new(t: &Tensor, bytes: &'a [u8], is_lse: bool, width: usize) -> Result<Self> {
         Ok(Reader {
             bytes,
             dtype: t.dtype(),
@@ -139,12 +137,12 @@ impl<'a> Reader<'a> {
     }
 
     /// Byte offset within the view slice of position `pos` (absolute) of head `h`.
-    fn at(&self, batch: usize, h: usize, pos: usize) -> usize {
+    pub(crate) fn at(&self, batch: usize, h: usize, pos: usize) -> usize {
         let e = self.first + batch * self.strides[0] + h * self.strides[1] + pos * self.strides[2];
         (e - self.first) * self.dtype.size_bytes()
     }
 
-    fn load(&self, batch: usize, h: usize, pos: usize, dst: &mut [f32]) -> Result<()> {
+    pub(crate) fn load(&self, batch: usize, h: usize, pos: usize, dst: &mut [f32]) -> Result<()> {
         let start = self.at(batch, h, pos);
         let len = self.width * self.dtype.size_bytes();
         let src = self
@@ -155,7 +153,7 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
-    fn scalar(&self, batch: usize, h: usize, pos: usize) -> Result<f32> {
+    pub(crate) fn scalar(&self, batch: usize, h: usize, pos: usize) -> Result<f32> {
         let mut v = [0.0f32];
         self.load(batch, h, pos, &mut v)?;
         Ok(v[0])
@@ -164,22 +162,37 @@ impl<'a> Reader<'a> {
 
 /// A unit of work: rows `rows` of head `head` of sequence `seq`.
 #[derive(Debug, Clone)]
-struct Task {
-    seq: usize,
-    head: usize,
-    rows: std::ops::Range<usize>,
+pub(crate) struct Task {
+    pub(crate) seq: usize,
+    pub(crate) head: usize,
+    pub(crate) rows: std::ops::Range<usize>,
 }
 
-fn tasks(shape: &AttentionShape, heads: usize, len: impl Fn(&SeqSpan) -> usize) -> Vec<Task> {
-    let mut out = Vec::new();
+/// The tasks over every head's rows of every sequence (`len` rows in each), in order of
+/// sequence, head and row.
+pub(crate) fn tasks(
+    shape: &AttentionShape,
+    heads: usize,
+    len: impl Fn(&SeqSpan) -> usize,
+) -> Vec<Task> {
+    let count = |size: usize| -> usize {
+        let per_head: usize = shape.seqs.iter().map(|s| len(s).div_ceil(size)).sum();
+        per_head * heads
+    };
+    let wanted = TASKS_PER_THREAD * rayon::current_num_threads();
+    let mut size = MAX_ROWS_PER_TASK;
+    while size > MIN_ROWS_PER_TASK && count(size) < wanted {
+        size /= 2;
+    }
+    let mut out = Vec::with_capacity(count(size));
     for (s, span) in shape.seqs.iter().enumerate() {
         for head in 0..heads {
             let n = len(span);
-            for r0 in (0..n).step_by(ROWS_PER_TASK) {
+            for r0 in (0..n).step_by(size) {
                 out.push(Task {
                     seq: s,
                     head,
-                    rows: r0..(r0 + ROWS_PER_TASK).min(n),
+                    rows: r0..(r0 + size).min(n),
                 });
             }
         }
@@ -188,7 +201,7 @@ fn tasks(shape: &AttentionShape, heads: usize, len: impl Fn(&SeqSpan) -> usize) 
 }
 
 /// Cuts an output into one mutable row per task row, grouped by task.
-fn carve_task_rows<'a>(
+pub(crate) fn carve_task_rows<'a>(
     bytes: &'a mut [u8],
     out: &Reader<'_>,
     shape: &AttentionShape,
@@ -209,7 +222,7 @@ fn carve_task_rows<'a>(
         .collect())
 }
 
-fn check_dtypes(inputs: &[&Tensor], lse: &Tensor) -> Result<DType> {
+pub(crate) fn check_dtypes(inputs: &[&Tensor], lse: &Tensor) -> Result<DType> {
     let dtype = float_dtype(inputs[0])?;
     for t in inputs {
         expect_dtype(t, dtype)?;
@@ -277,7 +290,7 @@ pub fn attention_forward(
                     &ranges,
                     |j, dst| kr.load(span.batch, kv_head, key(j), dst),
                     |j, dst| vr.load(span.batch, kv_head, key(j), dst),
-                    |dot| params.score(dot).0,
+                    params.logit(),
                     &mut part,
                 )?;
                 let mut out = vec![0.0f32; d];
@@ -289,155 +302,6 @@ pub fn attention_forward(
                 Ok::<(), Error>(())
             },
         )
-    })
-}
-
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let (ta, tb) = (ca.remainder(), cb.remainder());
-    for (x, y) in ca.zip(cb) {
-        for l in 0..8 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y).sum();
-    acc.iter().sum::<f32>() + tail
-}
-
-/// The softmax probability of a score given the row's log-sum-exp (0 for a row with no keys).
-#[inline]
-fn probability(s: f32, lse: f32) -> f32 {
-    if lse == f32::NEG_INFINITY {
-        0.0
-    } else {
-        math::exp(s - lse)
-    }
-}
-
-/// Backward attention: the gradients of `o` with respect to `q`, `k` and `v` given `d_o`,
-/// with `o` and `lse` from the forward pass. dK and dV sum over the query heads that share a
-/// KV head.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_backward(
-    shape: &AttentionShape,
-    params: &AttentionParams,
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    o: &Tensor,
-    lse: &Tensor,
-    d_o: &Tensor,
-    dq: &Tensor,
-    dk: &Tensor,
-    dv: &Tensor,
-) -> Result<()> {
-    let dtype = check_dtypes(&[q, k, v, o, d_o, dq, dk, dv], lse)?;
-    let d = shape.head_dim;
-    let group = shape.group();
-    with_views(&[q, k, v, o, lse, d_o], &[dq, dk, dv], |ins, outs| {
-        let [qb, kb, vb, ob, lb, dob] = ins else {
-            return Err(Error::unsupported("internal: missing view"));
-        };
-        let mut outs = outs.into_iter();
-        let (dqb, dkb, dvb) = match (outs.next(), outs.next(), outs.next()) {
-            (Some(a), Some(b), Some(c)) => (a, b, c),
-            _ => return Err(Error::unsupported("internal: missing view")),
-        };
-        let qr = Reader::new(q, qb, false, d)?;
-        let kr = Reader::new(k, kb, false, d)?;
-        let vr = Reader::new(v, vb, false, d)?;
-        let or = Reader::new(o, ob, false, d)?;
-        let lr = Reader::new(lse, lb, true, 1)?;
-        let dor = Reader::new(d_o, dob, false, d)?;
-
-        // delta_i = dO_i . O_i, the row term of the softmax gradient, per (seq, q head, row).
-        let delta_of = |batch: usize, h: usize, pos: usize, a: &mut [f32], b: &mut [f32]| {
-            dor.load(batch, h, pos, a)?;
-            or.load(batch, h, pos, b)?;
-            Ok::<f32, Error>(dot(a, b))
-        };
-
-        // The rows of all three outputs are cut before any is written, so that rows which
-        // overlap (an `Aliasing` error) leave every output as it was.
-        // dQ: one task per block of query rows; dK and dV: one per block of key rows of a KV
-        // head, over its query heads.
-        let q_work = tasks(shape, shape.q_heads, |s| s.q_len);
-        let dq_rows =
-            carve_task_rows(dqb, &Reader::new(dq, &[], false, d)?, shape, &q_work, |s| {
-                s.q_start
-            })?;
-        let k_work = tasks(shape, shape.kv_heads, |s| s.k_len);
-        let dk_rows =
-            carve_task_rows(dkb, &Reader::new(dk, &[], false, d)?, shape, &k_work, |s| {
-                s.k_start
-            })?;
-        let dv_rows =
-            carve_task_rows(dvb, &Reader::new(dv, &[], false, d)?, shape, &k_work, |s| {
-                s.k_start
-            })?;
-        q_work
-            .into_par_iter()
-            .zip(dq_rows)
-            .try_for_each(|(task, mut rows)| {
-                let span = shape.seqs[task.seq];
-                let kv_head = task.head / group;
-                let [mut qrow, mut dorow, mut orow, mut krow, mut vrow, mut acc] =
-                    std::array::from_fn(|_| vec![0.0f32; d]);
-                for (r, i) in task.rows.clone().enumerate() {
-                    let pos = span.q_start + i;
-                    qr.load(span.batch, task.head, pos, &mut qrow)?;
-                    let delta = delta_of(span.batch, task.head, pos, &mut dorow, &mut orow)?;
-                    let row_lse = lr.scalar(span.batch, task.head, pos)?;
-                    acc.fill(0.0);
-                    let (lo, hi) = params.visible_keys(i, span.q_len, span.k_len);
-                    for j in lo..hi {
-                        kr.load(span.batch, kv_head, span.k_start + j, &mut krow)?;
-                        vr.load(span.batch, kv_head, span.k_start + j, &mut vrow)?;
-                        let (s, ds_dx) = params.score(dot(&qrow, &krow));
-                        let p = probability(s, row_lse);
-                        let dx = p * (dot(&dorow, &vrow) - delta) * ds_dx;
-                        acc.iter_mut().zip(&krow).for_each(|(a, k)| *a += dx * k);
-                    }
-                    acc.iter_mut().for_each(|a| *a *= params.scale);
-                    store(dtype, &acc, rows[r]);
-                }
-                Ok::<(), Error>(())
-            })?;
-
-        k_work
-            .into_par_iter()
-            .zip(dk_rows)
-            .zip(dv_rows)
-            .try_for_each(|((task, mut dk_rows), mut dv_rows)| {
-                let span = shape.seqs[task.seq];
-                let [mut qrow, mut dorow, mut orow, mut krow, mut vrow, mut dk_acc, mut dv_acc] =
-                    std::array::from_fn(|_| vec![0.0f32; d]);
-                for (r, j) in task.rows.clone().enumerate() {
-                    kr.load(span.batch, task.head, span.k_start + j, &mut krow)?;
-                    vr.load(span.batch, task.head, span.k_start + j, &mut vrow)?;
-                    dk_acc.fill(0.0);
-                    dv_acc.fill(0.0);
-                    let (lo, hi) = params.visible_queries(j, span.q_len, span.k_len);
-                    for h in task.head * group..(task.head + 1) * group {
-                        for i in lo..hi {
-                            let pos = span.q_start + i;
-                            qr.load(span.batch, h, pos, &mut qrow)?;
-                            let delta = delta_of(span.batch, h, pos, &mut dorow, &mut orow)?;
-                            let row_lse = lr.scalar(span.batch, h, pos)?;
-                            let (s, ds_dx) = params.score(dot(&qrow, &krow));
-                            let p = probability(s, row_lse);
-                            let dx = p * (dot(&dorow, &vrow) - delta) * ds_dx;
-                            dv_acc.iter_mut().zip(&dorow).for_each(|(a, g)| *a += p * g);
-                            dk_acc.iter_mut().zip(&qrow).for_each(|(a, q)| *a += dx * q);
-                        }
-                    }
-                    dk_acc.iter_mut().for_each(|a| *a *= params.scale);
-                    store(dtype, &dk_acc, dk_rows[r]);
-                    store(dtype, &dv_acc, dv_rows[r]);
-                }
-                Ok::<(), Error>(())
-            })
     })
 }
 

@@ -5,7 +5,7 @@
 //! so results do not depend on the thread count.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
-use crate::key_blocks::{self, Partial};
+use crate::key_blocks::{self, Logit, Partial};
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
@@ -206,9 +206,9 @@ pub fn attention_decode(
                         ranges.push((lo.max(k0), hi.min(k1)));
                     }
                 }
-                let logit = |dot: f32| {
-                    let s = dot * mask.scale;
-                    mask.softcap.map_or(s, |cap| cap * (s / cap).tanh())
+                let logit = Logit {
+                    scale: mask.scale,
+                    softcap: mask.softcap,
                 };
                 key_blocks::attend(
                     &qv,

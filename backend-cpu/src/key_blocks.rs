@@ -5,7 +5,7 @@
 //! polynomial exponential, and each row's running max, sum and output rescaled once per block.
 //! Sums run in key order, so a result depends only on how the caller splits the keys.
 
-use crate::lanes::W;
+use crate::lanes::{self, W};
 use crate::math;
 use crate::simd::{vectorised_fma, MulAdd};
 use calico_core::Result;
@@ -22,7 +22,7 @@ pub(crate) fn attend(
     ranges: &[(usize, usize)],
     mut load_k: impl FnMut(usize, &mut [f32]) -> Result<()>,
     mut load_v: impl FnMut(usize, &mut [f32]) -> Result<()>,
-    score: impl Fn(f32) -> f32,
+    logit: Logit,
     part: &mut Partial,
 ) -> Result<()> {
     let seen = ranges.iter().filter(|r| r.0 < r.1);
@@ -31,15 +31,19 @@ pub(crate) fn attend(
         return Ok(());
     };
     let mut blocks = KeyBlocks::new(dim);
-    for j0 in (start..end).step_by(KEY_BLOCK) {
+    // Blocks on multiples of KEY_BLOCK, whichever rows share the call: a row's result then
+    // does not depend on how the caller grouped the rows (the task size follows the thread
+    // count).
+    for j0 in (start / KEY_BLOCK * KEY_BLOCK..end).step_by(KEY_BLOCK) {
         let j1 = (j0 + KEY_BLOCK).min(end);
         for j in j0..j1 {
-            blocks.load_k(j - j0, |dst| load_k(j, dst))?;
+            blocks.k.load(j - j0, |dst| load_k(j, dst))?;
         }
-        let any = vectorised_fma!(|M| blocks.scores::<M>(q, ranges, (j0, j1), &score, part));
+        let any = vectorised_fma!(|M| blocks.scores::<M>(q, ranges, (j0, j1), logit, part));
         if any {
             for j in j0..j1 {
-                load_v(j, blocks.v_row(j - j0))?;
+                let i = j - j0;
+                load_v(j, &mut blocks.v[i * dim..(i + 1) * dim])?;
             }
             vectorised_fma!(|M| blocks.accumulate::<M>(j1 - j0, part));
         }
@@ -65,13 +69,182 @@ impl Partial {
     }
 }
 
-/// A block's widened K (transposed: `k_t[d * KEY_BLOCK + key]`, so that a row's scores are
-/// KEY_BLOCK lanes of multiply-adds with no sum across lanes) and V rows, and its
-/// probabilities (rows x KEY_BLOCK).
+/// `range` (half-open) within the block `b0..b1`, as positions in the block; `(0, 0)` when
+/// they miss.
+pub(crate) fn block_positions((lo, hi): (usize, usize), b0: usize, b1: usize) -> (usize, usize) {
+    let (lo, hi) = (lo.max(b0), hi.min(b1));
+    if lo < hi {
+        (lo - b0, hi - b0)
+    } else {
+        (0, 0)
+    }
+}
+
+/// The map from `q . k` to the logit: a scale, then `cap * tanh(s / cap)` when soft-capped.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Logit {
+    pub(crate) scale: f32,
+    pub(crate) softcap: Option<f32>,
+}
+
+impl Logit {
+    /// Maps a block of dot products to logits in place. One loop per form, so that the plain
+    /// one (no `tanh` call in it) vectorises.
+    #[inline(always)]
+    pub(crate) fn apply(self, s: &mut [f32; KEY_BLOCK]) {
+        match self.softcap {
+            None => s.iter_mut().for_each(|x| *x *= self.scale),
+            Some(cap) => s
+                .iter_mut()
+                .for_each(|x| *x = cap * (*x * self.scale / cap).tanh()),
+        }
+    }
+
+    /// [`Logit::apply`], also giving the derivative of each logit with respect to the scaled
+    /// dot product (1 without a soft-cap, `1 - tanh^2` with one).
+    #[inline(always)]
+    pub(crate) fn apply_with_slope(self, s: &mut [f32; KEY_BLOCK], slope: &mut [f32; KEY_BLOCK]) {
+        match self.softcap {
+            None => {
+                s.iter_mut().for_each(|x| *x *= self.scale);
+                slope.fill(1.0);
+            }
+            Some(cap) => {
+                for (x, d) in s.iter_mut().zip(slope.iter_mut()) {
+                    let t = (*x * self.scale / cap).tanh();
+                    *x = cap * t;
+                    *d = 1.0 - t * t;
+                }
+            }
+        }
+    }
+}
+
+/// Up to [`KEY_BLOCK`] rows of `dim` values widened to f32, kept both as rows and transposed
+/// (`t[d * KEY_BLOCK + row]`), so that one vector's dot products with every row are
+/// KEY_BLOCK lanes of multiply-adds with no sum across lanes ([`block_dots`]) and a weighted
+/// sum of the rows reads them whole ([`add_weighted_rows`]).
+pub(crate) struct Widened {
+    dim: usize,
+    pub(crate) rows: Vec<f32>,
+    pub(crate) t: Vec<f32>,
+}
+
+impl Widened {
+    pub(crate) fn new(dim: usize) -> Widened {
+        Widened {
+            dim,
+            rows: vec![0.0; KEY_BLOCK * dim],
+            t: vec![0.0; KEY_BLOCK * dim],
+        }
+    }
+
+    /// Row `i`, widened by `fill`, and its column of `t`.
+    pub(crate) fn load(
+        &mut self,
+        i: usize,
+        fill: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        let row = &mut self.rows[i * self.dim..(i + 1) * self.dim];
+        fill(row)?;
+        for (d, &x) in row.iter().enumerate() {
+            self.t[d * KEY_BLOCK + i] = x;
+        }
+        Ok(())
+    }
+}
+
+/// `x . row` for each of a block's rows (`t` from [`Widened`]); lanes past the rows loaded
+/// hold stale values for the caller to mask. The sums stay in a local array (registers)
+/// across `x`.
+#[inline(always)]
+pub(crate) fn block_dots<M: MulAdd>(x: &[f32], t: &[f32]) -> [f32; KEY_BLOCK] {
+    let mut dots = [0.0f32; KEY_BLOCK];
+    for (&xd, td) in x.iter().zip(t.chunks_exact(KEY_BLOCK)) {
+        for (s, &r) in dots.iter_mut().zip(td) {
+            *s = M::mul_add(xd, r, *s);
+        }
+    }
+    dots
+}
+
+/// [`block_dots`] of two vectors against two blocks in one pass: eight independent
+/// multiply-add chains instead of four (one pass of four chains waits on the instruction's
+/// latency).
+#[inline(always)]
+pub(crate) fn block_dots_pair<M: MulAdd>(
+    (x, x_t): (&[f32], &[f32]),
+    (y, y_t): (&[f32], &[f32]),
+) -> ([f32; KEY_BLOCK], [f32; KEY_BLOCK]) {
+    let mut dx = [0.0f32; KEY_BLOCK];
+    let mut dy = [0.0f32; KEY_BLOCK];
+    let cols = x_t.chunks_exact(KEY_BLOCK).zip(y_t.chunks_exact(KEY_BLOCK));
+    for ((&xd, &yd), (xt, yt)) in x.iter().zip(y).zip(cols) {
+        for j in 0..KEY_BLOCK {
+            dx[j] = M::mul_add(xd, xt[j], dx[j]);
+            dy[j] = M::mul_add(yd, yt[j], dy[j]);
+        }
+    }
+    (dx, dy)
+}
+
+/// `acc += sum_j weights[j] * rows[j]` (rows of `acc.len()` values), each output summing its
+/// rows in order.
+#[inline(always)]
+pub(crate) fn add_weighted_rows<M: MulAdd>(weights: &[f32], rows: &[f32], acc: &mut [f32]) {
+    let dim = acc.len();
+    // Columns in fixed-length groups held in a local array (registers) across the rows: four
+    // vectors at a time, so that four independent multiply-add chains hide the instruction's
+    // latency (one chain ran at a quarter of the rate), then single vectors, then the rest.
+    // Fixed lengths vectorise; run-time ones did not (2.5x slower).
+    let mut col = 0;
+    while col + 8 * W <= dim {
+        add_weighted_columns::<M, { 8 * W }>(weights, rows, col, acc);
+        col += 8 * W;
+    }
+    while col + 4 * W <= dim {
+        add_weighted_columns::<M, { 4 * W }>(weights, rows, col, acc);
+        col += 4 * W;
+    }
+    while col + W <= dim {
+        add_weighted_columns::<M, W>(weights, rows, col, acc);
+        col += W;
+    }
+    for (c, out) in acc.iter_mut().enumerate().skip(col) {
+        let mut a = *out;
+        for (&wj, row) in weights.iter().zip(rows.chunks_exact(dim)) {
+            a = M::mul_add(wj, row[c], a);
+        }
+        *out = a;
+    }
+}
+
+/// [`add_weighted_rows`] for the `C` columns from `col`.
+#[inline(always)]
+fn add_weighted_columns<M: MulAdd, const C: usize>(
+    weights: &[f32],
+    rows: &[f32],
+    col: usize,
+    acc: &mut [f32],
+) {
+    let dim = acc.len();
+    let out = &mut acc[col..col + C];
+    let mut a = [0.0f32; C];
+    a.copy_from_slice(out);
+    for (&wj, row) in weights.iter().zip(rows.chunks_exact(dim)) {
+        let row = &row[col..col + C];
+        for l in 0..C {
+            a[l] = M::mul_add(wj, row[l], a[l]);
+        }
+    }
+    out.copy_from_slice(&a);
+}
+
+/// A block's widened K (rows and transposed) and V rows, and its probabilities
+/// (rows x KEY_BLOCK).
 struct KeyBlocks {
     dim: usize,
-    k_t: Vec<f32>,
-    k_row: Vec<f32>,
+    k: Widened,
     v: Vec<f32>,
     p: Vec<f32>,
 }
@@ -80,24 +253,10 @@ impl KeyBlocks {
     fn new(dim: usize) -> KeyBlocks {
         KeyBlocks {
             dim,
-            k_t: vec![0.0; KEY_BLOCK * dim],
-            k_row: vec![0.0; dim],
+            k: Widened::new(dim),
             v: vec![0.0; KEY_BLOCK * dim],
             p: Vec::new(),
         }
-    }
-
-    /// Key `i` of the block's K row, widened by `fill`.
-    fn load_k(&mut self, i: usize, fill: impl FnOnce(&mut [f32]) -> Result<()>) -> Result<()> {
-        fill(&mut self.k_row)?;
-        for (d, &x) in self.k_row.iter().enumerate() {
-            self.k_t[d * KEY_BLOCK + i] = x;
-        }
-        Ok(())
-    }
-
-    fn v_row(&mut self, i: usize) -> &mut [f32] {
-        &mut self.v[i * self.dim..(i + 1) * self.dim]
     }
 
     /// Scores of keys `j0..j1` for every row that sees them, folded into the rows' running
@@ -109,90 +268,93 @@ impl KeyBlocks {
         q: &[f32],
         ranges: &[(usize, usize)],
         (j0, j1): (usize, usize),
-        score: &impl Fn(f32) -> f32,
+        logit: Logit,
         part: &mut Partial,
     ) -> bool {
         let dim = self.dim;
         self.p.clear();
         self.p.resize(ranges.len() * KEY_BLOCK, 0.0);
-        let mut seen = false;
-        for (r, &(lo, hi)) in ranges.iter().enumerate() {
-            let (lo, hi) = (lo.max(j0), hi.min(j1));
-            if lo >= hi {
+        // Block positions each row sees (empty when none).
+        let seen = |r: usize| block_positions(ranges[r], j0, j1);
+        let sees = |r: usize| seen(r).0 < seen(r).1;
+        let mut any = false;
+        // Rows in pairs: two rows' dot products in one pass keep eight multiply-add chains in
+        // flight. Keys past the block's end hold stale values; fold_row masks them.
+        for r in (0..ranges.len()).step_by(2) {
+            let q_row = |r: usize| &q[r * dim..(r + 1) * dim];
+            if r + 1 < ranges.len() && sees(r) && sees(r + 1) {
+                let k_t = &self.k.t[..];
+                let (a, b) = block_dots_pair::<M>((q_row(r), k_t), (q_row(r + 1), k_t));
+                self.fold_row::<M>(r, a, seen(r), logit, part);
+                self.fold_row::<M>(r + 1, b, seen(r + 1), logit, part);
+                any = true;
                 continue;
             }
-            seen = true;
-            let qr = &q[r * dim..(r + 1) * dim];
-            // Keys past the block's end hold stale values; they are masked below. The row stays
-            // in a local array (registers) across the head dim.
-            let mut p = [0.0f32; KEY_BLOCK];
-            for (&qd, kd) in qr.iter().zip(self.k_t.chunks_exact(KEY_BLOCK)) {
-                for (s, &kj) in p.iter_mut().zip(kd) {
-                    *s = M::mul_add(qd, kj, *s);
+            for r in r..(r + 2).min(ranges.len()) {
+                if sees(r) {
+                    let dots = block_dots::<M>(q_row(r), &self.k.t);
+                    self.fold_row::<M>(r, dots, seen(r), logit, part);
+                    any = true;
                 }
             }
-            let mut block_max = f32::NEG_INFINITY;
-            for (j, pj) in p.iter_mut().enumerate() {
-                let s = score(*pj);
-                let key = j0 + j;
-                *pj = if key >= lo && key < hi {
-                    s
+        }
+        any
+    }
+
+    /// Folds row `r`'s dot products with the block's keys, visible at block positions
+    /// `seen`, into its running max and sum (rescaling its output), leaving its probabilities
+    /// in `p`. The max and sum run over W lanes first, then across them in a fixed order (one
+    /// chain through 64 keys waited on each add).
+    #[inline(always)]
+    fn fold_row<M: MulAdd>(
+        &mut self,
+        r: usize,
+        mut p: [f32; KEY_BLOCK],
+        (lo, hi): (usize, usize),
+        logit: Logit,
+        part: &mut Partial,
+    ) {
+        let dim = self.dim;
+        logit.apply(&mut p);
+        let mut lane_max = lanes::splat(f32::NEG_INFINITY);
+        for (c, chunk) in p.chunks_exact_mut(W).enumerate() {
+            for (l, (x, m)) in chunk.iter_mut().zip(&mut lane_max).enumerate() {
+                let j = c * W + l;
+                *x = if j >= lo && j < hi {
+                    *x
                 } else {
                     f32::NEG_INFINITY
                 };
-                block_max = block_max.max(*pj);
+                *m = if *x > *m { *x } else { *m };
             }
-            let new_max = part.max[r].max(block_max);
-            // The first block a row sees has nothing to rescale (exp(-inf) = 0).
-            let rescale = (part.max[r] - new_max).exp();
-            if rescale != 1.0 {
-                part.sum[r] *= rescale;
-                part.acc[r * dim..(r + 1) * dim]
-                    .iter_mut()
-                    .for_each(|a| *a *= rescale);
-            }
-            let mut sum = 0.0f32;
-            for pj in p.iter_mut() {
-                *pj = math::exp_nonpositive::<M>(*pj - new_max);
-                sum += *pj;
-            }
-            self.p[r * KEY_BLOCK..(r + 1) * KEY_BLOCK].copy_from_slice(&p);
-            part.sum[r] += sum;
-            part.max[r] = new_max;
         }
-        seen
+        let new_max = part.max[r].max(lanes::hmax(lane_max));
+        // The first block a row sees has nothing to rescale (exp(-inf) = 0).
+        let rescale = (part.max[r] - new_max).exp();
+        if rescale != 1.0 {
+            part.sum[r] *= rescale;
+            part.acc[r * dim..(r + 1) * dim]
+                .iter_mut()
+                .for_each(|a| *a *= rescale);
+        }
+        let mut lane_sum = lanes::splat(0.0);
+        for chunk in p.chunks_exact_mut(W) {
+            for (x, s) in chunk.iter_mut().zip(&mut lane_sum) {
+                *x = math::exp_nonpositive::<M>(*x - new_max);
+                *s += *x;
+            }
+        }
+        self.p[r * KEY_BLOCK..(r + 1) * KEY_BLOCK].copy_from_slice(&p);
+        part.sum[r] += lanes::hsum(lane_sum);
+        part.max[r] = new_max;
     }
 
     /// Adds the block's probabilities times its V rows into every row's output.
     #[inline(always)]
     fn accumulate<M: MulAdd>(&self, keys: usize, part: &mut Partial) {
-        let dim = self.dim;
-        for (r, acc) in part.acc.chunks_exact_mut(dim).enumerate() {
+        for (r, acc) in part.acc.chunks_exact_mut(self.dim).enumerate() {
             let p = &self.p[r * KEY_BLOCK..r * KEY_BLOCK + keys];
-            // W output columns at a time in a local array (registers) across the keys; each
-            // output still sums its keys in order. Whole chunks take fixed-length slices, which
-            // vectorise (run-time lengths did not, and ran 2.5x slower); a head dim that is not
-            // a multiple of W ends with a shorter chunk.
-            for (c, out) in acc.chunks_mut(W).enumerate() {
-                let mut a = [0.0f32; W];
-                a[..out.len()].copy_from_slice(out);
-                let col = c * W;
-                if out.len() == W {
-                    for (&pj, v) in p.iter().zip(self.v.chunks_exact(dim)) {
-                        let v = &v[col..col + W];
-                        for l in 0..W {
-                            a[l] = M::mul_add(pj, v[l], a[l]);
-                        }
-                    }
-                } else {
-                    for (&pj, v) in p.iter().zip(self.v.chunks_exact(dim)) {
-                        for (x, &y) in a.iter_mut().zip(&v[col..]) {
-                            *x = M::mul_add(pj, y, *x);
-                        }
-                    }
-                }
-                out.copy_from_slice(&a[..out.len()]);
-            }
+            add_weighted_rows::<M>(p, &self.v, acc);
         }
     }
 }

@@ -7,6 +7,7 @@
 //! rows, or shapes that do not fit.
 
 mod attention;
+mod attention_backward;
 mod attention_decode;
 mod convert;
 mod device;
@@ -23,9 +24,8 @@ mod softmax;
 mod storage;
 mod views;
 
-pub use attention::{
-    attention_backward, attention_forward, AttentionParams, AttentionShape, SeqSpan,
-};
+pub use attention::{attention_forward, AttentionParams, AttentionShape, SeqSpan};
+pub use attention_backward::attention_backward;
 pub use attention_decode::{attention_decode, DecodeCache, DecodeMask};
 pub use calico_core::Epilogue;
 pub use device::CpuDevice;

@@ -1,5 +1,6 @@
 //! The CPU ops against f64 references written independently here.
 
+mod attention;
 mod common;
 mod device;
 mod errors;

@@ -3,10 +3,35 @@
 use crate::Device;
 use calico_core::{DType, Error, Result, Tensor};
 
+/// A tensor argument with its name, or an optional one that may be absent: the checks below
+/// take both kinds in fixed arrays, so validating a call allocates nothing.
+pub(crate) trait Arg {
+    /// The name and tensor, or `None` when the optional argument was not given.
+    fn given(&self) -> Option<(&str, &Tensor)>;
+}
+
+impl Arg for (&str, &Tensor) {
+    fn given(&self) -> Option<(&str, &Tensor)> {
+        Some((self.0, self.1))
+    }
+}
+
+impl Arg for (&str, Option<&Tensor>) {
+    fn given(&self) -> Option<(&str, &Tensor)> {
+        self.1.map(|t| (self.0, t))
+    }
+}
+
 /// Every tensor lives on `dev`.
 pub(crate) fn on_device(dev: &Device, tensors: &[(&str, &Tensor)]) -> Result<()> {
+    on_device_if_given(dev, tensors)
+}
+
+/// Every given tensor lives on `dev` (a concrete `on_device` above keeps `&mut` arguments
+/// coercing at the call sites).
+pub(crate) fn on_device_if_given(dev: &Device, tensors: &[impl Arg]) -> Result<()> {
     let id = dev.device_id();
-    for (name, t) in tensors {
+    for (name, t) in tensors.iter().filter_map(Arg::given) {
         if t.device_id() != id {
             return Err(Error::DeviceMismatch(format!(
                 "`{name}` is on {}, the op was called on {id}",
@@ -56,16 +81,30 @@ pub(crate) fn shape_is(name: &str, t: &Tensor, shape: &[usize]) -> Result<()> {
 /// No output overlaps an input, another output or itself (two of its indices naming one
 /// element: the CPU backend would reject it, and GPU threads would race to write it).
 pub(crate) fn no_overlap(outputs: &[(&str, &Tensor)], inputs: &[(&str, &Tensor)]) -> Result<()> {
-    for (oname, o) in outputs {
+    no_overlap_if_given(outputs, inputs)
+}
+
+/// `no_overlap` over optional arguments: absent ones take no part.
+pub(crate) fn no_overlap_if_given(outputs: &[impl Arg], inputs: &[impl Arg]) -> Result<()> {
+    let overlap = |oname: &str, o: &Tensor, iname: &str, t: &Tensor| {
+        if o.overlaps(t) {
+            Err(Error::Aliasing(format!(
+                "output `{oname}` overlaps `{iname}`"
+            )))
+        } else {
+            Ok(())
+        }
+    };
+    for (i, output) in outputs.iter().enumerate() {
+        let Some((oname, o)) = output.given() else {
+            continue;
+        };
         not_overlapping_itself(oname, o)?;
-    }
-    for (i, (oname, o)) in outputs.iter().enumerate() {
-        for (iname, t) in inputs.iter().chain(&outputs[i + 1..]) {
-            if o.overlaps(t) {
-                return Err(Error::Aliasing(format!(
-                    "output `{oname}` overlaps `{iname}`"
-                )));
-            }
+        for (iname, t) in inputs.iter().filter_map(Arg::given) {
+            overlap(oname, o, iname, t)?;
+        }
+        for (iname, t) in outputs[i + 1..].iter().filter_map(Arg::given) {
+            overlap(oname, o, iname, t)?;
         }
     }
     Ok(())

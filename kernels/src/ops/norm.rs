@@ -128,28 +128,19 @@ fn validate<'a>(dev: &Device, c: &NormCall<'a>) -> Result<()> {
     let like_x = [("y", Some(c.y)), ("residual", c.residual), ("sum", c.sum)];
     let vectors = [("weight", c.weight), ("bias", c.bias)];
     check::on_device(dev, &[("x", c.x)])?;
-    for (name, t) in like_x.iter().chain(&vectors) {
-        if let Some(t) = t {
-            check::on_device(dev, &[(name, t)])?;
-        }
+    check::on_device_if_given(dev, &like_x)?;
+    check::on_device_if_given(dev, &vectors)?;
+    for (name, t) in like_x.iter().filter_map(check::Arg::given) {
+        check::dtype_is(name, t, dtype)?;
+        check::shape_is(name, t, c.x.shape())?;
     }
-    for (name, t) in like_x {
-        if let Some(t) = t {
-            check::dtype_is(name, t, dtype)?;
-            check::shape_is(name, t, c.x.shape())?;
-        }
-    }
-    for (name, t) in vectors {
-        if let Some(t) = t {
-            check::dtype_is(name, t, dtype)?;
-            check::shape_is(name, t, &[cols])?;
-        }
+    for (name, t) in vectors.iter().filter_map(check::Arg::given) {
+        check::dtype_is(name, t, dtype)?;
+        check::shape_is(name, t, &[cols])?;
     }
     c.x.layout().as_rows()?;
-    for (_, t) in like_x.iter().chain(&vectors) {
-        if let Some(t) = t {
-            t.layout().as_rows()?;
-        }
+    for (_, t) in like_x.iter().chain(&vectors).filter_map(check::Arg::given) {
+        t.layout().as_rows()?;
     }
     let inputs = [
         ("x", Some(c.x)),
@@ -158,11 +149,7 @@ fn validate<'a>(dev: &Device, c: &NormCall<'a>) -> Result<()> {
         ("bias", c.bias),
     ];
     let outputs = [("y", Some(c.y)), ("sum", c.sum)];
-    // The optional tensors take part only when given.
-    let given = |ts: &[(&'static str, Option<&'a Tensor>)]| -> Vec<(&'static str, &'a Tensor)> {
-        ts.iter().filter_map(|&(n, t)| t.map(|t| (n, t))).collect()
-    };
-    check::no_overlap(&given(&outputs), &given(&inputs))
+    check::no_overlap_if_given(&outputs, &inputs)
 }
 
 fn run(dev: &Device, c: NormCall) -> Result<()> {

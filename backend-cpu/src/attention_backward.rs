@@ -1,0 +1,350 @@
+//! The attention backward pass in f32: the gradients of `o` with respect to `q`, `k` and `v`.
+//!
+//! The probabilities are recomputed from the saved log-sum-exp, a block of [`KEY_BLOCK`] rows
+//! of the other side at a time, widened once for all the rows of a task (key_blocks.rs'
+//! `Widened`, `block_dots`, `add_weighted_rows`): one pass over blocks of query rows writes dQ
+//! (keys in blocks), another over blocks of key rows writes dK and dV (the query heads that
+//! share the KV head, then their queries in blocks). No two tasks write one element and every
+//! sum runs in a fixed order, so the result does not depend on the thread count.
+
+use crate::attention::{
+    carve_task_rows, check_dtypes, tasks, AttentionParams, AttentionShape, Reader, Task,
+};
+use crate::convert::store;
+use crate::key_blocks::{
+    add_weighted_rows, block_dots_pair, block_positions, Logit, Widened, KEY_BLOCK,
+};
+use crate::math;
+use crate::simd::{vectorised_fma, MulAdd};
+use crate::views::with_views;
+use calico_core::{Error, Result, Tensor};
+use rayon::prelude::*;
+
+/// Per query row: the natural-log LSE of the forward pass and `delta = dO . O`, the row term
+/// of the softmax gradient.
+#[derive(Clone, Copy, Default)]
+struct RowStats {
+    lse: f32,
+    delta: f32,
+}
+
+/// The row statistics of every (sequence, query head, row), in the order of `tasks` over
+/// query rows: sequence `s` starts at `base[s]`, head `h`'s rows follow `h * q_len` later.
+struct AllRowStats {
+    stats: Vec<RowStats>,
+    base: Vec<usize>,
+}
+
+impl AllRowStats {
+    fn get(&self, shape: &AttentionShape, seq: usize, head: usize, row: usize) -> RowStats {
+        self.stats[self.base[seq] + head * shape.seqs[seq].q_len + row]
+    }
+}
+
+/// Operand readers of one backward call.
+struct Operands<'a> {
+    q: Reader<'a>,
+    k: Reader<'a>,
+    v: Reader<'a>,
+    o: Reader<'a>,
+    lse: Reader<'a>,
+    d_o: Reader<'a>,
+}
+
+/// Backward attention: the gradients of `o` with respect to `q`, `k` and `v` given `d_o`,
+/// with `o` and `lse` from the forward pass. dK and dV sum over the query heads that share a
+/// KV head.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    shape: &AttentionShape,
+    params: &AttentionParams,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    o: &Tensor,
+    lse: &Tensor,
+    d_o: &Tensor,
+    dq: &Tensor,
+    dk: &Tensor,
+    dv: &Tensor,
+) -> Result<()> {
+    let dtype = check_dtypes(&[q, k, v, o, d_o, dq, dk, dv], lse)?;
+    let d = shape.head_dim;
+    with_views(&[q, k, v, o, lse, d_o], &[dq, dk, dv], |ins, outs| {
+        let [qb, kb, vb, ob, lb, dob] = ins else {
+            return Err(Error::unsupported("internal: missing view"));
+        };
+        let mut outs = outs.into_iter();
+        let (dqb, dkb, dvb) = match (outs.next(), outs.next(), outs.next()) {
+            (Some(a), Some(b), Some(c)) => (a, b, c),
+            _ => return Err(Error::unsupported("internal: missing view")),
+        };
+        let ops = Operands {
+            q: Reader::new(q, qb, false, d)?,
+            k: Reader::new(k, kb, false, d)?,
+            v: Reader::new(v, vb, false, d)?,
+            o: Reader::new(o, ob, false, d)?,
+            lse: Reader::new(lse, lb, true, 1)?,
+            d_o: Reader::new(d_o, dob, false, d)?,
+        };
+
+        // The rows of all three outputs are cut before any is written, so that rows which
+        // overlap (an `Aliasing` error) leave every output as it was.
+        let q_work = tasks(shape, shape.q_heads, |s| s.q_len);
+        let dq_rows =
+            carve_task_rows(dqb, &Reader::new(dq, &[], false, d)?, shape, &q_work, |s| {
+                s.q_start
+            })?;
+        let k_work = tasks(shape, shape.kv_heads, |s| s.k_len);
+        let dk_rows =
+            carve_task_rows(dkb, &Reader::new(dk, &[], false, d)?, shape, &k_work, |s| {
+                s.k_start
+            })?;
+        let dv_rows =
+            carve_task_rows(dvb, &Reader::new(dv, &[], false, d)?, shape, &k_work, |s| {
+                s.k_start
+            })?;
+
+        let stats = row_stats(shape, &ops, &q_work)?;
+        q_work
+            .into_par_iter()
+            .zip(dq_rows)
+            .try_for_each(|(task, rows)| {
+                let dq = dq_task(shape, params, &ops, &stats, &task)?;
+                for (row, out) in dq.chunks_exact(d).zip(rows) {
+                    store(dtype, row, out);
+                }
+                Ok::<(), Error>(())
+            })?;
+        k_work
+            .into_par_iter()
+            .zip(dk_rows)
+            .zip(dv_rows)
+            .try_for_each(|((task, dk_rows), dv_rows)| {
+                let (dk, dv) = dkv_task(shape, params, &ops, &stats, &task)?;
+                for (row, out) in dk.chunks_exact(d).zip(dk_rows) {
+                    store(dtype, row, out);
+                }
+                for (row, out) in dv.chunks_exact(d).zip(dv_rows) {
+                    store(dtype, row, out);
+                }
+                Ok::<(), Error>(())
+            })
+    })
+}
+
+/// Every query row's LSE and delta, one rayon task per block of rows.
+fn row_stats(shape: &AttentionShape, ops: &Operands, q_work: &[Task]) -> Result<AllRowStats> {
+    let d = shape.head_dim;
+    let per_task = q_work
+        .par_iter()
+        .map(|task| {
+            let span = shape.seqs[task.seq];
+            let (mut o_row, mut do_row) = (vec![0.0f32; d], vec![0.0f32; d]);
+            task.rows
+                .clone()
+                .map(|i| {
+                    let pos = span.q_start + i;
+                    ops.o.load(span.batch, task.head, pos, &mut o_row)?;
+                    ops.d_o.load(span.batch, task.head, pos, &mut do_row)?;
+                    Ok(RowStats {
+                        lse: ops.lse.scalar(span.batch, task.head, pos)?,
+                        delta: dot(&o_row, &do_row),
+                    })
+                })
+                .collect::<Result<Vec<_>>>()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut base = Vec::with_capacity(shape.seqs.len());
+    let mut next = 0;
+    for span in &shape.seqs {
+        base.push(next);
+        next += shape.q_heads * span.q_len;
+    }
+    Ok(AllRowStats {
+        stats: per_task.concat(),
+        base,
+    })
+}
+
+/// dQ of one task's query rows (rows x d, scaled): `sum_j dS_ij k_j` over the visible keys,
+/// in blocks of KEY_BLOCK keys.
+fn dq_task(
+    shape: &AttentionShape,
+    params: &AttentionParams,
+    ops: &Operands,
+    stats: &AllRowStats,
+    task: &Task,
+) -> Result<Vec<f32>> {
+    let d = shape.head_dim;
+    let span = shape.seqs[task.seq];
+    let kv_head = task.head / shape.group();
+    let n = task.rows.len();
+    let (mut q, mut d_o) = (vec![0.0f32; n * d], vec![0.0f32; n * d]);
+    let mut row_stats = Vec::with_capacity(n);
+    let mut ranges = Vec::with_capacity(n);
+    for (r, i) in task.rows.clone().enumerate() {
+        let pos = span.q_start + i;
+        let dst = r * d..(r + 1) * d;
+        ops.q
+            .load(span.batch, task.head, pos, &mut q[dst.clone()])?;
+        ops.d_o.load(span.batch, task.head, pos, &mut d_o[dst])?;
+        row_stats.push(stats.get(shape, task.seq, task.head, i));
+        ranges.push(params.visible_keys(i, span.q_len, span.k_len));
+    }
+    let mut dq = vec![0.0f32; n * d];
+    let (mut k, mut v) = (Widened::new(d), Widened::new(d));
+    let mut g = BlockGradients::zero();
+    let logit = params.logit();
+    for (j0, j1) in blocks(&ranges) {
+        for j in j0..j1 {
+            let pos = span.k_start + j;
+            k.load(j - j0, |dst| ops.k.load(span.batch, kv_head, pos, dst))?;
+            v.load(j - j0, |dst| ops.v.load(span.batch, kv_head, pos, dst))?;
+        }
+        vectorised_fma!(|M| {
+            for (r, acc) in dq.chunks_exact_mut(d).enumerate() {
+                let rows = r * d..(r + 1) * d;
+                let seen = block_positions(ranges[r], j0, j1);
+                let stats = |_| row_stats[r];
+                let (q, d_o) = (&q[rows.clone()], &d_o[rows]);
+                if block_gradients::<M>(logit, (q, &k.t), (d_o, &v.t), stats, seen, &mut g) {
+                    add_weighted_rows::<M>(&g.ds[..j1 - j0], &k.rows, acc);
+                }
+            }
+        });
+    }
+    dq.iter_mut().for_each(|x| *x *= params.scale);
+    Ok(dq)
+}
+
+/// dK and dV of one task's key rows of a KV head (rows x d each, dK scaled): `sum_i dS_ij q_i`
+/// and `sum_i P_ij dO_i` over the query heads that share the KV head and their visible
+/// queries, in blocks of KEY_BLOCK queries.
+fn dkv_task(
+    shape: &AttentionShape,
+    params: &AttentionParams,
+    ops: &Operands,
+    stats: &AllRowStats,
+    task: &Task,
+) -> Result<(Vec<f32>, Vec<f32>)> {
+    let d = shape.head_dim;
+    let span = shape.seqs[task.seq];
+    let n = task.rows.len();
+    let (mut k, mut v) = (vec![0.0f32; n * d], vec![0.0f32; n * d]);
+    let mut ranges = Vec::with_capacity(n);
+    for (r, j) in task.rows.clone().enumerate() {
+        let pos = span.k_start + j;
+        let dst = r * d..(r + 1) * d;
+        ops.k
+            .load(span.batch, task.head, pos, &mut k[dst.clone()])?;
+        ops.v.load(span.batch, task.head, pos, &mut v[dst])?;
+        ranges.push(params.visible_queries(j, span.q_len, span.k_len));
+    }
+    let (mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d]);
+    let (mut q, mut d_o) = (Widened::new(d), Widened::new(d));
+    let mut block_stats = [RowStats::default(); KEY_BLOCK];
+    let mut g = BlockGradients::zero();
+    let logit = params.logit();
+    let group = shape.group();
+    for head in task.head * group..(task.head + 1) * group {
+        for (i0, i1) in blocks(&ranges) {
+            for i in i0..i1 {
+                let pos = span.q_start + i;
+                q.load(i - i0, |dst| ops.q.load(span.batch, head, pos, dst))?;
+                d_o.load(i - i0, |dst| ops.d_o.load(span.batch, head, pos, dst))?;
+                block_stats[i - i0] = stats.get(shape, task.seq, head, i);
+            }
+            vectorised_fma!(|M| {
+                for (r, (dk_acc, dv_acc)) in dk
+                    .chunks_exact_mut(d)
+                    .zip(dv.chunks_exact_mut(d))
+                    .enumerate()
+                {
+                    let rows = r * d..(r + 1) * d;
+                    let seen = block_positions(ranges[r], i0, i1);
+                    let stats = |i| block_stats[i];
+                    let (k, v) = (&k[rows.clone()], &v[rows]);
+                    if block_gradients::<M>(logit, (k, &q.t), (v, &d_o.t), stats, seen, &mut g) {
+                        add_weighted_rows::<M>(&g.p[..i1 - i0], &d_o.rows, dv_acc);
+                        add_weighted_rows::<M>(&g.ds[..i1 - i0], &q.rows, dk_acc);
+                    }
+                }
+            });
+        }
+    }
+    dk.iter_mut().for_each(|x| *x *= params.scale);
+    Ok((dk, dv))
+}
+
+/// The blocks of KEY_BLOCK positions, on multiples of KEY_BLOCK, that cover the union of
+/// `ranges` (half-open).
+fn blocks(ranges: &[(usize, usize)]) -> impl Iterator<Item = (usize, usize)> {
+    let seen = ranges.iter().filter(|r| r.0 < r.1);
+    let start = seen.clone().map(|r| r.0).min().unwrap_or(0);
+    let end = seen.map(|r| r.1).max().unwrap_or(0);
+    (start / KEY_BLOCK * KEY_BLOCK..end)
+        .step_by(KEY_BLOCK)
+        .map(move |b0| (b0, (b0 + KEY_BLOCK).min(end)))
+}
+
+/// One row's probabilities and score gradients against a block (zero outside its range).
+struct BlockGradients {
+    p: [f32; KEY_BLOCK],
+    ds: [f32; KEY_BLOCK],
+}
+
+impl BlockGradients {
+    fn zero() -> BlockGradients {
+        BlockGradients {
+            p: [0.0; KEY_BLOCK],
+            ds: [0.0; KEY_BLOCK],
+        }
+    }
+}
+
+/// One row of the score matrix against a block of the other side, or of its transpose: for
+/// `(a, b)` = (q, dO) of a query row against keys (`a_t`, `b_t` = K and V transposed), or
+/// (k, v) of a key row against queries (Q and dO transposed), the probabilities `P` and score
+/// gradients `dS = P (dO . v - delta) ds/dx` at the block positions `seen` into `g`, zero
+/// elsewhere and where the query row saw no key (LSE -inf). Returns false (`g` untouched)
+/// when `seen` is empty. `stats(i)` is the query row's statistics at block position `i`.
+#[inline(always)]
+fn block_gradients<M: MulAdd>(
+    logit: Logit,
+    (a, a_t): (&[f32], &[f32]),
+    (b, b_t): (&[f32], &[f32]),
+    stats: impl Fn(usize) -> RowStats,
+    seen: (usize, usize),
+    g: &mut BlockGradients,
+) -> bool {
+    if seen.0 >= seen.1 {
+        return false;
+    }
+    let (mut s, dp) = block_dots_pair::<M>((a, a_t), (b, b_t));
+    let mut slope = [0.0f32; KEY_BLOCK];
+    logit.apply_with_slope(&mut s, &mut slope);
+    for i in 0..KEY_BLOCK {
+        let row = stats(i);
+        let p = math::exp_nonpositive::<M>(s[i] - row.lse);
+        let ds = p * (dp[i] - row.delta) * slope[i];
+        // Lanes outside the block's rows hold stale values: selects, not products, drop them.
+        let visible = i >= seen.0 && i < seen.1 && row.lse != f32::NEG_INFINITY;
+        g.p[i] = if visible { p } else { 0.0 };
+        g.ds[i] = if visible { ds } else { 0.0 };
+    }
+    true
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ta, tb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] += x[l] * y[l];
+        }
+    }
+    let tail: f32 = ta.iter().zip(tb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
