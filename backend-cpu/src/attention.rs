@@ -7,7 +7,7 @@
 //! attention_backward.rs.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
-use crate::key_blocks::{self, Logit, Partial};
+use crate::key_blocks::{self, KeyRows, Logit, Partial};
 use crate::rows::carve_rows;
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
@@ -160,6 +160,26 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// One KV head's keys of one sequence, for key_blocks::attend.
+struct HeadKeys<'a> {
+    k: Reader<'a>,
+    v: Reader<'a>,
+    batch: usize,
+    head: usize,
+    /// The sequence's first key along the sequence dimension.
+    start: usize,
+}
+
+impl KeyRows for HeadKeys<'_> {
+    fn k(&self, j: usize, dst: &mut [f32]) -> Result<()> {
+        self.k.load(self.batch, self.head, self.start + j, dst)
+    }
+
+    fn v(&self, j: usize, dst: &mut [f32]) -> Result<()> {
+        self.v.load(self.batch, self.head, self.start + j, dst)
+    }
+}
+
 /// A unit of work: rows `rows` of head `head` of sequence `seq`.
 #[derive(Debug, Clone)]
 pub(crate) struct Task {
@@ -283,16 +303,14 @@ pub fn attention_forward(
                     ranges.push(params.visible_keys(i, span.q_len, span.k_len));
                 }
                 let mut part = Partial::empty(rows, d);
-                let key = |j: usize| span.k_start + j;
-                key_blocks::attend(
-                    &qv,
-                    d,
-                    &ranges,
-                    |j, dst| kr.load(span.batch, kv_head, key(j), dst),
-                    |j, dst| vr.load(span.batch, kv_head, key(j), dst),
-                    params.logit(),
-                    &mut part,
-                )?;
+                let keys = HeadKeys {
+                    k: kr,
+                    v: vr,
+                    batch: span.batch,
+                    head: kv_head,
+                    start: span.k_start,
+                };
+                key_blocks::attend(&qv, d, &ranges, &keys, params.logit(), &mut part)?;
                 let mut out = vec![0.0f32; d];
                 for r in 0..rows {
                     let row_lse = key_blocks::merge(std::slice::from_ref(&part), r, &mut out);

@@ -5,7 +5,8 @@
 //! so results do not depend on the thread count.
 
 use crate::convert::{expect_dtype, float_dtype, load, store};
-use crate::key_blocks::{self, Logit, Partial};
+use crate::key_blocks::{self, KeyRows, Logit, Partial};
+use crate::lanes::prefetch;
 use crate::views::with_views;
 use calico_core::{DType, Error, Result, Tensor};
 use rayon::prelude::*;
@@ -210,15 +211,14 @@ pub fn attention_decode(
                     scale: mask.scale,
                     softcap: mask.softcap,
                 };
-                key_blocks::attend(
-                    &qv,
-                    dim,
-                    &ranges,
-                    |j, dst| read.row(kb, map.at(b, kv_head, j).0, dst),
-                    |j, dst| read.row(vb, map.at(b, kv_head, j).1, dst),
-                    logit,
-                    &mut part,
-                )?;
+                let keys = CachedKeys {
+                    read,
+                    bytes: (kb, vb),
+                    map: &map,
+                    seq: b,
+                    head: kv_head,
+                };
+                key_blocks::attend(&qv, dim, &ranges, &keys, logit, &mut part)?;
                 Ok(part)
             })
             .collect::<Result<_>>()?;
@@ -257,6 +257,7 @@ pub fn attention_decode(
 const SPLIT_KEYS: usize = 2048;
 
 /// Widens rows of `dim` elements of one dtype.
+#[derive(Clone, Copy)]
 struct Reader {
     dtype: DType,
     dim: usize,
@@ -271,6 +272,41 @@ impl Reader {
         })?;
         load(self.dtype, src, dst);
         Ok(())
+    }
+}
+
+/// One sequence's keys of one KV head in the cache, for key_blocks::attend.
+struct CachedKeys<'a> {
+    read: Reader,
+    /// The K and V views' bytes.
+    bytes: (&'a [u8], &'a [u8]),
+    map: &'a TokenMap,
+    seq: usize,
+    head: usize,
+}
+
+impl KeyRows for CachedKeys<'_> {
+    fn k(&self, j: usize, dst: &mut [f32]) -> Result<()> {
+        let at = self.map.at(self.seq, self.head, j).0;
+        self.read.row(self.bytes.0, at, dst)
+    }
+
+    fn v(&self, j: usize, dst: &mut [f32]) -> Result<()> {
+        let at = self.map.at(self.seq, self.head, j).1;
+        self.read.row(self.bytes.1, at, dst)
+    }
+
+    /// The cache streams from memory once per item: its lines are asked for a block ahead
+    /// (each K and V row is `dim` elements, a few cache lines).
+    fn prefetch(&self, j: usize) {
+        let (k, v) = self.map.at(self.seq, self.head, j);
+        let (esz, row) = (self.read.dtype.size_bytes(), self.read.dim);
+        for (bytes, at) in [(self.bytes.0, k), (self.bytes.1, v)] {
+            let (first, last) = (at * esz, (at + row) * esz - 1);
+            for byte in (first..last).step_by(64).chain([last]) {
+                prefetch(bytes, byte);
+            }
+        }
     }
 }
 

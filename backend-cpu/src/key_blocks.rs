@@ -13,15 +13,26 @@ use calico_core::Result;
 /// Keys per block (their K and V rows widened together).
 pub(crate) const KEY_BLOCK: usize = 64;
 
+/// The K and V rows that [`attend`] reads.
+pub(crate) trait KeyRows {
+    /// Widens key `j`'s K row into `dst`.
+    fn k(&self, j: usize, dst: &mut [f32]) -> Result<()>;
+
+    /// Widens key `j`'s V row into `dst`.
+    fn v(&self, j: usize, dst: &mut [f32]) -> Result<()>;
+
+    /// Hints that key `j`'s rows are read soon: [`attend`] calls it a block ahead, for rows
+    /// that stream from memory (decode). Nothing by default.
+    fn prefetch(&self, _j: usize) {}
+}
+
 /// Adds keys to `part`, whose rows are the `ranges.len()` rows of `q` (rows x `dim`, f32): row
-/// `r` sees keys `ranges[r]` (half-open). `load_k(j, dst)` and `load_v(j, dst)` widen key `j`'s
-/// K and V rows; `score` maps `q . k` to the logit (scale, soft-cap).
-pub(crate) fn attend(
+/// `r` sees keys `ranges[r]` (half-open), read from `keys`; `logit` maps `q . k` to the logit.
+pub(crate) fn attend<K: KeyRows>(
     q: &[f32],
     dim: usize,
     ranges: &[(usize, usize)],
-    mut load_k: impl FnMut(usize, &mut [f32]) -> Result<()>,
-    mut load_v: impl FnMut(usize, &mut [f32]) -> Result<()>,
+    keys: &K,
     logit: Logit,
     part: &mut Partial,
 ) -> Result<()> {
@@ -37,13 +48,16 @@ pub(crate) fn attend(
     for j0 in (start / KEY_BLOCK * KEY_BLOCK..end).step_by(KEY_BLOCK) {
         let j1 = (j0 + KEY_BLOCK).min(end);
         for j in j0..j1 {
-            blocks.k.load(j - j0, |dst| load_k(j, dst))?;
+            if j + KEY_BLOCK < end {
+                keys.prefetch(j + KEY_BLOCK);
+            }
+            blocks.k.load(j - j0, |dst| keys.k(j, dst))?;
         }
         let any = vectorised_fma!(|M| blocks.scores::<M>(q, ranges, (j0, j1), logit, part));
         if any {
             for j in j0..j1 {
                 let i = j - j0;
-                load_v(j, &mut blocks.v[i * dim..(i + 1) * dim])?;
+                keys.v(j, &mut blocks.v[i * dim..(i + 1) * dim])?;
             }
             vectorised_fma!(|M| blocks.accumulate::<M>(j1 - j0, part));
         }
@@ -147,8 +161,9 @@ impl Widened {
     ) -> Result<()> {
         let row = &mut self.rows[i * self.dim..(i + 1) * self.dim];
         fill(row)?;
-        for (d, &x) in row.iter().enumerate() {
-            self.t[d * KEY_BLOCK + i] = x;
+        // `i` is the same for every column: its bounds check leaves the loop.
+        for (column, &x) in self.t.chunks_exact_mut(KEY_BLOCK).zip(row.iter()) {
+            column[i] = x;
         }
         Ok(())
     }
