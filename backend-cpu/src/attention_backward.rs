@@ -12,7 +12,8 @@ use crate::attention::{
 };
 use crate::convert::store;
 use crate::key_blocks::{
-    add_weighted_rows, block_dots_pair, block_positions, Logit, Widened, KEY_BLOCK,
+    add_weighted_rows, add_weighted_rows_n, block_dots_pair, block_positions, Logit, Widened,
+    KEY_BLOCK,
 };
 use crate::math;
 use crate::simd::{vectorised_fma, MulAdd};
@@ -194,7 +195,7 @@ fn dq_task(
     }
     let mut dq = vec![0.0f32; n * d];
     let (mut k, mut v) = (Widened::new(d), Widened::new(d));
-    let mut g = BlockGradients::zero();
+    let (mut grads, mut sees) = block_gradient_rows(n);
     let logit = params.logit();
     for (j0, j1) in blocks(&ranges) {
         for j in j0..j1 {
@@ -203,15 +204,15 @@ fn dq_task(
             v.load(j - j0, |dst| ops.v.load(span.batch, kv_head, pos, dst))?;
         }
         vectorised_fma!(|M| {
-            for (r, acc) in dq.chunks_exact_mut(d).enumerate() {
+            for (r, g) in grads.iter_mut().enumerate() {
                 let rows = r * d..(r + 1) * d;
                 let seen = block_positions(ranges[r], j0, j1);
                 let stats = |_| row_stats[r];
                 let (q, d_o) = (&q[rows.clone()], &d_o[rows]);
-                if block_gradients::<M>(logit, (q, &k.t), (d_o, &v.t), stats, seen, &mut g) {
-                    add_weighted_rows::<M>(&g.ds[..j1 - j0], &k.rows, acc);
-                }
+                sees[r] = block_gradients::<M>(logit, (q, &k.t), (d_o, &v.t), stats, seen, g);
             }
+            let ds = |r: usize| &grads[r].ds[..j1 - j0];
+            add_in_pairs::<M>(&sees, ds, &k.rows, &mut dq);
         });
     }
     dq.iter_mut().for_each(|x| *x *= params.scale);
@@ -244,7 +245,7 @@ fn dkv_task(
     let (mut dk, mut dv) = (vec![0.0f32; n * d], vec![0.0f32; n * d]);
     let (mut q, mut d_o) = (Widened::new(d), Widened::new(d));
     let mut block_stats = [RowStats::default(); KEY_BLOCK];
-    let mut g = BlockGradients::zero();
+    let (mut grads, mut sees) = block_gradient_rows(n);
     let logit = params.logit();
     let group = shape.group();
     for head in task.head * group..(task.head + 1) * group {
@@ -256,20 +257,17 @@ fn dkv_task(
                 block_stats[i - i0] = stats.get(shape, task.seq, head, i);
             }
             vectorised_fma!(|M| {
-                for (r, (dk_acc, dv_acc)) in dk
-                    .chunks_exact_mut(d)
-                    .zip(dv.chunks_exact_mut(d))
-                    .enumerate()
-                {
+                for (r, g) in grads.iter_mut().enumerate() {
                     let rows = r * d..(r + 1) * d;
                     let seen = block_positions(ranges[r], i0, i1);
                     let stats = |i| block_stats[i];
                     let (k, v) = (&k[rows.clone()], &v[rows]);
-                    if block_gradients::<M>(logit, (k, &q.t), (v, &d_o.t), stats, seen, &mut g) {
-                        add_weighted_rows::<M>(&g.p[..i1 - i0], &d_o.rows, dv_acc);
-                        add_weighted_rows::<M>(&g.ds[..i1 - i0], &q.rows, dk_acc);
-                    }
+                    sees[r] = block_gradients::<M>(logit, (k, &q.t), (v, &d_o.t), stats, seen, g);
                 }
+                let p = |r: usize| &grads[r].p[..i1 - i0];
+                add_in_pairs::<M>(&sees, p, &d_o.rows, &mut dv);
+                let ds = |r: usize| &grads[r].ds[..i1 - i0];
+                add_in_pairs::<M>(&sees, ds, &q.rows, &mut dk);
             });
         }
     }
@@ -294,12 +292,40 @@ struct BlockGradients {
     ds: [f32; KEY_BLOCK],
 }
 
-impl BlockGradients {
-    fn zero() -> BlockGradients {
-        BlockGradients {
-            p: [0.0; KEY_BLOCK],
-            ds: [0.0; KEY_BLOCK],
+/// A task's rows of block gradients, and whether each row saw the block.
+fn block_gradient_rows(n: usize) -> (Vec<BlockGradients>, Vec<bool>) {
+    let zero = || BlockGradients {
+        p: [0.0; KEY_BLOCK],
+        ds: [0.0; KEY_BLOCK],
+    };
+    ((0..n).map(|_| zero()).collect(), vec![false; n])
+}
+
+/// `out[r] += sum_j weights(r)[j] rows[j]` for every row `r` of `out` whose `sees[r]`, two
+/// rows per pass where both do (each of `rows` loaded once for both; the same bits as one
+/// row at a time).
+#[inline(always)]
+fn add_in_pairs<'w, M: MulAdd>(
+    sees: &[bool],
+    weights: impl Fn(usize) -> &'w [f32],
+    rows: &[f32],
+    out: &mut [f32],
+) {
+    let d = out.len() / sees.len().max(1);
+    let mut pairs = out.chunks_exact_mut(2 * d);
+    for (i, pair) in pairs.by_ref().enumerate() {
+        let (r, s) = (2 * i, 2 * i + 1);
+        let (a, b) = pair.split_at_mut(d);
+        match (sees[r], sees[s]) {
+            (true, true) => add_weighted_rows_n::<M, 2>([weights(r), weights(s)], rows, [a, b]),
+            (true, false) => add_weighted_rows::<M>(weights(r), rows, a),
+            (false, true) => add_weighted_rows::<M>(weights(s), rows, b),
+            (false, false) => {}
         }
+    }
+    let last = pairs.into_remainder();
+    if !last.is_empty() && sees[sees.len() - 1] {
+        add_weighted_rows::<M>(weights(sees.len() - 1), rows, last);
     }
 }
 

@@ -207,52 +207,78 @@ pub(crate) fn block_dots_pair<M: MulAdd>(
 /// rows in order.
 #[inline(always)]
 pub(crate) fn add_weighted_rows<M: MulAdd>(weights: &[f32], rows: &[f32], acc: &mut [f32]) {
-    let dim = acc.len();
-    // Columns in fixed-length groups held in a local array (registers) across the rows: four
-    // vectors at a time, so that four independent multiply-add chains hide the instruction's
-    // latency (one chain ran at a quarter of the rate), then single vectors, then the rest.
-    // Fixed lengths vectorise; run-time ones did not (2.5x slower).
+    add_weighted_rows_n::<M, 1>([weights], rows, [acc]);
+}
+
+/// [`add_weighted_rows`] for `N` weight vectors and outputs over the same rows in one pass, so
+/// that each row's load serves all N sums. Every output sums its rows in order: the results
+/// are those of N separate calls, bit for bit.
+#[inline(always)]
+pub(crate) fn add_weighted_rows_n<M: MulAdd, const N: usize>(
+    weights: [&[f32]; N],
+    rows: &[f32],
+    mut accs: [&mut [f32]; N],
+) {
+    let dim = accs[0].len();
+    // Columns in fixed-length groups held in local arrays (registers) across the rows, as
+    // many as the copy's registers keep with room for the loads (eight AVX2 or sixteen
+    // AVX-512 vectors of accumulators, at most eight per output): independent multiply-add
+    // chains hide the instruction's latency (one chain ran at a quarter of the rate). Fixed
+    // lengths vectorise; run-time ones did not (2.5x slower).
+    let lanes = if M::WIDE_REGISTERS { 16 * W } else { 4 * W };
+    let group = (lanes / N).min(8 * W);
     let mut col = 0;
-    while col + 8 * W <= dim {
-        add_weighted_columns::<M, { 8 * W }>(weights, rows, col, acc);
-        col += 8 * W;
+    macro_rules! groups_of {
+        ($c:expr) => {
+            if group >= $c {
+                while col + $c <= dim {
+                    add_weighted_columns::<M, N, { $c }>(&weights, rows, col, &mut accs);
+                    col += $c;
+                }
+            }
+        };
     }
-    while col + 4 * W <= dim {
-        add_weighted_columns::<M, { 4 * W }>(weights, rows, col, acc);
-        col += 4 * W;
-    }
-    while col + W <= dim {
-        add_weighted_columns::<M, W>(weights, rows, col, acc);
-        col += W;
-    }
-    for (c, out) in acc.iter_mut().enumerate().skip(col) {
-        let mut a = *out;
-        for (&wj, row) in weights.iter().zip(rows.chunks_exact(dim)) {
-            a = M::mul_add(wj, row[c], a);
+    groups_of!(8 * W);
+    groups_of!(4 * W);
+    groups_of!(2 * W);
+    groups_of!(W);
+    for (weights, acc) in weights.iter().zip(accs.iter_mut()) {
+        for (c, out) in acc.iter_mut().enumerate().skip(col) {
+            let mut a = *out;
+            for (&wj, row) in weights.iter().zip(rows.chunks_exact(dim)) {
+                a = M::mul_add(wj, row[c], a);
+            }
+            *out = a;
         }
-        *out = a;
     }
 }
 
-/// [`add_weighted_rows`] for the `C` columns from `col`.
+/// [`add_weighted_rows_n`] for the `C` columns from `col`.
 #[inline(always)]
-fn add_weighted_columns<M: MulAdd, const C: usize>(
-    weights: &[f32],
+fn add_weighted_columns<M: MulAdd, const N: usize, const C: usize>(
+    weights: &[&[f32]; N],
     rows: &[f32],
     col: usize,
-    acc: &mut [f32],
+    accs: &mut [&mut [f32]; N],
 ) {
-    let dim = acc.len();
-    let out = &mut acc[col..col + C];
-    let mut a = [0.0f32; C];
-    a.copy_from_slice(out);
-    for (&wj, row) in weights.iter().zip(rows.chunks_exact(dim)) {
+    let dim = accs[0].len();
+    let keys = weights.iter().map(|w| w.len()).min().unwrap_or(0);
+    let mut a = [[0.0f32; C]; N];
+    for (a, acc) in a.iter_mut().zip(accs.iter()) {
+        a.copy_from_slice(&acc[col..col + C]);
+    }
+    for (j, row) in rows.chunks_exact(dim).take(keys).enumerate() {
         let row = &row[col..col + C];
-        for l in 0..C {
-            a[l] = M::mul_add(wj, row[l], a[l]);
+        for (a, w) in a.iter_mut().zip(weights) {
+            let wj = w[j];
+            for l in 0..C {
+                a[l] = M::mul_add(wj, row[l], a[l]);
+            }
         }
     }
-    out.copy_from_slice(&a);
+    for (a, acc) in a.iter().zip(accs.iter_mut()) {
+        acc[col..col + C].copy_from_slice(a);
+    }
 }
 
 /// A block's widened K (rows and transposed) and V rows, and its probabilities
@@ -367,9 +393,17 @@ impl KeyBlocks {
     /// Adds the block's probabilities times its V rows into every row's output.
     #[inline(always)]
     fn accumulate<M: MulAdd>(&self, keys: usize, part: &mut Partial) {
-        for (r, acc) in part.acc.chunks_exact_mut(self.dim).enumerate() {
-            let p = &self.p[r * KEY_BLOCK..r * KEY_BLOCK + keys];
-            add_weighted_rows::<M>(p, &self.v, acc);
+        // Rows in pairs: each V row loaded once for two outputs.
+        let dim = self.dim;
+        let p = |r: usize| &self.p[r * KEY_BLOCK..r * KEY_BLOCK + keys];
+        let mut pairs = part.acc.chunks_exact_mut(2 * dim);
+        for (i, pair) in pairs.by_ref().enumerate() {
+            let (a, b) = pair.split_at_mut(dim);
+            add_weighted_rows_n::<M, 2>([p(2 * i), p(2 * i + 1)], &self.v, [a, b]);
+        }
+        let last = pairs.into_remainder();
+        if !last.is_empty() {
+            add_weighted_rows::<M>(p(part.max.len() - 1), &self.v, last);
         }
     }
 }

@@ -70,8 +70,13 @@ pub(crate) fn tier() -> Tier {
     Tier::Portable
 }
 
-/// `a * b + c`, fused (one rounding) or not, chosen per compiled copy.
+/// `a * b + c`, fused (one rounding) or not, chosen per compiled copy; and what the copy's
+/// registers hold, for loops that keep accumulators in them.
 pub(crate) trait MulAdd {
+    /// Whether the copy has 32 vector registers of 16 f32 lanes (AVX-512), rather than 16 of
+    /// 8 (AVX2) or fewer: a loop may keep twice as many accumulators.
+    const WIDE_REGISTERS: bool = false;
+
     fn mul_add(a: f32, b: f32, c: f32) -> f32;
 }
 
@@ -79,6 +84,18 @@ pub(crate) trait MulAdd {
 pub(crate) struct Fused;
 
 impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// [`Fused`] in the AVX-512 copy, with its 32 wide registers.
+pub(crate) struct FusedWide;
+
+impl MulAdd for FusedWide {
+    const WIDE_REGISTERS: bool = true;
+
     #[inline(always)]
     fn mul_add(a: f32, b: f32, c: f32) -> f32 {
         a.mul_add(b, c)
@@ -117,7 +134,7 @@ macro_rules! vectorised_fma {
                     $crate::simd::with_avx512(
                         #[inline(always)]
                         || {
-                            type $m = $crate::simd::Fused;
+                            type $m = $crate::simd::FusedWide;
                             $body
                         },
                     )
