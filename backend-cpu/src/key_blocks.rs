@@ -183,7 +183,8 @@ pub(crate) fn block_dots<M: MulAdd>(x: &[f32], t: &[f32]) -> [f32; KEY_BLOCK] {
     dots
 }
 
-/// [`block_dots`] of two vectors against two blocks in one pass: eight independent
+/// [`block_dots`] of two vectors against two blocks, in one pass where the copy has the
+/// registers for both (otherwise one pass each, the same sums): eight independent
 /// multiply-add chains instead of four (one pass of four chains waits on the instruction's
 /// latency).
 #[inline(always)]
@@ -191,6 +192,10 @@ pub(crate) fn block_dots_pair<M: MulAdd>(
     (x, x_t): (&[f32], &[f32]),
     (y, y_t): (&[f32], &[f32]),
 ) -> ([f32; KEY_BLOCK], [f32; KEY_BLOCK]) {
+    if M::ACCUMULATOR_LANES < 2 * KEY_BLOCK {
+        // Two blocks of accumulators would spill: one pass each (the same sums).
+        return (block_dots::<M>(x, x_t), block_dots::<M>(y, y_t));
+    }
     let mut dx = [0.0f32; KEY_BLOCK];
     let mut dy = [0.0f32; KEY_BLOCK];
     let cols = x_t.chunks_exact(KEY_BLOCK).zip(y_t.chunks_exact(KEY_BLOCK));
@@ -221,12 +226,11 @@ pub(crate) fn add_weighted_rows_n<M: MulAdd, const N: usize>(
 ) {
     let dim = accs[0].len();
     // Columns in fixed-length groups held in local arrays (registers) across the rows, as
-    // many as the copy's registers keep with room for the loads (eight AVX2 or sixteen
-    // AVX-512 vectors of accumulators, at most eight per output): independent multiply-add
-    // chains hide the instruction's latency (one chain ran at a quarter of the rate). Fixed
-    // lengths vectorise; run-time ones did not (2.5x slower).
-    let lanes = if M::WIDE_REGISTERS { 16 * W } else { 4 * W };
-    let group = (lanes / N).min(8 * W);
+    // many as the copy's registers keep with room for the loads (M::ACCUMULATOR_LANES, at
+    // most eight AVX-512 vectors per output): independent multiply-add chains hide the
+    // instruction's latency (one chain ran at a quarter of the rate). Fixed lengths
+    // vectorise; run-time ones did not (2.5x slower).
+    let group = (M::ACCUMULATOR_LANES / N).min(8 * W);
     let mut col = 0;
     macro_rules! groups_of {
         ($c:expr) => {
@@ -242,6 +246,7 @@ pub(crate) fn add_weighted_rows_n<M: MulAdd, const N: usize>(
     groups_of!(4 * W);
     groups_of!(2 * W);
     groups_of!(W);
+    groups_of!(W / 2);
     for (weights, acc) in weights.iter().zip(accs.iter_mut()) {
         for (c, out) in acc.iter_mut().enumerate().skip(col) {
             let mut a = *out;

@@ -32,5 +32,6 @@ pub use device::CpuDevice;
 pub use gemm::gemm;
 pub use norm::{layer_norm, rms_norm};
 pub use rope::rope;
+pub use simd::{limit_simd, SimdLimit};
 pub use softmax::softmax;
 pub use storage::CpuStorage;

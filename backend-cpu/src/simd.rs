@@ -50,19 +50,70 @@ pub(crate) enum Tier {
     Portable,
 }
 
-/// Detects the [`Tier`] (cached by std after the first call).
+/// The widest copy the CPU backend may use, to compare the copies on one machine (tests,
+/// benchmarks): a limit never enables what the CPU lacks. Set by `CALICO_CPU_SIMD` (`avx512`,
+/// `avx2` or `portable`) or by [`limit_simd`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SimdLimit {
+    Avx512,
+    Avx2,
+    Portable,
+}
+
+impl SimdLimit {
+    fn rank(self) -> u8 {
+        match self {
+            SimdLimit::Portable => 1,
+            SimdLimit::Avx2 => 2,
+            SimdLimit::Avx512 => 3,
+        }
+    }
+}
+
+/// The limit set by [`limit_simd`] (its rank; 0 = none).
+static LIMIT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Limits the copies every later call runs, process-wide (`None`: back to
+/// `CALICO_CPU_SIMD`, or the widest the CPU has). Calls already running are not affected.
+pub fn limit_simd(limit: Option<SimdLimit>) {
+    LIMIT.store(
+        limit.map_or(0, SimdLimit::rank),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// The rank of the limit in force: [`limit_simd`]'s, else `CALICO_CPU_SIMD`'s (read once),
+/// else none (u8::MAX).
+fn limit_rank() -> u8 {
+    static FROM_ENV: std::sync::OnceLock<u8> = std::sync::OnceLock::new();
+    match LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => *FROM_ENV.get_or_init(|| match std::env::var("CALICO_CPU_SIMD").as_deref() {
+            Ok("avx512") => SimdLimit::Avx512.rank(),
+            Ok("avx2") => SimdLimit::Avx2.rank(),
+            Ok("portable") => SimdLimit::Portable.rank(),
+            _ => u8::MAX,
+        }),
+        rank => rank,
+    }
+}
+
+/// The [`Tier`] to run: the widest the CPU has (detection cached by std), within the limit.
 #[inline(always)]
 pub(crate) fn tier() -> Tier {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx512f")
+        let limit = limit_rank();
+        if limit >= SimdLimit::Avx512.rank()
+            && std::arch::is_x86_feature_detected!("avx512f")
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vl")
             && std::arch::is_x86_feature_detected!("fma")
         {
             return Tier::Avx512;
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        if limit >= SimdLimit::Avx2.rank()
+            && std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
         {
             return Tier::Avx2;
         }
@@ -73,9 +124,10 @@ pub(crate) fn tier() -> Tier {
 /// `a * b + c`, fused (one rounding) or not, chosen per compiled copy; and what the copy's
 /// registers hold, for loops that keep accumulators in them.
 pub(crate) trait MulAdd {
-    /// Whether the copy has 32 vector registers of 16 f32 lanes (AVX-512), rather than 16 of
-    /// 8 (AVX2) or fewer: a loop may keep twice as many accumulators.
-    const WIDE_REGISTERS: bool = false;
+    /// f32 lanes of accumulators a loop may keep in the copy's vector registers, about half
+    /// of them (the rest hold loads and broadcasts): 8 AVX2 vectors of 8 lanes (NEON: 16 of
+    /// 4) by default.
+    const ACCUMULATOR_LANES: usize = 64;
 
     fn mul_add(a: f32, b: f32, c: f32) -> f32;
 }
@@ -94,7 +146,8 @@ impl MulAdd for Fused {
 pub(crate) struct FusedWide;
 
 impl MulAdd for FusedWide {
-    const WIDE_REGISTERS: bool = true;
+    /// 16 of the 32 AVX-512 registers of 16 lanes.
+    const ACCUMULATOR_LANES: usize = 256;
 
     #[inline(always)]
     fn mul_add(a: f32, b: f32, c: f32) -> f32 {
@@ -107,6 +160,9 @@ impl MulAdd for FusedWide {
 pub(crate) struct Separate;
 
 impl MulAdd for Separate {
+    /// 8 of the 16 SSE2 registers of 4 lanes.
+    const ACCUMULATOR_LANES: usize = 32;
+
     #[inline(always)]
     fn mul_add(a: f32, b: f32, c: f32) -> f32 {
         a * b + c
