@@ -171,16 +171,37 @@ impl Widened {
 
 /// `x . row` for each of a block's rows (`t` from [`Widened`]); lanes past the rows loaded
 /// hold stale values for the caller to mask. The sums stay in a local array (registers)
-/// across `x`.
+/// across `x`: all KEY_BLOCK of them, or half in each of two passes where the copy's
+/// registers do not hold them all (SSE2; the same sums).
 #[inline(always)]
 pub(crate) fn block_dots<M: MulAdd>(x: &[f32], t: &[f32]) -> [f32; KEY_BLOCK] {
     let mut dots = [0.0f32; KEY_BLOCK];
-    for (&xd, td) in x.iter().zip(t.chunks_exact(KEY_BLOCK)) {
-        for (s, &r) in dots.iter_mut().zip(td) {
-            *s = M::mul_add(xd, r, *s);
-        }
+    if M::ACCUMULATOR_LANES >= KEY_BLOCK {
+        dots_of_rows::<M, KEY_BLOCK>(x, t, 0, &mut dots);
+    } else {
+        const HALF: usize = KEY_BLOCK / 2;
+        dots_of_rows::<M, HALF>(x, t, 0, &mut dots);
+        dots_of_rows::<M, HALF>(x, t, HALF, &mut dots);
     }
     dots
+}
+
+/// [`block_dots`] for the `C` rows of the block from `first`.
+#[inline(always)]
+fn dots_of_rows<M: MulAdd, const C: usize>(
+    x: &[f32],
+    t: &[f32],
+    first: usize,
+    dots: &mut [f32; KEY_BLOCK],
+) {
+    let mut acc = [0.0f32; C];
+    for (&xd, td) in x.iter().zip(t.chunks_exact(KEY_BLOCK)) {
+        let td = &td[first..first + C];
+        for l in 0..C {
+            acc[l] = M::mul_add(xd, td[l], acc[l]);
+        }
+    }
+    dots[first..first + C].copy_from_slice(&acc);
 }
 
 /// [`block_dots`] of two vectors against two blocks, in one pass where the copy has the
