@@ -12,7 +12,7 @@ use crate::attention::{
 };
 use crate::convert::store;
 use crate::key_blocks::{
-    add_weighted_rows, add_weighted_rows_n, block_dots_pair, block_positions, Logit, Widened,
+    add_weighted_rows_paired, block_dots_pair, block_positions, block_span, Logit, Widened,
     KEY_BLOCK,
 };
 use crate::math;
@@ -212,7 +212,7 @@ fn dq_task(
                 sees[r] = block_gradients::<M>(logit, (q, &k.t), (d_o, &v.t), stats, seen, g);
             }
             let ds = |r: usize| &grads[r].ds[..j1 - j0];
-            add_in_pairs::<M>(&sees, ds, &k.rows, &mut dq);
+            add_weighted_rows_paired::<M>(n, |r| sees[r], ds, &k.rows, &mut dq);
         });
     }
     dq.iter_mut().for_each(|x| *x *= params.scale);
@@ -265,9 +265,9 @@ fn dkv_task(
                     sees[r] = block_gradients::<M>(logit, (k, &q.t), (v, &d_o.t), stats, seen, g);
                 }
                 let p = |r: usize| &grads[r].p[..i1 - i0];
-                add_in_pairs::<M>(&sees, p, &d_o.rows, &mut dv);
+                add_weighted_rows_paired::<M>(n, |r| sees[r], p, &d_o.rows, &mut dv);
                 let ds = |r: usize| &grads[r].ds[..i1 - i0];
-                add_in_pairs::<M>(&sees, ds, &q.rows, &mut dk);
+                add_weighted_rows_paired::<M>(n, |r| sees[r], ds, &q.rows, &mut dk);
             });
         }
     }
@@ -275,14 +275,11 @@ fn dkv_task(
     Ok((dk, dv))
 }
 
-/// The blocks of KEY_BLOCK positions, on multiples of KEY_BLOCK, that cover the union of
-/// `ranges` (half-open).
+/// The blocks (half-open) that cover the union of `ranges` (key_blocks::block_span).
 fn blocks(ranges: &[(usize, usize)]) -> impl Iterator<Item = (usize, usize)> {
-    let seen = ranges.iter().filter(|r| r.0 < r.1);
-    let start = seen.clone().map(|r| r.0).min().unwrap_or(0);
-    let end = seen.map(|r| r.1).max().unwrap_or(0);
-    (start / KEY_BLOCK * KEY_BLOCK..end)
-        .step_by(KEY_BLOCK)
+    let span = block_span(ranges);
+    let end = span.end;
+    span.step_by(KEY_BLOCK)
         .map(move |b0| (b0, (b0 + KEY_BLOCK).min(end)))
 }
 
@@ -299,34 +296,6 @@ fn block_gradient_rows(n: usize) -> (Vec<BlockGradients>, Vec<bool>) {
         ds: [0.0; KEY_BLOCK],
     };
     ((0..n).map(|_| zero()).collect(), vec![false; n])
-}
-
-/// `out[r] += sum_j weights(r)[j] rows[j]` for every row `r` of `out` whose `sees[r]`, two
-/// rows per pass where both do (each of `rows` loaded once for both; the same bits as one
-/// row at a time).
-#[inline(always)]
-fn add_in_pairs<'w, M: MulAdd>(
-    sees: &[bool],
-    weights: impl Fn(usize) -> &'w [f32],
-    rows: &[f32],
-    out: &mut [f32],
-) {
-    let d = out.len() / sees.len().max(1);
-    let mut pairs = out.chunks_exact_mut(2 * d);
-    for (i, pair) in pairs.by_ref().enumerate() {
-        let (r, s) = (2 * i, 2 * i + 1);
-        let (a, b) = pair.split_at_mut(d);
-        match (sees[r], sees[s]) {
-            (true, true) => add_weighted_rows_n::<M, 2>([weights(r), weights(s)], rows, [a, b]),
-            (true, false) => add_weighted_rows::<M>(weights(r), rows, a),
-            (false, true) => add_weighted_rows::<M>(weights(s), rows, b),
-            (false, false) => {}
-        }
-    }
-    let last = pairs.into_remainder();
-    if !last.is_empty() && sees[sees.len() - 1] {
-        add_weighted_rows::<M>(weights(sees.len() - 1), rows, last);
-    }
 }
 
 /// One row of the score matrix against a block of the other side, or of its transpose: for

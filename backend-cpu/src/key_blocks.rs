@@ -1,9 +1,10 @@
-//! The online softmax that the CPU attention forward and decode share: a set of query rows,
-//! each seeing its own range of keys, walks the keys in blocks of [`KEY_BLOCK`]; each block's K
-//! and V rows are widened once for all the rows, K stored transposed so that a row's scores are
+//! The online softmax that the CPU attention forward and decode share, and the block
+//! primitives the backward uses too: a set of query rows, each seeing its own range of keys,
+//! walks the keys in blocks of [`KEY_BLOCK`] on multiples of KEY_BLOCK; each block's K and V
+//! rows are widened once for all the rows, K stored transposed so that a row's scores are
 //! KEY_BLOCK lanes of multiply-adds with no sum across lanes, the probabilities taken with the
 //! polynomial exponential, and each row's running max, sum and output rescaled once per block.
-//! Sums run in key order, so a result depends only on how the caller splits the keys.
+//! Every sum has a fixed order, so a result depends only on how the caller splits the keys.
 
 use crate::lanes::{self, W};
 use crate::math;
@@ -36,16 +37,13 @@ pub(crate) fn attend<K: KeyRows>(
     logit: Logit,
     part: &mut Partial,
 ) -> Result<()> {
-    let seen = ranges.iter().filter(|r| r.0 < r.1);
-    let (Some(start), Some(end)) = (seen.clone().map(|r| r.0).min(), seen.map(|r| r.1).max())
-    else {
+    let span = block_span(ranges);
+    let end = span.end;
+    if span.is_empty() {
         return Ok(());
-    };
+    }
     let mut blocks = KeyBlocks::new(dim);
-    // Blocks on multiples of KEY_BLOCK, whichever rows share the call: a row's result then
-    // does not depend on how the caller grouped the rows (the task size follows the thread
-    // count).
-    for j0 in (start / KEY_BLOCK * KEY_BLOCK..end).step_by(KEY_BLOCK) {
+    for j0 in span.step_by(KEY_BLOCK) {
         let j1 = (j0 + KEY_BLOCK).min(end);
         for j in j0..j1 {
             if j + KEY_BLOCK < end {
@@ -81,6 +79,17 @@ impl Partial {
             acc: vec![0.0; rows * dim],
         }
     }
+}
+
+/// The positions the blocks walk to cover the union of `ranges` (half-open; empty when no
+/// range is): from a multiple of KEY_BLOCK, whichever rows share the call, so that a row's
+/// result does not depend on how the caller grouped the rows (the task size follows the
+/// thread count).
+pub(crate) fn block_span(ranges: &[(usize, usize)]) -> std::ops::Range<usize> {
+    let seen = ranges.iter().filter(|r| r.0 < r.1);
+    let start = seen.clone().map(|r| r.0).min().unwrap_or(0);
+    let end = seen.map(|r| r.1).max().unwrap_or(0);
+    start / KEY_BLOCK * KEY_BLOCK..end
 }
 
 /// `range` (half-open) within the block `b0..b1`, as positions in the block; `(0, 0)` when
@@ -279,6 +288,35 @@ pub(crate) fn add_weighted_rows_n<M: MulAdd, const N: usize>(
     }
 }
 
+/// `out[r] += sum_j weights(r)[j] rows[j]` for each of the `n` rows of `out` with `sees(r)`,
+/// two rows per pass where both are (each of `rows` loaded once for both; the same bits as one
+/// row at a time).
+#[inline(always)]
+pub(crate) fn add_weighted_rows_paired<'w, M: MulAdd>(
+    n: usize,
+    sees: impl Fn(usize) -> bool,
+    weights: impl Fn(usize) -> &'w [f32],
+    rows: &[f32],
+    out: &mut [f32],
+) {
+    let d = out.len() / n.max(1);
+    let mut pairs = out.chunks_exact_mut(2 * d);
+    for (i, pair) in pairs.by_ref().enumerate() {
+        let (r, s) = (2 * i, 2 * i + 1);
+        let (a, b) = pair.split_at_mut(d);
+        match (sees(r), sees(s)) {
+            (true, true) => add_weighted_rows_n::<M, 2>([weights(r), weights(s)], rows, [a, b]),
+            (true, false) => add_weighted_rows::<M>(weights(r), rows, a),
+            (false, true) => add_weighted_rows::<M>(weights(s), rows, b),
+            (false, false) => {}
+        }
+    }
+    let last = pairs.into_remainder();
+    if !last.is_empty() && sees(n - 1) {
+        add_weighted_rows::<M>(weights(n - 1), rows, last);
+    }
+}
+
 /// [`add_weighted_rows_n`] for the `C` columns from `col`.
 #[inline(always)]
 fn add_weighted_columns<M: MulAdd, const N: usize, const C: usize>(
@@ -419,18 +457,10 @@ impl KeyBlocks {
     /// Adds the block's probabilities times its V rows into every row's output.
     #[inline(always)]
     fn accumulate<M: MulAdd>(&self, keys: usize, part: &mut Partial) {
-        // Rows in pairs: each V row loaded once for two outputs.
-        let dim = self.dim;
+        // Every row: a row that did not see the block has zero probabilities.
         let p = |r: usize| &self.p[r * KEY_BLOCK..r * KEY_BLOCK + keys];
-        let mut pairs = part.acc.chunks_exact_mut(2 * dim);
-        for (i, pair) in pairs.by_ref().enumerate() {
-            let (a, b) = pair.split_at_mut(dim);
-            add_weighted_rows_n::<M, 2>([p(2 * i), p(2 * i + 1)], &self.v, [a, b]);
-        }
-        let last = pairs.into_remainder();
-        if !last.is_empty() {
-            add_weighted_rows::<M>(p(part.max.len() - 1), &self.v, last);
-        }
+        let rows = part.max.len();
+        add_weighted_rows_paired::<M>(rows, |_| true, p, &self.v, &mut part.acc);
     }
 }
 

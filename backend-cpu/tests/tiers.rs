@@ -9,10 +9,10 @@ mod common;
 
 use calico_core::{DType, Epilogue, Tensor};
 use calico_cpu::{
-    attention_backward, attention_decode, attention_forward, gemm, limit_simd, rms_norm, softmax,
-    AttentionParams, AttentionShape, DecodeCache, DecodeMask, SeqSpan, SimdLimit,
+    attention_decode, gemm, limit_simd, rms_norm, softmax, AttentionParams, DecodeCache,
+    DecodeMask, SimdLimit,
 };
-use common::{dev, random, read, Rng};
+use common::{attention_forward_backward, dev, one_sequence_attention, random, read, Rng};
 
 /// Every output of a fixed set of calls (attention forward, backward and decode with a window,
 /// GQA and a head dim with a tail; a few-rows and a general GEMM; rms_norm; softmax).
@@ -22,43 +22,22 @@ fn outputs(dtype: DType) -> Vec<(String, Vec<f64>)> {
     let mut out = Vec::new();
     for d in [64, 80] {
         let (hq, hkv, nq, nk) = (4, 2, 70, 133);
-        let (q, _) = random(&mut rng, dtype, &[1, hq, nq, d], -2.0, 2.0);
-        let (k, _) = random(&mut rng, dtype, &[1, hkv, nk, d], -2.0, 2.0);
-        let (v, _) = random(&mut rng, dtype, &[1, hkv, nk, d], -2.0, 2.0);
-        let (d_o, _) = random(&mut rng, dtype, &[1, hq, nq, d], -1.0, 1.0);
-        let shape = AttentionShape {
-            seqs: vec![SeqSpan {
-                batch: 0,
-                q_start: 0,
-                q_len: nq,
-                k_start: 0,
-                k_len: nk,
-            }],
-            q_heads: hq,
-            kv_heads: hkv,
-            head_dim: d,
-        };
+        let (inputs, shape) = one_sequence_attention(&mut rng, dtype, (hq, hkv, nq, nk, d));
         let params = AttentionParams {
             scale: 0.2,
             softcap: None,
             left: Some(90),
             right: Some(0),
         };
-        let (o, lse) = (zeros(q.shape(), dtype), zeros(&[1, hq, nq], DType::F32));
-        attention_forward(&shape, &params, &q, &k, &v, &o, &lse).unwrap();
-        let (dq, dk, dv) = (
-            zeros(q.shape(), dtype),
-            zeros(k.shape(), dtype),
-            zeros(v.shape(), dtype),
-        );
-        attention_backward(&shape, &params, &q, &k, &v, &o, &lse, &d_o, &dq, &dk, &dv).unwrap();
+        let [o, lse, dq, dk, dv] = attention_forward_backward(&shape, &params, &inputs);
+        let [q, k, v, _] = &inputs;
         let lens = zeros(&[1], DType::I32);
         lens.copy_from_slice(&[nk as i32]).unwrap();
         let q1 = q.narrow(2, 0, 2).unwrap();
         let (o1, lse1) = (zeros(q1.shape(), dtype), zeros(&[1, hq, 2], DType::F32));
         let cache = DecodeCache::Contiguous {
-            k: &k,
-            v: &v,
+            k,
+            v,
             seq_lens: &lens,
         };
         let mask = DecodeMask {

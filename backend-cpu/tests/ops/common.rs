@@ -1,7 +1,9 @@
 //! Seeded random inputs, tensor fill/read helpers and the per-dtype tolerance check.
 
 use calico_core::{DType, Element, Layout, Tensor};
-use calico_cpu::CpuDevice;
+use calico_cpu::{
+    attention_backward, attention_forward, AttentionParams, AttentionShape, CpuDevice, SeqSpan,
+};
 use half::{bf16, f16};
 
 pub const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -153,4 +155,45 @@ pub fn round_to(dtype: DType, v: f64) -> f64 {
         DType::BF16 => bf16::from_f64(v).to_f64(),
         d => panic!("no rounding for {d}"),
     }
+}
+
+/// One sequence's attention inputs, `[1, heads, n, d]` with random values: q, k, v (in
+/// [-2, 2)) and an output gradient d_o (in [-1, 1)), and the shape of the call.
+pub fn one_sequence_attention(
+    rng: &mut Rng,
+    dtype: DType,
+    (hq, hkv, nq, nk, d): (usize, usize, usize, usize, usize),
+) -> ([Tensor; 4], AttentionShape) {
+    let (q, _) = random(rng, dtype, &[1, hq, nq, d], -2.0, 2.0);
+    let (k, _) = random(rng, dtype, &[1, hkv, nk, d], -2.0, 2.0);
+    let (v, _) = random(rng, dtype, &[1, hkv, nk, d], -2.0, 2.0);
+    let (d_o, _) = random(rng, dtype, &[1, hq, nq, d], -1.0, 1.0);
+    let shape = AttentionShape {
+        seqs: vec![SeqSpan {
+            batch: 0,
+            q_start: 0,
+            q_len: nq,
+            k_start: 0,
+            k_len: nk,
+        }],
+        q_heads: hq,
+        kv_heads: hkv,
+        head_dim: d,
+    };
+    ([q, k, v, d_o], shape)
+}
+
+/// The forward, then the backward of [`one_sequence_attention`]'s inputs: o, lse, dq, dk, dv.
+pub fn attention_forward_backward(
+    shape: &AttentionShape,
+    params: &AttentionParams,
+    [q, k, v, d_o]: &[Tensor; 4],
+) -> [Tensor; 5] {
+    let zeros = |t: &Tensor| Tensor::zeros(&dev(), t.shape(), t.dtype()).unwrap();
+    let o = zeros(q);
+    let lse = Tensor::zeros(&dev(), &q.shape()[..3], DType::F32).unwrap();
+    attention_forward(shape, params, q, k, v, &o, &lse).unwrap();
+    let (dq, dk, dv) = (zeros(q), zeros(k), zeros(v));
+    attention_backward(shape, params, q, k, v, &o, &lse, d_o, &dq, &dk, &dv).unwrap();
+    [o, lse, dq, dk, dv]
 }
