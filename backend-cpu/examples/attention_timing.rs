@@ -9,23 +9,14 @@
 //! the median of `runs` calls (default 5) with the best's GFLOP/s (forward 4 N_q N_k d per
 //! head, backward 2.5x that, halved under a causal mask) or, for decode, GB/s of K and V read.
 
+mod common;
+
 use calico_core::{DType, Tensor};
 use calico_cpu::{
     attention_backward, attention_decode, attention_forward, AttentionParams, AttentionShape,
     CpuDevice, DecodeCache, DecodeMask, SeqSpan,
 };
-use std::time::Instant;
-
-/// A bf16 tensor with values in [-2, 2).
-fn filled(dev: &CpuDevice, shape: &[usize]) -> Tensor {
-    let t = Tensor::zeros(dev, shape, DType::BF16).unwrap();
-    let n: usize = shape.iter().product();
-    let vals: Vec<half::bf16> = (0..n)
-        .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 250.0 - 2.0))
-        .collect();
-    t.copy_from_slice(&vals).unwrap();
-    t
-}
+use common::{best_and_median, filled};
 
 /// A prefill shape: query heads, KV heads, sequence length (queries = keys), head dim, causal.
 struct Prefill {
@@ -52,19 +43,6 @@ impl Prefill {
             full
         }
     }
-}
-
-/// Best and median seconds of `runs` calls of `f`.
-fn time(runs: usize, mut f: impl FnMut()) -> (f64, f64) {
-    let mut s: Vec<f64> = (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .collect();
-    s.sort_by(f64::total_cmp);
-    (s[0], s[s.len() / 2])
 }
 
 fn report(name: &str, (best, median): (f64, f64), rate: f64, unit: &str) {
@@ -135,13 +113,13 @@ fn main() {
             right: p.causal.then_some(0),
         };
         let forward = || attention_forward(&shape, &params, &q, &k, &v, &o, &lse).unwrap();
-        let t = time(runs, forward);
+        let t = best_and_median(runs, forward);
         if fwd.contains(&filter) {
             report(&fwd, t, p.forward_flops(), "GFLOP/s");
         }
         if bwd.contains(&filter) {
             let [dq, dk, dv] = &grads;
-            let t = time(runs, || {
+            let t = best_and_median(runs, || {
                 attention_backward(&shape, &params, &q, &k, &v, &o, &lse, &d_o, dq, dk, dv).unwrap()
             });
             report(&bwd, t, 2.5 * p.forward_flops(), "GFLOP/s");
@@ -171,7 +149,7 @@ fn main() {
             window: None,
             softcap: None,
         };
-        let t = time(runs, || {
+        let t = best_and_median(runs, || {
             attention_decode(&q, &cache, &mask, &o, &lse).unwrap()
         });
         let kv_bytes = 2.0 * (seqs * hkv * keys * d * 2) as f64;

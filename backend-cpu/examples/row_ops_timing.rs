@@ -13,28 +13,13 @@
 //! - `copy`: the copy itself, by `memcpy` and by plain vector stores, on 1 and `threads`
 //!   threads.
 
+mod common;
+
 use calico_core::{DType, Tensor};
 use calico_cpu::CpuDevice;
+use common::{filled, seconds};
 use rayon::prelude::*;
 use std::hint::black_box;
-use std::time::Instant;
-
-fn seconds(f: impl FnOnce()) -> f64 {
-    let t = Instant::now();
-    f();
-    t.elapsed().as_secs_f64()
-}
-
-/// A bf16 tensor with values in [-2, 2).
-fn filled(dev: &CpuDevice, shape: &[usize]) -> Tensor {
-    let t = Tensor::zeros(dev, shape, DType::BF16).unwrap();
-    let n: usize = shape.iter().product();
-    let vals: Vec<half::bf16> = (0..n)
-        .map(|i| half::bf16::from_f32(((i * 7919) % 1000) as f32 / 250.0 - 2.0))
-        .collect();
-    t.copy_from_slice(&vals).unwrap();
-    t
-}
 
 /// One op: its name, bytes moved per call, and the call.
 type Case<'a> = (&'a str, f64, Box<dyn Fn() + Sync + 'a>);

@@ -147,10 +147,11 @@ enum FewRows {
 }
 
 impl FewRows {
-    fn of(b: &Mat, m: usize, k: usize) -> Option<FewRows> {
-        if m > few_rows::MAX_M {
+    fn of(a: &Mat, b: &Mat, m: usize, k: usize) -> Option<FewRows> {
+        let dot = b.row_stride == 1 || k == 1;
+        if m > few_rows::MAX_M && !(dot && few_rows::bf16_dot_takes(a.dtype, b.dtype)) {
             None
-        } else if b.row_stride == 1 || k == 1 {
+        } else if dot {
             Some(FewRows::Dot)
         } else if b.col_stride == 1 || b.cols == 1 {
             Some(FewRows::Axpy)
@@ -159,10 +160,13 @@ impl FewRows {
         }
     }
 
-    /// `acc = alpha * a @ b` (`scratch`: a panel the form may use).
+    /// `acc = alpha * a @ b` (`scratch`: a panel the form may use; `a_dtype`: the dtype `a`
+    /// was widened from).
+    #[allow(clippy::too_many_arguments)]
     fn run(
         self,
         a: &[f32],
+        a_dtype: DType,
         mnk: (usize, usize, usize),
         b: few_rows::Lines,
         alpha: f32,
@@ -170,7 +174,10 @@ impl FewRows {
         scratch: &mut Vec<f32>,
     ) {
         match self {
-            FewRows::Dot => few_rows::dot(a, mnk, b, alpha, acc, scratch),
+            FewRows::Dot => {
+                let a_is_bf16 = a_dtype == DType::BF16;
+                few_rows::dot(a, mnk, b, alpha, acc, scratch, a_is_bf16)
+            }
             FewRows::Axpy => few_rows::axpy(a, mnk, b, alpha, acc, scratch),
         }
     }
@@ -311,7 +318,7 @@ pub fn gemm(
         };
         let mut out = Output::new(d_bytes, &dm)?;
         let [mut lhs, mut rhs, mut acc] = Panels::take();
-        let few_rows = FewRows::of(&bm, m, k);
+        let few_rows = FewRows::of(&am, &bm, m, k);
         if let (Some(form), Output::Rows { rows, dtype }) = (few_rows, &mut out) {
             if batch > 1 && k > 0 && m * n.max(k) <= BATCH_TASK_F32S {
                 // Matrices of a batch one task each: splitting each small matrix over the
@@ -331,7 +338,7 @@ pub fn gemm(
                             am.load_row(a_bytes, bi, r, row);
                         }
                         let b_lines = bm.lines(b_bytes, bi, form);
-                        form.run(a, (m, n, k), b_lines, alpha, acc, scratch);
+                        form.run(a, am.dtype, (m, n, k), b_lines, alpha, acc, scratch);
                         for (r, (row, out)) in acc.chunks_exact_mut(n).zip(out_rows).enumerate() {
                             finish.row(bi, r, row, c_row);
                             store(dtype, row, out);
@@ -355,6 +362,7 @@ pub fn gemm(
                     .for_each(|(r, row)| am.load_row(a_bytes, bi, r, row));
                 form.run(
                     &lhs,
+                    am.dtype,
                     (m, n, k),
                     bm.lines(b_bytes, bi, form),
                     alpha,

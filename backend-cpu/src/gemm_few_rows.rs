@@ -8,10 +8,14 @@
 //! - axpy: B is [K, N] rows. Each B row is widened a block of N at a time and added into every
 //!   A row's block of output, scaled by A's element.
 //!
+//! With bf16 A and W on CPUs with AVX512_BF16 the dot form multiplies bf16 pairs directly
+//! (gemm_bf16_dot.rs).
+//!
 //! Work is split over N. Each output's sum runs in a fixed order (lanes over K, the lanes
 //! added in a fixed tree, K blocks in order), so results do not depend on the thread count.
 
 use crate::gemm::load_line;
+use crate::gemm_bf16_dot as bf16_dot;
 use crate::lanes::{self, W};
 use crate::simd::{vectorised_fma, MulAdd};
 use calico_core::DType;
@@ -52,6 +56,12 @@ impl Lines<'_> {
     }
 }
 
+/// Whether the dot form of A and W in these dtypes multiplies bf16 pairs directly
+/// (gemm_bf16_dot.rs), which it does at any M.
+pub(crate) fn bf16_dot_takes(a: DType, w: DType) -> bool {
+    a == DType::BF16 && w == DType::BF16 && bf16_dot::available()
+}
+
 /// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`: `a` is `m x k` row-major f32, W's row `j`
 /// is line `j` of `w` (k elements), `acc` is `m x n` row-major; `acc_t` is scratch.
 pub(crate) fn dot(
@@ -61,7 +71,11 @@ pub(crate) fn dot(
     alpha: f32,
     acc: &mut [f32],
     acc_t: &mut Vec<f32>,
+    a_is_bf16: bool,
 ) {
+    if bf16_dot_takes(if a_is_bf16 { DType::BF16 } else { DType::F32 }, w.dtype) {
+        return bf16_dot::dot(a, (m, n, k), w, alpha, acc, acc_t);
+    }
     // Each task owns DOT_TASK whole rows of the transposed result (n x m).
     acc_t.clear();
     acc_t.resize(n * m, 0.0);
@@ -75,11 +89,16 @@ pub(crate) fn dot(
                 vectorised_fma!(|M| dot_rows::<M>(a, (m, k), &w, first, scratch, out));
             },
         );
+    transpose_scaled(acc_t, (m, n), alpha, acc);
+}
+
+/// `acc[i, j] = alpha * t[j, i]`: the dot forms' `n x m` sums into the `m x n` output.
+pub(crate) fn transpose_scaled(t: &[f32], (m, n): (usize, usize), alpha: f32, acc: &mut [f32]) {
     acc.par_chunks_mut(n.max(1))
         .enumerate()
         .for_each(|(i, row)| {
             for (j, v) in row.iter_mut().enumerate() {
-                *v = alpha * acc_t[j * m + i];
+                *v = alpha * t[j * m + i];
             }
         });
 }
@@ -260,7 +279,7 @@ mod tests {
                 stride: k,
             };
             let mut got = vec![f32::NAN; m * n];
-            dot(&a, (m, n, k), w, alpha, &mut got, &mut Vec::new());
+            dot(&a, (m, n, k), w, alpha, &mut got, &mut Vec::new(), false);
             check(&got, &want, k, &format!("dot {m}x{n}x{k}"));
 
             // axpy reads B [k, n]: element (kk, j) at skip + kk * n + j.
@@ -308,7 +327,7 @@ mod tests {
                 .build()
                 .unwrap_or_else(|e| panic!("thread pool: {e}"));
             let mut out = vec![0.0f32; m * n];
-            pool.install(|| dot(&a, (m, n, k), w, 1.0, &mut out, &mut Vec::new()));
+            pool.install(|| dot(&a, (m, n, k), w, 1.0, &mut out, &mut Vec::new(), false));
             out
         };
         let one = run(1);

@@ -12,6 +12,7 @@ mod attention_decode;
 mod convert;
 mod device;
 mod gemm;
+mod gemm_bf16_dot;
 mod gemm_few_rows;
 mod key_blocks;
 mod lanes;

@@ -1,0 +1,384 @@
+//! The few-rows dot form (gemm_few_rows.rs) for bf16 A and bf16 W on x86-64 CPUs with
+//! AVX512_BF16. `vdpbf16ps` multiplies 32 bf16 pairs read straight from W's bytes and adds
+//! them into 16 f32 lanes: W is neither widened nor copied, and a block of 4 W rows x 4 A
+//! rows keeps its 16 sums in registers (8 loads per 16 instructions of 32 pairs each). On the
+//! 2-core development machine the widening form was bound by its loads and conversions
+//! (M = 16 on a 4096 x 4096 weight: a quarter of the copy bandwidth); see docs/perf-log.md.
+//!
+//! Rounding: a product of two bf16 values is exact in f32; the instruction adds a pair's two
+//! products into the lane one after the other (f32, round to nearest even) and treats
+//! subnormal inputs and results as zero (below 2^-126 in magnitude), where the widening form
+//! keeps them. Each output's sum runs in a fixed order (lanes over K, K in order, then a
+//! fixed tree over the lanes), so results do not depend on the thread count.
+
+use crate::gemm_few_rows::Lines;
+use calico_core::DType;
+use rayon::prelude::*;
+
+/// W rows (outputs) per rayon task.
+const TASK_ROWS: usize = 64;
+/// A rows per rayon task (their K block, 256 KiB, in L2).
+const TASK_COLS: usize = 256;
+/// K elements of each W row per pass over the A rows (4 rows x 1 KiB in L1).
+const K_BLOCK: usize = 512;
+/// How far ahead of its reads the first pass over a W block prefetches each W row.
+const PREFETCH_BYTES: usize = 2 * K_BLOCK;
+
+/// Whether [`dot`] runs on this CPU within the SIMD limit in force (`CALICO_CPU_SIMD`).
+pub(crate) fn available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::simd::tier() == crate::simd::Tier::Avx512
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+thread_local! {
+    /// A's rows as bf16 bits, kept by the calling thread for its next call (taken out while
+    /// in use: a thread waiting in a parallel loop may run another call's tasks).
+    static A_BITS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`, as `gemm_few_rows::dot`: `a` is `m x k`
+/// row-major and holds bf16 values (widened, so the narrowing here is exact), W's row `j` is
+/// line `j` of `w` (bf16), `acc` is `m x n` row-major, `tiles` scratch. Any M: each rayon task
+/// takes [`TASK_ROWS`] W rows against [`TASK_COLS`] A rows, and writes its own tile of
+/// `tiles`. Call only where [`available`] says so.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn dot(
+    a: &[f32],
+    (m, n, k): (usize, usize, usize),
+    w: Lines,
+    alpha: f32,
+    acc: &mut [f32],
+    tiles: &mut Vec<f32>,
+) {
+    assert!(available() && w.dtype == DType::BF16);
+    assert!(m > 0 && n > 0 && k > 0 && a.len() == m * k && acc.len() == m * n);
+    // Every W row read lies inside w.bytes (the caller checked the view fits; the raw loads
+    // below rely on it, so it is checked again here).
+    let last_end = (w.start + (n - 1) * w.stride + k) * 2;
+    assert!(w.bytes.len() >= last_end, "W rows past the tensor's bytes");
+    let mut bits = A_BITS.take();
+    bits.clear();
+    // The upper half of an f32 is the bf16 it was widened from.
+    bits.extend(a.iter().map(|x| (x.to_bits() >> 16) as u16));
+    let (n_tasks, cols) = (n.div_ceil(TASK_ROWS), m.min(TASK_COLS));
+    let tile = TASK_ROWS * cols;
+    tiles.clear();
+    tiles.resize(n_tasks * m.div_ceil(cols) * tile, 0.0);
+    let a_bits = &bits[..];
+    tiles
+        .par_chunks_mut(tile)
+        .enumerate()
+        .for_each_init(Vec::new, |sums, (task, out)| {
+            let (first_col, first_row) = (task / n_tasks * cols, task % n_tasks * TASK_ROWS);
+            let (rows, cols) = ((n - first_row).min(TASK_ROWS), (m - first_col).min(cols));
+            let a_rows = &a_bits[first_col * k..(first_col + cols) * k];
+            // SAFETY: `available()` (asserted above) detected AVX-512 F/BW and AVX512_BF16,
+            // the features `task_rows` enables; `a_rows` holds `cols` rows of k; W's rows
+            // first_row.. first_row + rows <= n lie in w.bytes (asserted above).
+            unsafe {
+                task_rows(
+                    a_rows,
+                    (cols, k),
+                    &w,
+                    first_row,
+                    &mut out[..rows * cols],
+                    sums,
+                )
+            }
+        });
+    A_BITS.set(bits);
+    // Tile (i / cols, j / TASK_ROWS) holds rows of its A columns for each of its W rows.
+    acc.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
+        let (mt, ii) = (i / cols, i % cols);
+        let width = (m - mt * cols).min(cols);
+        for (t, part) in row.chunks_mut(TASK_ROWS).enumerate() {
+            let tile = &tiles[(mt * n_tasks + t) * tile..];
+            for (jj, v) in part.iter_mut().enumerate() {
+                *v = alpha * tile[jj * width + ii];
+            }
+        }
+    });
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn dot(
+    _: &[f32],
+    _: (usize, usize, usize),
+    _: Lines,
+    _: f32,
+    _: &mut [f32],
+    _: &mut Vec<f32>,
+) {
+    unreachable!("gemm_bf16_dot::available() is false off x86-64")
+}
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::{
+    __m512, __m512bh, __m512i, _mm512_dpbf16_ps, _mm512_loadu_si512, _mm512_maskz_loadu_epi16,
+    _mm512_reduce_add_ps, _mm512_setzero_ps, _mm_prefetch, _MM_HINT_T0,
+};
+
+/// 4 W rows x 4 A rows of sums, 16 lanes each.
+#[cfg(target_arch = "x86_64")]
+type Block = [[__m512; 4]; 4];
+
+/// Outputs of W rows `first..first + out.len() / m` into `out` (row `j - first` holds the m
+/// outputs of W row `j`). Each group of 4 W rows runs over K in blocks of [`K_BLOCK`]: the
+/// block's 4 W row pieces (4 KiB) stay in L1 while every group of 4 A rows takes its turn,
+/// its 16 sums kept in `sums` between blocks (W is read from memory once).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW and AVX512_BF16; `a` holds `m` rows of `k`; W's rows up to
+/// `first + out.len() / m` lie inside `w.bytes`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn task_rows(
+    a: &[u16],
+    (m, k): (usize, usize),
+    w: &Lines,
+    first: usize,
+    out: &mut [f32],
+    sums: &mut Vec<Block>,
+) {
+    let rows = out.len() / m;
+    let w_row = |j: usize| w.bytes.as_ptr().wrapping_add((w.start + j * w.stride) * 2);
+    let a_row = |i: usize| a.as_ptr().wrapping_add(i.min(m - 1) * k) as *const u8;
+    sums.clear();
+    sums.resize(m.div_ceil(4), [[_mm512_setzero_ps(); 4]; 4]);
+    for r0 in (0..rows).step_by(4) {
+        // A short last group repeats its last row; the copies' outputs are not kept.
+        let last = rows - 1;
+        let ws = [0, 1, 2, 3].map(|i| w_row(first + (r0 + i).min(last)));
+        sums.fill([[_mm512_setzero_ps(); 4]; 4]);
+        for from in (0..k).step_by(K_BLOCK) {
+            let to = (from + K_BLOCK).min(k);
+            for (g, block) in sums.iter_mut().enumerate() {
+                let i0 = 4 * g;
+                let a4 = [0, 1, 2, 3].map(|i| a_row(i0 + i));
+                // SAFETY: the CPU has the features (this function's contract); every pointer
+                // starts a row of k elements inside its buffer (A rows clamped below m, W rows
+                // <= first + rows - 1, inside w.bytes by the contract), and from..to <= k.
+                unsafe {
+                    match (m - i0, g == 0) {
+                        // One A row reads W at the pace of memory, the hardware's prefetch
+                        // keeping up (measured: software prefetch slowed it).
+                        (1, _) => accumulate::<1, false>(block, ws, a4, from, to),
+                        (2, _) => accumulate::<2, true>(block, ws, a4, from, to),
+                        (3, _) => accumulate::<3, true>(block, ws, a4, from, to),
+                        (_, true) => accumulate::<4, true>(block, ws, a4, from, to),
+                        (_, false) => accumulate::<4, false>(block, ws, a4, from, to),
+                    }
+                }
+            }
+        }
+        for (g, block) in sums.iter().enumerate() {
+            let (i0, cols) = (4 * g, (m - 4 * g).min(4));
+            for (r, row) in block.iter().enumerate().take(rows - r0) {
+                for (c, &v) in row.iter().enumerate().take(cols) {
+                    out[(r0 + r) * m + i0 + c] = _mm512_reduce_add_ps(v);
+                }
+            }
+        }
+    }
+}
+
+/// Adds elements `from..to` of the dot products of W rows `w` with the first `C` A rows `a`
+/// into `block` (columns past `C` untouched).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW and AVX512_BF16; each pointer starts at least `to` readable bf16
+/// elements (no alignment needed).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn accumulate<const C: usize, const PREFETCH: bool>(
+    block: &mut Block,
+    w: [*const u8; 4],
+    a: [*const u8; 4],
+    from: usize,
+    to: usize,
+) {
+    // Copied into locals so that the sums live in registers for the whole block.
+    let mut acc: [[__m512; C]; 4] = [[_mm512_setzero_ps(); C]; 4];
+    for (dst, src) in acc.iter_mut().zip(block.iter()) {
+        dst.copy_from_slice(&src[..C]);
+    }
+    let full = from + (to - from) / 32 * 32;
+    let mut at = from;
+    while at < full {
+        // SAFETY: elements at..at + 32 of every row are below to (at + 32 <= full <= to).
+        unsafe { step::<C, PREFETCH>(&mut acc, &w, &a, at * 2, None) };
+        at += 32;
+    }
+    if full < to {
+        let mask = (1u32 << (to - full)) - 1;
+        // SAFETY: the mask keeps elements full..to; masked-off lanes are not read (AVX-512
+        // masked loads do not fault on them).
+        unsafe { step::<C, false>(&mut acc, &w, &a, full * 2, Some(mask)) };
+    }
+    for (dst, src) in block.iter_mut().zip(acc.iter()) {
+        dst[..C].copy_from_slice(src);
+    }
+}
+
+/// One K step of 32 elements at byte offset `byte` of every row (elements past a mask's bits
+/// read as zero).
+///
+/// # Safety
+/// The CPU has AVX-512 F/BW and AVX512_BF16; the 64 bytes at `byte` of every row (those the
+/// mask keeps, if given) are readable.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+#[inline]
+unsafe fn step<const C: usize, const PREFETCH: bool>(
+    acc: &mut [[__m512; C]; 4],
+    w: &[*const u8; 4],
+    a: &[*const u8; 4],
+    byte: usize,
+    mask: Option<u32>,
+) {
+    let load = |p: *const u8| -> __m512bh {
+        let p = p.wrapping_add(byte);
+        // SAFETY: readable by this function's contract; unaligned loads are allowed;
+        // __m512i and __m512bh are both 64 bytes of plain bits.
+        unsafe {
+            let v: __m512i = match mask {
+                None => _mm512_loadu_si512(p as *const _),
+                Some(mask) => _mm512_maskz_loadu_epi16(mask, p as *const i16),
+            };
+            std::mem::transmute::<__m512i, __m512bh>(v)
+        }
+    };
+    if PREFETCH {
+        for &p in w {
+            // A prefetch reads nothing and never faults, wherever it points.
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(byte + PREFETCH_BYTES) as *const i8);
+        }
+    }
+    let wv = [load(w[0]), load(w[1]), load(w[2]), load(w[3])];
+    let mut av = [wv[0]; C];
+    for (v, &p) in av.iter_mut().zip(a) {
+        *v = load(p);
+    }
+    for (row, &wr) in acc.iter_mut().zip(&wv) {
+        for (s, &ac) in row.iter_mut().zip(&av) {
+            *s = _mm512_dpbf16_ps(*s, wr, ac);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// bf16 values in [-1, 1) from a fixed sequence (as f32, exact).
+    fn values(len: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let v = ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                half::bf16::from_f32(v).to_f32()
+            })
+            .collect()
+    }
+
+    fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
+            .collect()
+    }
+
+    /// One product with W rows `stride` elements apart from element `skip`, into `got`.
+    fn run(
+        a: &[f32],
+        (m, n, k): (usize, usize, usize),
+        w: &[u8],
+        skip: usize,
+        stride: usize,
+    ) -> Vec<f32> {
+        let lines = Lines {
+            bytes: w,
+            dtype: DType::BF16,
+            start: skip,
+            stride,
+        };
+        let mut got = vec![f32::NAN; m * n];
+        dot(a, (m, n, k), lines, 0.5, &mut got, &mut vec![7.0; 3]);
+        got
+    }
+
+    /// Against an f64 reference, at sizes on and off every edge: K across the 32-element
+    /// steps and the K block (masked tails), N across the 4-row groups and the tasks, M
+    /// across the 4-row groups and the 256-row task columns; W rows padded and offset.
+    #[test]
+    fn matches_the_f64_product() {
+        if !available() {
+            println!("skipped: this CPU (or CALICO_CPU_SIMD) has no AVX512_BF16");
+            return;
+        }
+        let (skip, pad) = (3usize, 5usize);
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (1, 5, 31),
+            (2, 4, 32),
+            (3, 7, 33),
+            (4, 63, 511),
+            (5, 65, 513),
+            (17, 130, 1025),
+            (255, 9, 64),
+            (257, 66, 100),
+            (600, 3, 7),
+        ] {
+            let stride = k + pad;
+            let a = values(m * k, 1);
+            let w = values(skip + n * stride, 2);
+            let got = run(&a, (m, n, k), &bf16_bytes(&w), skip, stride);
+            // f32 sums of k products below 1: ~k * 2^-24 of sum |terms| <= k.
+            let tol = 4.0 * k as f64 * f64::from(f32::EPSILON);
+            for i in 0..m {
+                for j in 0..n {
+                    let want = 0.5
+                        * (0..k)
+                            .map(|kk| a[i * k + kk] as f64 * w[skip + j * stride + kk] as f64)
+                            .sum::<f64>();
+                    let g = got[i * n + j] as f64;
+                    assert!(
+                        (g - want).abs() <= tol,
+                        "{m}x{n}x{k}: ({i}, {j}) is {g}, expected {want} (tolerance {tol})"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        if !available() {
+            println!("skipped: this CPU (or CALICO_CPU_SIMD) has no AVX512_BF16");
+            return;
+        }
+        let (m, n, k) = (300, 200, 700);
+        let a = values(m * k, 5);
+        let w = bf16_bytes(&values(n * k, 6));
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap_or_else(|e| panic!("thread pool: {e}"));
+            pool.install(|| run(&a, (m, n, k), &w, 0, k))
+        };
+        let one = on(1);
+        assert!(one.iter().all(|v| v.is_finite()));
+        assert_eq!(one, on(3));
+    }
+}
