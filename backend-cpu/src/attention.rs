@@ -143,14 +143,18 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn load(&self, batch: usize, h: usize, pos: usize, dst: &mut [f32]) -> Result<()> {
-        let start = self.at(batch, h, pos);
-        let len = self.width * self.dtype.size_bytes();
-        let src = self
-            .bytes
-            .get(start..start + len)
-            .ok_or_else(|| Error::OutOfBounds("attention: a row reaches past its tensor".into()))?;
+        let src = self.row_bytes(batch, h, pos)?;
         load(self.dtype, src, &mut dst[..self.width]);
         Ok(())
+    }
+
+    /// The stored bytes of the row at position `pos` of head `h`.
+    pub(crate) fn row_bytes(&self, batch: usize, h: usize, pos: usize) -> Result<&'a [u8]> {
+        let start = self.at(batch, h, pos);
+        let len = self.width * self.dtype.size_bytes();
+        self.bytes
+            .get(start..start + len)
+            .ok_or_else(|| Error::OutOfBounds("attention: a row reaches past its tensor".into()))
     }
 
     pub(crate) fn scalar(&self, batch: usize, h: usize, pos: usize) -> Result<f32> {
@@ -177,6 +181,14 @@ impl KeyRows for HeadKeys<'_> {
 
     fn v(&self, j: usize, dst: &mut [f32]) -> Result<()> {
         self.v.load(self.batch, self.head, self.start + j, dst)
+    }
+
+    fn k_is_bf16(&self) -> bool {
+        self.k.dtype == DType::BF16
+    }
+
+    fn k_bytes(&self, j: usize) -> Result<&[u8]> {
+        self.k.row_bytes(self.batch, self.head, self.start + j)
     }
 }
 

@@ -266,12 +266,16 @@ struct Reader {
 impl Reader {
     /// Widens the row at element `at` of `bytes` (its view) into `dst`.
     fn row(&self, bytes: &[u8], at: usize, dst: &mut [f32]) -> Result<()> {
-        let esz = self.dtype.size_bytes();
-        let src = bytes.get(at * esz..(at + self.dim) * esz).ok_or_else(|| {
-            Error::OutOfBounds("attention_decode: a row lies past its tensor".into())
-        })?;
-        load(self.dtype, src, dst);
+        load(self.dtype, self.stored(bytes, at)?, dst);
         Ok(())
+    }
+
+    /// The stored bytes of the row at element `at` of `bytes` (its view).
+    fn stored<'b>(&self, bytes: &'b [u8], at: usize) -> Result<&'b [u8]> {
+        let esz = self.dtype.size_bytes();
+        bytes.get(at * esz..(at + self.dim) * esz).ok_or_else(|| {
+            Error::OutOfBounds("attention_decode: a row lies past its tensor".into())
+        })
     }
 }
 
@@ -294,6 +298,15 @@ impl KeyRows for CachedKeys<'_> {
     fn v(&self, j: usize, dst: &mut [f32]) -> Result<()> {
         let at = self.map.at(self.seq, self.head, j).1;
         self.read.row(self.bytes.1, at, dst)
+    }
+
+    fn k_is_bf16(&self) -> bool {
+        self.read.dtype == DType::BF16
+    }
+
+    fn k_bytes(&self, j: usize) -> Result<&[u8]> {
+        let at = self.map.at(self.seq, self.head, j).0;
+        self.read.stored(self.bytes.0, at)
     }
 
     /// The cache streams from memory once per item: its lines are asked for a block ahead

@@ -11,6 +11,7 @@
 //! keeps them. Each output's sum runs in a fixed order (lanes over K, K in order, then a
 //! fixed tree over the lanes), so results do not depend on the thread count.
 
+pub(crate) use crate::bf16_pairs::available;
 use crate::gemm_few_rows::Lines;
 use calico_core::DType;
 use rayon::prelude::*;
@@ -22,21 +23,6 @@ const TASK_COLS: usize = 256;
 /// K elements of each W row per pass over the A rows (4 rows x 2 KiB in L1). 512 measured
 /// the same within the machine's noise, 256 slower (M = 16 to 64: 10-25%).
 const K_BLOCK: usize = 1024;
-/// How far ahead of its reads the first pass over a W block prefetches each W row.
-const PREFETCH_BYTES: usize = 2 * K_BLOCK;
-
-/// Whether [`dot`] runs on this CPU within the SIMD limit in force (`CALICO_CPU_SIMD`).
-pub(crate) fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        crate::simd::tier() == crate::simd::Tier::Avx512
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
 
 thread_local! {
     /// A's rows as bf16 bits, kept by the calling thread for its next call (taken out while
@@ -121,14 +107,9 @@ pub(crate) fn dot(
 }
 
 #[cfg(target_arch = "x86_64")]
-use std::arch::x86_64::{
-    __m512, __m512bh, __m512i, _mm512_dpbf16_ps, _mm512_loadu_si512, _mm512_maskz_loadu_epi16,
-    _mm512_reduce_add_ps, _mm512_setzero_ps, _mm_prefetch, _MM_HINT_T0,
-};
-
-/// 4 W rows x 4 A rows of sums, 16 lanes each.
+use crate::bf16_pairs::{accumulate, sums_of, Block};
 #[cfg(target_arch = "x86_64")]
-type Block = [[__m512; 4]; 4];
+use std::arch::x86_64::_mm512_setzero_ps;
 
 /// Outputs of W rows `first..first + out.len() / m` into `out` (row `j - first` holds the m
 /// outputs of W row `j`). Each group of 4 W rows runs over K in blocks of [`K_BLOCK`]: the
@@ -181,96 +162,9 @@ unsafe fn task_rows(
         }
         for (g, block) in sums.iter().enumerate() {
             let (i0, cols) = (4 * g, (m - 4 * g).min(4));
-            for (r, row) in block.iter().enumerate().take(rows - r0) {
-                for (c, &v) in row.iter().enumerate().take(cols) {
-                    out[(r0 + r) * m + i0 + c] = _mm512_reduce_add_ps(v);
-                }
+            for (r, row) in sums_of(block).iter().enumerate().take(rows - r0) {
+                out[(r0 + r) * m + i0..][..cols].copy_from_slice(&row[..cols]);
             }
-        }
-    }
-}
-
-/// Adds elements `from..to` of the dot products of W rows `w` with the first `C` A rows `a`
-/// into `block` (columns past `C` untouched).
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW and AVX512_BF16; each pointer starts at least `to` readable bf16
-/// elements (no alignment needed).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-#[inline]
-unsafe fn accumulate<const C: usize, const PREFETCH: bool>(
-    block: &mut Block,
-    w: [*const u8; 4],
-    a: [*const u8; 4],
-    from: usize,
-    to: usize,
-) {
-    // Copied into locals so that the sums live in registers for the whole block.
-    let mut acc: [[__m512; C]; 4] = [[_mm512_setzero_ps(); C]; 4];
-    for (dst, src) in acc.iter_mut().zip(block.iter()) {
-        dst.copy_from_slice(&src[..C]);
-    }
-    let full = from + (to - from) / 32 * 32;
-    let mut at = from;
-    while at < full {
-        // SAFETY: elements at..at + 32 of every row are below to (at + 32 <= full <= to).
-        unsafe { step::<C, PREFETCH>(&mut acc, &w, &a, at * 2, None) };
-        at += 32;
-    }
-    if full < to {
-        let mask = (1u32 << (to - full)) - 1;
-        // SAFETY: the mask keeps elements full..to; masked-off lanes are not read (AVX-512
-        // masked loads do not fault on them).
-        unsafe { step::<C, false>(&mut acc, &w, &a, full * 2, Some(mask)) };
-    }
-    for (dst, src) in block.iter_mut().zip(acc.iter()) {
-        dst[..C].copy_from_slice(src);
-    }
-}
-
-/// One K step of 32 elements at byte offset `byte` of every row (elements past a mask's bits
-/// read as zero).
-///
-/// # Safety
-/// The CPU has AVX-512 F/BW and AVX512_BF16; the 64 bytes at `byte` of every row (those the
-/// mask keeps, if given) are readable.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-#[inline]
-unsafe fn step<const C: usize, const PREFETCH: bool>(
-    acc: &mut [[__m512; C]; 4],
-    w: &[*const u8; 4],
-    a: &[*const u8; 4],
-    byte: usize,
-    mask: Option<u32>,
-) {
-    let load = |p: *const u8| -> __m512bh {
-        let p = p.wrapping_add(byte);
-        // SAFETY: readable by this function's contract; unaligned loads are allowed;
-        // __m512i and __m512bh are both 64 bytes of plain bits.
-        unsafe {
-            let v: __m512i = match mask {
-                None => _mm512_loadu_si512(p as *const _),
-                Some(mask) => _mm512_maskz_loadu_epi16(mask, p as *const i16),
-            };
-            std::mem::transmute::<__m512i, __m512bh>(v)
-        }
-    };
-    if PREFETCH {
-        for &p in w {
-            // A prefetch reads nothing and never faults, wherever it points.
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(byte + PREFETCH_BYTES) as *const i8);
-        }
-    }
-    let wv = [load(w[0]), load(w[1]), load(w[2]), load(w[3])];
-    let mut av = [wv[0]; C];
-    for (v, &p) in av.iter_mut().zip(a) {
-        *v = load(p);
-    }
-    for (row, &wr) in acc.iter_mut().zip(&wv) {
-        for (s, &ac) in row.iter_mut().zip(&av) {
-            *s = _mm512_dpbf16_ps(*s, wr, ac);
         }
     }
 }

@@ -6,10 +6,11 @@
 //! polynomial exponential, and each row's running max, sum and output rescaled once per block.
 //! Every sum has a fixed order, so a result depends only on how the caller splits the keys.
 
+use crate::bf16_pairs;
 use crate::lanes::{self, W};
 use crate::math;
 use crate::simd::{vectorised_fma, MulAdd};
-use calico_core::Result;
+use calico_core::{Error, Result};
 
 /// Keys per block (their K and V rows widened together).
 pub(crate) const KEY_BLOCK: usize = 64;
@@ -25,6 +26,19 @@ pub(crate) trait KeyRows {
     /// Hints that key `j`'s rows are read soon: [`attend`] calls it a block ahead, for rows
     /// that stream from memory (decode). Nothing by default.
     fn prefetch(&self, _j: usize) {}
+
+    /// Whether K is stored in bf16 and [`KeyRows::k_bytes`] hands its rows out as stored;
+    /// then the query rows given to [`attend`] hold bf16 values too (q, k and v share a
+    /// dtype). No by default.
+    fn k_is_bf16(&self) -> bool {
+        false
+    }
+
+    /// Key `j`'s K row as stored (at least `dim` bf16 elements), where
+    /// [`KeyRows::k_is_bf16`].
+    fn k_bytes(&self, _j: usize) -> Result<&[u8]> {
+        Err(Error::unsupported("internal: K rows are not handed out"))
+    }
 }
 
 /// Adds keys to `part`, whose rows are the `ranges.len()` rows of `q` (rows x `dim`, f32): row
@@ -43,15 +57,34 @@ pub(crate) fn attend<K: KeyRows>(
         return Ok(());
     }
     let mut blocks = KeyBlocks::new(dim);
+    // bf16 K with AVX512_BF16: the scores as bf16 pair dot products straight from K's bytes
+    // (bf16_pairs.rs), K neither widened nor transposed; the query rows narrowed back (exact).
+    let pairs = keys.k_is_bf16() && bf16_pairs::available();
+    let q_bits: Vec<u16> = if pairs {
+        q.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
+    } else {
+        Vec::new()
+    };
+    let mut k_rows: Vec<&[u8]> = Vec::with_capacity(KEY_BLOCK);
     for j0 in span.step_by(KEY_BLOCK) {
         let j1 = (j0 + KEY_BLOCK).min(end);
+        k_rows.clear();
         for j in j0..j1 {
             if j + KEY_BLOCK < end {
                 keys.prefetch(j + KEY_BLOCK);
             }
-            blocks.k.load(j - j0, |dst| keys.k(j, dst))?;
+            if pairs {
+                k_rows.push(keys.k_bytes(j)?);
+            } else {
+                blocks.k.load(j - j0, |dst| keys.k(j, dst))?;
+            }
         }
-        let any = vectorised_fma!(|M| blocks.scores::<M>(q, ranges, (j0, j1), logit, part));
+        let any = if pairs {
+            blocks.pair_dots(&q_bits, &k_rows, ranges, (j0, j1));
+            vectorised_fma!(|M| blocks.fold_dots::<M>(ranges, (j0, j1), logit, part))
+        } else {
+            vectorised_fma!(|M| blocks.scores::<M>(q, ranges, (j0, j1), logit, part))
+        };
         if any {
             for j in j0..j1 {
                 let i = j - j0;
@@ -345,13 +378,14 @@ fn add_weighted_columns<M: MulAdd, const N: usize, const C: usize>(
     }
 }
 
-/// A block's widened K (rows and transposed) and V rows, and its probabilities
-/// (rows x KEY_BLOCK).
+/// A block's widened K (rows and transposed) and V rows, its probabilities
+/// (rows x KEY_BLOCK), and its dot products where bf16 pairs make them (rows x KEY_BLOCK).
 struct KeyBlocks {
     dim: usize,
     k: Widened,
     v: Vec<f32>,
     p: Vec<f32>,
+    dots: Vec<f32>,
 }
 
 impl KeyBlocks {
@@ -361,7 +395,52 @@ impl KeyBlocks {
             k: Widened::new(dim),
             v: vec![0.0; KEY_BLOCK * dim],
             p: Vec::new(),
+            dots: Vec::new(),
         }
+    }
+
+    /// The dot products of the query rows (bf16 bits) that see keys `j0..j1` with those keys'
+    /// K rows (bf16 bytes), into `dots`.
+    fn pair_dots(
+        &mut self,
+        q: &[u16],
+        k_rows: &[&[u8]],
+        ranges: &[(usize, usize)],
+        (j0, j1): (usize, usize),
+    ) {
+        let rows = ranges.len();
+        self.dots.clear();
+        self.dots.resize(rows * KEY_BLOCK, 0.0);
+        let sees = |r: usize| {
+            let (lo, hi) = block_positions(ranges[r], j0, j1);
+            lo < hi
+        };
+        let out = (&mut self.dots[..], KEY_BLOCK);
+        bf16_pairs::dots((q, rows, self.dim), k_rows, sees, out);
+    }
+
+    /// [`KeyBlocks::scores`] from the dot products in `dots`.
+    #[inline(always)]
+    fn fold_dots<M: MulAdd>(
+        &mut self,
+        ranges: &[(usize, usize)],
+        (j0, j1): (usize, usize),
+        logit: Logit,
+        part: &mut Partial,
+    ) -> bool {
+        self.p.clear();
+        self.p.resize(ranges.len() * KEY_BLOCK, 0.0);
+        let mut any = false;
+        for (r, &range) in ranges.iter().enumerate() {
+            let seen = block_positions(range, j0, j1);
+            if seen.0 < seen.1 {
+                let mut dots = [0.0f32; KEY_BLOCK];
+                dots.copy_from_slice(&self.dots[r * KEY_BLOCK..(r + 1) * KEY_BLOCK]);
+                self.fold_row::<M>(r, dots, seen, logit, part);
+                any = true;
+            }
+        }
+        any
     }
 
     /// Scores of keys `j0..j1` for every row that sees them, folded into the rows' running

@@ -9,6 +9,7 @@
 mod attention;
 mod attention_backward;
 mod attention_decode;
+mod bf16_pairs;
 mod convert;
 mod device;
 mod gemm;
