@@ -300,7 +300,9 @@ impl KeyRows for CachedKeys<'_> {
         self.read.row(self.bytes.1, at, dst)
     }
 
-    fn k_is_bf16(&self) -> bool {
+    /// A decode item's few query rows (a GQA group's) would pay a K block's transpose
+    /// alone: pair dot products at every head dim.
+    fn pair_scores(&self) -> bool {
         self.read.dtype == DType::BF16
     }
 

@@ -27,15 +27,17 @@ pub(crate) trait KeyRows {
     /// that stream from memory (decode). Nothing by default.
     fn prefetch(&self, _j: usize) {}
 
-    /// Whether K is stored in bf16 and [`KeyRows::k_bytes`] hands its rows out as stored;
-    /// then the query rows given to [`attend`] hold bf16 values too (q, k and v share a
-    /// dtype). No by default.
-    fn k_is_bf16(&self) -> bool {
+    /// Whether [`attend`] takes the scores as bf16 pair dot products of the K rows that
+    /// [`KeyRows::k_bytes`] hands out as stored (where the CPU has AVX512_BF16): only where K
+    /// is bf16, so that the query rows hold bf16 values too (q, k and v share a dtype), and
+    /// the caller finds it worth it. No by default. It must not depend on how the caller
+    /// split its rows into tasks (that follows the thread count).
+    fn pair_scores(&self) -> bool {
         false
     }
 
     /// Key `j`'s K row as stored (at least `dim` bf16 elements), where
-    /// [`KeyRows::k_is_bf16`].
+    /// [`KeyRows::pair_scores`].
     fn k_bytes(&self, _j: usize) -> Result<&[u8]> {
         Err(Error::unsupported("internal: K rows are not handed out"))
     }
@@ -59,7 +61,7 @@ pub(crate) fn attend<K: KeyRows>(
     let mut blocks = KeyBlocks::new(dim);
     // bf16 K with AVX512_BF16: the scores as bf16 pair dot products straight from K's bytes
     // (bf16_pairs.rs), K neither widened nor transposed; the query rows narrowed back (exact).
-    let pairs = keys.k_is_bf16() && bf16_pairs::available();
+    let pairs = keys.pair_scores() && bf16_pairs::available();
     let q_bits: Vec<u16> = if pairs {
         q.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
     } else {
