@@ -172,26 +172,7 @@ unsafe fn task_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// bf16 values in [-1, 1) from a fixed sequence (as f32, exact).
-    fn values(len: usize, seed: u64) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let v = ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
-                half::bf16::from_f32(v).to_f32()
-            })
-            .collect()
-    }
-
-    fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-        v.iter()
-            .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
-            .collect()
-    }
+    use crate::gemm_few_rows::tests::{bf16_bytes, values};
 
     /// One product with W rows `stride` elements apart from element `skip`, into `got`.
     fn run(

@@ -222,11 +222,11 @@ pub(crate) fn axpy(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// Values in [-1, 1) from a fixed sequence, exact in bf16.
-    fn values(len: usize, seed: u64) -> Vec<f32> {
+    pub(crate) fn values(len: usize, seed: u64) -> Vec<f32> {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         (0..len)
             .map(|_| {
@@ -238,7 +238,7 @@ mod tests {
             .collect()
     }
 
-    fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    pub(crate) fn bf16_bytes(v: &[f32]) -> Vec<u8> {
         v.iter()
             .flat_map(|&x| half::bf16::from_f32(x).to_bits().to_ne_bytes())
             .collect()
