@@ -1,11 +1,11 @@
 //! Times the CPU GEMM outside `calico bench`, for tuning on a shared machine:
 //!
 //! ```sh
-//! cargo run --release -p calico-cpu --example gemm_timing -- [filter] [runs]
+//! cargo run --release -p calico-cpu --example gemm_timing -- [filter] [runs] [kn]
 //! ```
 //!
-//! bf16 A [M, K] times a bf16 weight W [N, K] transposed (torch Linear), bf16 out; the whole
-//! call timed on the host. Prints the best and the median of `runs` calls (default 5), the
+//! bf16 A [M, K] times a bf16 weight W [N, K] transposed (torch Linear), or with `kn` a bf16
+//! B [K, N] as it is, bf16 out; the whole call timed on the host. Prints the best and the median of `runs` calls (default 5), the
 //! best's GFLOP/s and the weight bytes read per second (what bounds decode shapes).
 
 mod common;
@@ -18,6 +18,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let filter = args.first().cloned().unwrap_or_default();
     let runs = args.get(1).and_then(|r| r.parse().ok()).unwrap_or(5);
+    let rows_of_b = args.get(2).is_some_and(|l| l == "kn");
     let dev = CpuDevice::new();
     let shapes: &[(usize, usize, usize)] = &[
         (1, 4096, 4096),
@@ -40,8 +41,11 @@ fn main() {
             continue;
         }
         let a = filled(&dev, &[m, k]);
-        let w = filled(&dev, &[n, k]);
-        let wt = w.transpose(0, 1).unwrap();
+        let wt = if rows_of_b {
+            filled(&dev, &[k, n])
+        } else {
+            filled(&dev, &[n, k]).transpose(0, 1).unwrap()
+        };
         let d = Tensor::zeros(&dev, &[m, n], DType::BF16).unwrap();
         let call = || gemm(&a, &wt, None, &d, 1.0, 0.0, Epilogue::None, None).unwrap();
         call();

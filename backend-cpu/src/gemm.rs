@@ -149,11 +149,12 @@ enum FewRows {
 impl FewRows {
     fn of(a: &Mat, b: &Mat, m: usize, k: usize) -> Option<FewRows> {
         let dot = b.row_stride == 1 || k == 1;
-        if m > few_rows::MAX_M && !(dot && few_rows::bf16_dot_takes(a.dtype, b.dtype)) {
+        let rows = b.col_stride == 1 || b.cols == 1;
+        if m > few_rows::MAX_M && !((dot || rows) && few_rows::bf16_dot_takes(a.dtype, b.dtype)) {
             None
         } else if dot {
             Some(FewRows::Dot)
-        } else if b.col_stride == 1 || b.cols == 1 {
+        } else if rows {
             Some(FewRows::Axpy)
         } else {
             None
@@ -178,7 +179,10 @@ impl FewRows {
                 let a_is_bf16 = a_dtype == DType::BF16;
                 few_rows::dot(a, mnk, b, alpha, acc, scratch, a_is_bf16)
             }
-            FewRows::Axpy => few_rows::axpy(a, mnk, b, alpha, acc, scratch),
+            FewRows::Axpy => {
+                let a_is_bf16 = a_dtype == DType::BF16;
+                few_rows::axpy(a, mnk, b, alpha, acc, scratch, a_is_bf16)
+            }
         }
     }
 }

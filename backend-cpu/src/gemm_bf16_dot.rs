@@ -27,7 +27,17 @@ const K_BLOCK: usize = 1024;
 thread_local! {
     /// A's rows as bf16 bits, kept by the calling thread for its next call (taken out while
     /// in use: a thread waiting in a parallel loop may run another call's tasks).
-    static A_BITS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
+    pub(crate) static A_BITS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `a`'s values as bf16 bits (exact where they were widened from bf16), in the calling
+/// thread's kept buffer: give it back with `A_BITS.set`.
+pub(crate) fn narrowed(a: &[f32]) -> Vec<u16> {
+    let mut bits = A_BITS.take();
+    bits.clear();
+    // The upper half of an f32 is the bf16 it was widened from.
+    bits.extend(a.iter().map(|x| (x.to_bits() >> 16) as u16));
+    bits
 }
 
 /// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`, as `gemm_few_rows::dot`: `a` is `m x k`
@@ -50,10 +60,7 @@ pub(crate) fn dot(
     // below rely on it, so it is checked again here).
     let last_end = (w.start + (n - 1) * w.stride + k) * 2;
     assert!(w.bytes.len() >= last_end, "W rows past the tensor's bytes");
-    let mut bits = A_BITS.take();
-    bits.clear();
-    // The upper half of an f32 is the bf16 it was widened from.
-    bits.extend(a.iter().map(|x| (x.to_bits() >> 16) as u16));
+    let bits = narrowed(a);
     let (n_tasks, cols) = (n.div_ceil(TASK_ROWS), m.min(TASK_COLS));
     let tile = TASK_ROWS * cols;
     tiles.clear();

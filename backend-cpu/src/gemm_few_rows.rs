@@ -56,8 +56,8 @@ impl Lines<'_> {
     }
 }
 
-/// Whether the dot form of A and W in these dtypes multiplies bf16 pairs directly
-/// (gemm_bf16_dot.rs), which it does at any M.
+/// Whether both forms of A and B in these dtypes multiply bf16 pairs directly
+/// (gemm_bf16_dot.rs, gemm_bf16_axpy.rs), which they do at any M.
 pub(crate) fn bf16_dot_takes(a: DType, w: DType) -> bool {
     a == DType::BF16 && w == DType::BF16 && bf16_dot::available()
 }
@@ -183,7 +183,11 @@ pub(crate) fn axpy(
     alpha: f32,
     acc: &mut [f32],
     blocks: &mut Vec<f32>,
+    a_is_bf16: bool,
 ) {
+    if bf16_dot_takes(if a_is_bf16 { DType::BF16 } else { DType::F32 }, b.dtype) {
+        return crate::gemm_bf16_axpy::axpy(a, (m, n, k), b, alpha, acc, blocks);
+    }
     // Task t computes the m x cols block of columns t * AXPY_TASK.., stored block after block.
     blocks.clear();
     blocks.resize(m * n, 0.0);
@@ -294,7 +298,15 @@ pub(crate) mod tests {
             }
             let rows = Lines { stride: n, ..w };
             let mut got = vec![f32::NAN; m * n];
-            axpy(&a, (m, n, k), rows, alpha, &mut got, &mut vec![1.0; 3]);
+            axpy(
+                &a,
+                (m, n, k),
+                rows,
+                alpha,
+                &mut got,
+                &mut vec![1.0; 3],
+                false,
+            );
             check(&got, &want_t, k, &format!("axpy {m}x{n}x{k}"));
         }
     }
