@@ -216,7 +216,9 @@ fn as_pairs(v: __m512i) -> __m512bh {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm_few_rows::tests::{bf16_bytes, values};
+    use crate::gemm_few_rows::tests::{
+        assert_product, assert_same_at_thread_counts, bf16_bytes, bf16_pairs_here, values,
+    };
 
     /// One product with B rows `stride` elements apart from element `skip`.
     fn run(
@@ -242,8 +244,7 @@ mod tests {
     /// (masked); M across the 4-row groups and the 256-row tasks; B rows padded and offset.
     #[test]
     fn matches_the_f64_product() {
-        if !crate::bf16_pairs::available() {
-            println!("skipped: this CPU (or CALICO_CPU_SIMD) has no AVX512_BF16");
+        if !bf16_pairs_here() {
             return;
         }
         let (skip, pad) = (3usize, 5usize);
@@ -263,41 +264,18 @@ mod tests {
             let a = values(m * k, 3);
             let b = values(skip + k * stride, 4);
             let got = run(&a, (m, n, k), &bf16_bytes(&b), skip, stride);
-            let tol = 4.0 * k as f64 * f64::from(f32::EPSILON);
-            for i in 0..m {
-                for j in 0..n {
-                    let want = 0.5
-                        * (0..k)
-                            .map(|kk| a[i * k + kk] as f64 * b[skip + kk * stride + j] as f64)
-                            .sum::<f64>();
-                    let g = got[i * n + j] as f64;
-                    assert!(
-                        (g - want).abs() <= tol,
-                        "{m}x{n}x{k}: ({i}, {j}) is {g}, expected {want} (tolerance {tol})"
-                    );
-                }
-            }
+            assert_product(&got, &a, (m, n, k), 0.5, |kk, j| b[skip + kk * stride + j]);
         }
     }
 
     #[test]
     fn results_do_not_depend_on_the_thread_count() {
-        if !crate::bf16_pairs::available() {
-            println!("skipped: this CPU (or CALICO_CPU_SIMD) has no AVX512_BF16");
+        if !bf16_pairs_here() {
             return;
         }
         let (m, n, k) = (300, 200, 701);
         let a = values(m * k, 7);
         let b = bf16_bytes(&values(k * n, 8));
-        let on = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap_or_else(|e| panic!("thread pool: {e}"));
-            pool.install(|| run(&a, (m, n, k), &b, 0, n))
-        };
-        let one = on(1);
-        assert!(one.iter().all(|v| v.is_finite()));
-        assert_eq!(one, on(3));
+        assert_same_at_thread_counts(|| run(&a, (m, n, k), &b, 0, n));
     }
 }

@@ -179,9 +179,11 @@ unsafe fn task_rows(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gemm_few_rows::tests::{bf16_bytes, values};
+    use crate::gemm_few_rows::tests::{
+        assert_product, assert_same_at_thread_counts, bf16_bytes, bf16_pairs_here, values,
+    };
 
-    /// One product with W rows `stride` elements apart from element `skip`, into `got`.
+    /// One product with W rows `stride` elements apart from element `skip`.
     fn run(
         a: &[f32],
         (m, n, k): (usize, usize, usize),
@@ -205,8 +207,7 @@ mod tests {
     /// across the 4-row groups and the 256-row task columns; W rows padded and offset.
     #[test]
     fn matches_the_f64_product() {
-        if !available() {
-            println!("skipped: this CPU (or CALICO_CPU_SIMD) has no AVX512_BF16");
+        if !bf16_pairs_here() {
             return;
         }
         let (skip, pad) = (3usize, 5usize);
@@ -226,42 +227,18 @@ mod tests {
             let a = values(m * k, 1);
             let w = values(skip + n * stride, 2);
             let got = run(&a, (m, n, k), &bf16_bytes(&w), skip, stride);
-            // f32 sums of k products below 1: ~k * 2^-24 of sum |terms| <= k.
-            let tol = 4.0 * k as f64 * f64::from(f32::EPSILON);
-            for i in 0..m {
-                for j in 0..n {
-                    let want = 0.5
-                        * (0..k)
-                            .map(|kk| a[i * k + kk] as f64 * w[skip + j * stride + kk] as f64)
-                            .sum::<f64>();
-                    let g = got[i * n + j] as f64;
-                    assert!(
-                        (g - want).abs() <= tol,
-                        "{m}x{n}x{k}: ({i}, {j}) is {g}, expected {want} (tolerance {tol})"
-                    );
-                }
-            }
+            assert_product(&got, &a, (m, n, k), 0.5, |kk, j| w[skip + j * stride + kk]);
         }
     }
 
     #[test]
     fn results_do_not_depend_on_the_thread_count() {
-        if !available() {
-            println!("skipped: this CPU (or CALICO_CPU_SIMD) has no AVX512_BF16");
+        if !bf16_pairs_here() {
             return;
         }
         let (m, n, k) = (300, 200, 700);
         let a = values(m * k, 5);
         let w = bf16_bytes(&values(n * k, 6));
-        let on = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap_or_else(|e| panic!("thread pool: {e}"));
-            pool.install(|| run(&a, (m, n, k), &w, 0, k))
-        };
-        let one = on(1);
-        assert!(one.iter().all(|v| v.is_finite()));
-        assert_eq!(one, on(3));
+        assert_same_at_thread_counts(|| run(&a, (m, n, k), &w, 0, k));
     }
 }

@@ -264,18 +264,9 @@ pub(crate) mod tests {
         ] {
             let a = values(m * k, 1);
             let b = values(n * k + skip, 2);
-            let mut want = vec![0.0f64; m * n];
+            let bytes = bf16_bytes(&b);
             // W [n, k] with rows `k + 0` apart (dot), the same numbers read as B [k, n] rows
             // (axpy) with a 3-element offset.
-            for i in 0..m {
-                for j in 0..n {
-                    want[i * n + j] = alpha as f64
-                        * (0..k)
-                            .map(|kk| a[i * k + kk] as f64 * b[skip + j * k + kk] as f64)
-                            .sum::<f64>();
-                }
-            }
-            let bytes = bf16_bytes(&b);
             let w = Lines {
                 bytes: &bytes,
                 dtype: DType::BF16,
@@ -284,42 +275,70 @@ pub(crate) mod tests {
             };
             let mut got = vec![f32::NAN; m * n];
             dot(&a, (m, n, k), w, alpha, &mut got, &mut Vec::new(), false);
-            check(&got, &want, k, &format!("dot {m}x{n}x{k}"));
+            assert_product(&got, &a, (m, n, k), alpha as f64, |kk, j| {
+                b[skip + j * k + kk]
+            });
 
-            // axpy reads B [k, n]: element (kk, j) at skip + kk * n + j.
-            let mut want_t = vec![0.0f64; m * n];
-            for i in 0..m {
-                for j in 0..n {
-                    want_t[i * n + j] = alpha as f64
-                        * (0..k)
-                            .map(|kk| a[i * k + kk] as f64 * b[skip + kk * n + j] as f64)
-                            .sum::<f64>();
-                }
-            }
             let rows = Lines { stride: n, ..w };
             let mut got = vec![f32::NAN; m * n];
-            axpy(
-                &a,
-                (m, n, k),
-                rows,
-                alpha,
-                &mut got,
-                &mut vec![1.0; 3],
-                false,
-            );
-            check(&got, &want_t, k, &format!("axpy {m}x{n}x{k}"));
+            let scratch = &mut vec![1.0; 3];
+            axpy(&a, (m, n, k), rows, alpha, &mut got, scratch, false);
+            assert_product(&got, &a, (m, n, k), alpha as f64, |kk, j| {
+                b[skip + kk * n + j]
+            });
         }
     }
 
-    fn check(got: &[f32], want: &[f64], k: usize, what: &str) {
-        // f32 sums of k products of values below 1: ~k * 2^-24 relative to sum |terms| <= k.
-        let tol = 4.0 * k as f64 * f64::from(f32::EPSILON);
-        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-            assert!(
-                (g as f64 - w).abs() <= tol,
-                "{what}: element {i} is {g}, expected {w} (tolerance {tol})"
-            );
+    /// f32 sums of k products of values below 1: ~k * 2^-24 of sum |terms| <= k.
+    fn product_tolerance(k: usize) -> f64 {
+        4.0 * k as f64 * f64::from(f32::EPSILON)
+    }
+
+    /// Asserts that `got` (m x n, row-major) is `alpha * sum_k a[i, k] * b(k, j)` within f32
+    /// rounding, `a` being m x k row-major.
+    pub(crate) fn assert_product(
+        got: &[f32],
+        a: &[f32],
+        (m, n, k): (usize, usize, usize),
+        alpha: f64,
+        b: impl Fn(usize, usize) -> f32,
+    ) {
+        let tol = product_tolerance(k);
+        for i in 0..m {
+            for j in 0..n {
+                let sum: f64 = (0..k)
+                    .map(|kk| a[i * k + kk] as f64 * b(kk, j) as f64)
+                    .sum();
+                let (g, want) = (got[i * n + j] as f64, alpha * sum);
+                assert!(
+                    (g - want).abs() <= tol,
+                    "{m}x{n}x{k}: ({i}, {j}) is {g}, expected {want} (tolerance {tol})"
+                );
+            }
         }
+    }
+
+    /// `run` in pools of 1 and 3 threads gives finite values and the same bits.
+    pub(crate) fn assert_same_at_thread_counts(run: impl Fn() -> Vec<f32> + Send + Sync) {
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap_or_else(|e| panic!("thread pool: {e}"));
+            pool.install(&run)
+        };
+        let one = on(1);
+        assert!(one.iter().all(|v| v.is_finite()));
+        assert_eq!(one, on(3));
+    }
+
+    /// Whether the bf16 pair forms run here; says so when they do not.
+    pub(crate) fn bf16_pairs_here() -> bool {
+        let here = crate::bf16_pairs::available();
+        if !here {
+            println!("skipped: this CPU (or CALICO_CPU_SIMD) has no AVX512_BF16");
+        }
+        here
     }
 
     #[test]
@@ -333,17 +352,10 @@ pub(crate) mod tests {
             start: 0,
             stride: k,
         };
-        let run = |threads: usize| {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap_or_else(|e| panic!("thread pool: {e}"));
+        assert_same_at_thread_counts(|| {
             let mut out = vec![0.0f32; m * n];
-            pool.install(|| dot(&a, (m, n, k), w, 1.0, &mut out, &mut Vec::new(), false));
+            dot(&a, (m, n, k), w, 1.0, &mut out, &mut Vec::new(), false);
             out
-        };
-        let one = run(1);
-        assert!(one.iter().all(|v| v.is_finite()));
-        assert_eq!(one, run(3));
+        });
     }
 }
