@@ -140,15 +140,13 @@ unsafe fn step<const C: usize, const PREFETCH: bool>(
 ) {
     let load = |p: *const u8| -> __m512bh {
         let p = p.wrapping_add(byte);
-        // SAFETY: readable by this function's contract; unaligned loads are allowed;
-        // __m512i and __m512bh are both 64 bytes of plain bits.
-        unsafe {
-            let v: __m512i = match mask {
+        // SAFETY: readable by this function's contract; unaligned loads are allowed.
+        as_pairs(unsafe {
+            match mask {
                 None => _mm512_loadu_si512(p as *const _),
                 Some(mask) => _mm512_maskz_loadu_epi16(mask, p as *const i16),
-            };
-            std::mem::transmute::<__m512i, __m512bh>(v)
-        }
+            }
+        })
     };
     if PREFETCH {
         for &p in w {
@@ -245,4 +243,12 @@ unsafe fn dots_x86(
             }
         }
     }
+}
+
+/// The same 64 bytes read as 32 bf16 values.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn as_pairs(v: __m512i) -> __m512bh {
+    // SAFETY: both types are 64 bytes of plain bits with no invalid patterns.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
 }

@@ -8,6 +8,8 @@
 //! Rounding as in bf16_pairs.rs (pairs of exact products added in turn, subnormals flushed).
 //! Each output sums its K pairs in order, so results do not depend on the thread count.
 
+#[cfg(target_arch = "x86_64")]
+use crate::bf16_pairs::as_pairs;
 use crate::gemm_bf16_dot::{narrowed, A_BITS};
 use crate::gemm_few_rows::Lines;
 use calico_core::DType;
@@ -203,14 +205,6 @@ fn interleave_index(first: usize) -> __m512i {
     let e: [u16; 32] = std::array::from_fn(|e| (first + e / 2 + 32 * (e % 2)) as u16);
     // SAFETY: 32 u16 are 64 bytes of plain bits, as __m512i is.
     unsafe { std::mem::transmute::<[u16; 32], __m512i>(e) }
-}
-
-/// The same 64 bytes read as 32 bf16 values.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn as_pairs(v: __m512i) -> __m512bh {
-    // SAFETY: both types are 64 bytes of plain bits with no invalid patterns.
-    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
 }
 
 #[cfg(test)]
