@@ -148,6 +148,11 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// The dtype the rows are stored in.
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// The stored bytes of the row at position `pos` of head `h`.
     pub(crate) fn row_bytes(&self, batch: usize, h: usize, pos: usize) -> Result<&'a [u8]> {
         let start = self.at(batch, h, pos);

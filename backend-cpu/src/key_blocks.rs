@@ -197,6 +197,16 @@ impl Widened {
         }
     }
 
+    /// Row `i`, widened by `fill`, without its column of `t` (for callers that take their
+    /// dot products elsewhere: bf16 pairs).
+    pub(crate) fn load_row(
+        &mut self,
+        i: usize,
+        fill: impl FnOnce(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        fill(&mut self.rows[i * self.dim..(i + 1) * self.dim])
+    }
+
     /// Row `i`, widened by `fill`, and its column of `t`.
     pub(crate) fn load(
         &mut self,
