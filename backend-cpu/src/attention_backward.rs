@@ -200,7 +200,6 @@ fn dq_task(
     let logit = params.logit();
     let mut pairs = PairScores::new(ops.k.dtype(), d, [&q, &d_o]);
     for (j0, j1) in blocks(&ranges) {
-        pairs.clear();
         for j in j0..j1 {
             let pos = span.k_start + j;
             if let Some(p) = pairs.as_mut() {
@@ -213,22 +212,16 @@ fn dq_task(
             }
         }
         let seen = |r: usize| block_positions(ranges[r], j0, j1);
-        pairs.dots(n, d, |r| seen(r).0 < seen(r).1);
+        if let Some(p) = pairs.as_mut() {
+            p.dots(n, d, |r| seen(r).0 < seen(r).1);
+        }
         vectorised_fma!(|M| {
             for (r, g) in grads.iter_mut().enumerate() {
                 let rows = r * d..(r + 1) * d;
                 let stats = |_| row_stats[r];
-                sees[r] = match pairs.as_ref() {
-                    Some(p) => {
-                        let (s, dp) = p.row(r);
-                        block_gradients_of::<M>(logit, s, dp, stats, seen(r), g)
-                    }
-                    None => {
-                        let (q, d_o) = (&q[rows.clone()], &d_o[rows]);
-                        let (a, b) = ((q, &k.t[..]), (d_o, &v.t[..]));
-                        block_gradients::<M>(logit, a, b, stats, seen(r), g)
-                    }
-                };
+                let dots = pairs.as_ref().map(|p| p.row(r));
+                let (a, b) = ((&q[rows.clone()], &k.t[..]), (&d_o[rows], &v.t[..]));
+                sees[r] = block_gradients::<M>(logit, dots, a, b, stats, seen(r), g);
             }
             let ds = |r: usize| &grads[r].ds[..j1 - j0];
             add_weighted_rows_paired::<M>(n, |r| sees[r], ds, &k.rows, &mut dq);
@@ -270,7 +263,6 @@ fn dkv_task(
     let mut pairs = PairScores::new(ops.q.dtype(), d, [&k, &v]);
     for head in task.head * group..(task.head + 1) * group {
         for (i0, i1) in blocks(&ranges) {
-            pairs.clear();
             for i in i0..i1 {
                 let pos = span.q_start + i;
                 if let Some(p) = pairs.as_mut() {
@@ -285,22 +277,16 @@ fn dkv_task(
                 block_stats[i - i0] = stats.get(shape, task.seq, head, i);
             }
             let seen = |r: usize| block_positions(ranges[r], i0, i1);
-            pairs.dots(n, d, |r| seen(r).0 < seen(r).1);
+            if let Some(p) = pairs.as_mut() {
+                p.dots(n, d, |r| seen(r).0 < seen(r).1);
+            }
             vectorised_fma!(|M| {
                 for (r, g) in grads.iter_mut().enumerate() {
                     let rows = r * d..(r + 1) * d;
                     let stats = |i| block_stats[i];
-                    sees[r] = match pairs.as_ref() {
-                        Some(p) => {
-                            let (s, dp) = p.row(r);
-                            block_gradients_of::<M>(logit, s, dp, stats, seen(r), g)
-                        }
-                        None => {
-                            let (k, v) = (&k[rows.clone()], &v[rows]);
-                            let (a, b) = ((k, &q.t[..]), (v, &d_o.t[..]));
-                            block_gradients::<M>(logit, a, b, stats, seen(r), g)
-                        }
-                    };
+                    let dots = pairs.as_ref().map(|p| p.row(r));
+                    let (a, b) = ((&k[rows.clone()], &q.t[..]), (&v[rows], &d_o.t[..]));
+                    sees[r] = block_gradients::<M>(logit, dots, a, b, stats, seen(r), g);
                 }
                 let p = |r: usize| &grads[r].p[..i1 - i0];
                 add_weighted_rows_paired::<M>(n, |r| sees[r], p, &d_o.rows, &mut dv);
@@ -332,7 +318,7 @@ impl<'a> PairScores<'a> {
     fn new(dtype: DType, d: usize, own: [&[f32]; 2]) -> Option<PairScores<'a>> {
         let take = dtype == DType::BF16 && d >= 64 && bf16_pairs::available();
         take.then(|| PairScores {
-            own: own.map(|rows| rows.iter().map(|x| (x.to_bits() >> 16) as u16).collect()),
+            own: own.map(|rows| bf16_pairs::bf16_bits(rows).collect()),
             other: [Vec::with_capacity(KEY_BLOCK), Vec::with_capacity(KEY_BLOCK)],
             dots: [Vec::new(), Vec::new()],
         })
@@ -347,30 +333,16 @@ impl<'a> PairScores<'a> {
         };
         (block(0), block(1))
     }
-}
 
-/// What [`PairScores`] does per block, on its `Option` (nothing where the pairs are not taken).
-trait BlockPairs {
-    fn clear(&mut self);
-    fn dots(&mut self, n: usize, d: usize, wanted: impl Fn(usize) -> bool + Copy);
-}
-
-impl BlockPairs for Option<PairScores<'_>> {
-    fn clear(&mut self) {
-        if let Some(p) = self {
-            p.other.iter_mut().for_each(Vec::clear);
-        }
-    }
-
-    /// The block's dot products of the rows that see it.
+    /// The block's dot products of the rows that see it, from the other rows pushed for the
+    /// block; leaves `other` empty for the next block.
     fn dots(&mut self, n: usize, d: usize, wanted: impl Fn(usize) -> bool + Copy) {
-        if let Some(p) = self {
-            for i in 0..2 {
-                p.dots[i].clear();
-                p.dots[i].resize(n * KEY_BLOCK, 0.0);
-                let out = (&mut p.dots[i][..], KEY_BLOCK);
-                bf16_pairs::dots((&p.own[i], n, d), &p.other[i], wanted, out);
-            }
+        for i in 0..2 {
+            self.dots[i].clear();
+            self.dots[i].resize(n * KEY_BLOCK, 0.0);
+            let out = (&mut self.dots[i][..], KEY_BLOCK);
+            bf16_pairs::dots((&self.own[i], n, d), &self.other[i], wanted, out);
+            self.other[i].clear();
         }
     }
 }
@@ -404,9 +376,12 @@ fn block_gradient_rows(n: usize) -> (Vec<BlockGradients>, Vec<bool>) {
 /// gradients `dS = P (dO . v - delta) ds/dx` at the block positions `seen` into `g`, zero
 /// elsewhere and where the query row saw no key (LSE -inf). Returns false (`g` untouched)
 /// when `seen` is empty. `stats(i)` is the query row's statistics at block position `i`.
+/// `dots`: the row's a . a_t and b . b_t where taken elsewhere (bf16 pairs: `a_t` and `b_t`
+/// are then not read), else computed here.
 #[inline(always)]
 fn block_gradients<M: MulAdd>(
     logit: Logit,
+    dots: Option<([f32; KEY_BLOCK], [f32; KEY_BLOCK])>,
     (a, a_t): (&[f32], &[f32]),
     (b, b_t): (&[f32], &[f32]),
     stats: impl Fn(usize) -> RowStats,
@@ -416,23 +391,7 @@ fn block_gradients<M: MulAdd>(
     if seen.0 >= seen.1 {
         return false;
     }
-    let (s, dp) = block_dots_pair::<M>((a, a_t), (b, b_t));
-    block_gradients_of::<M>(logit, s, dp, stats, seen, g)
-}
-
-/// [`block_gradients`] from the row's dot products `s` (a . a_t) and `dp` (b . b_t).
-#[inline(always)]
-fn block_gradients_of<M: MulAdd>(
-    logit: Logit,
-    mut s: [f32; KEY_BLOCK],
-    dp: [f32; KEY_BLOCK],
-    stats: impl Fn(usize) -> RowStats,
-    seen: (usize, usize),
-    g: &mut BlockGradients,
-) -> bool {
-    if seen.0 >= seen.1 {
-        return false;
-    }
+    let (mut s, dp) = dots.unwrap_or_else(|| block_dots_pair::<M>((a, a_t), (b, b_t)));
     let mut slope = [0.0f32; KEY_BLOCK];
     logit.apply_with_slope(&mut s, &mut slope);
     for i in 0..KEY_BLOCK {

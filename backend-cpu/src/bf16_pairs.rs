@@ -31,6 +31,28 @@ pub(crate) fn available() -> bool {
     }
 }
 
+/// The bf16 bits of values widened from bf16 (exact: the upper half of each f32).
+pub(crate) fn bf16_bits(x: &[f32]) -> impl Iterator<Item = u16> + '_ {
+    x.iter().map(|v| (v.to_bits() >> 16) as u16)
+}
+
+thread_local! {
+    /// Rows narrowed by [`with_bf16_bits`], kept by the calling thread for its next call.
+    static BITS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Calls `f` with [`bf16_bits`] of `x` in a buffer the calling thread keeps between calls.
+/// The buffer is taken out while `f` runs: a thread waiting in a parallel loop inside `f` may
+/// run another call's tasks, which then start from an empty buffer.
+pub(crate) fn with_bf16_bits<R>(x: &[f32], f: impl FnOnce(&[u16]) -> R) -> R {
+    let mut bits = BITS.take();
+    bits.clear();
+    bits.extend(bf16_bits(x));
+    let out = f(&bits);
+    BITS.set(bits);
+    out
+}
+
 /// 4 W rows x 4 A rows of sums, 16 lanes each.
 #[cfg(target_arch = "x86_64")]
 pub(crate) type Block = [[__m512; 4]; 4];

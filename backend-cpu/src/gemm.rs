@@ -7,6 +7,7 @@ use crate::gemm_few_rows as few_rows;
 use crate::math;
 use crate::rows::{carve_rows, rows_of};
 use crate::views::with_views;
+use crate::{gemm_bf16_axpy, gemm_bf16_dot};
 use calico_core::{DType, Epilogue, Error, Result, Tensor};
 use rayon::prelude::*;
 
@@ -146,11 +147,17 @@ enum FewRows {
     Axpy,
 }
 
+/// Whether both few-rows forms of A and B in these dtypes multiply bf16 pairs directly
+/// (gemm_bf16_dot.rs, gemm_bf16_axpy.rs), which they do at any M.
+fn pairs_take(a: DType, b: DType) -> bool {
+    a == DType::BF16 && b == DType::BF16 && crate::bf16_pairs::available()
+}
+
 impl FewRows {
     fn of(a: &Mat, b: &Mat, m: usize, k: usize) -> Option<FewRows> {
         let dot = b.row_stride == 1 || k == 1;
         let rows = b.col_stride == 1 || b.cols == 1;
-        if m > few_rows::MAX_M && !((dot || rows) && few_rows::bf16_dot_takes(a.dtype, b.dtype)) {
+        if m > few_rows::MAX_M && !((dot || rows) && pairs_take(a.dtype, b.dtype)) {
             None
         } else if dot {
             Some(FewRows::Dot)
@@ -162,7 +169,7 @@ impl FewRows {
     }
 
     /// `acc = alpha * a @ b` (`scratch`: a panel the form may use; `a_dtype`: the dtype `a`
-    /// was widened from).
+    /// was widened from), on bf16 pairs where [`pairs_take`].
     #[allow(clippy::too_many_arguments)]
     fn run(
         self,
@@ -174,15 +181,11 @@ impl FewRows {
         acc: &mut [f32],
         scratch: &mut Vec<f32>,
     ) {
-        match self {
-            FewRows::Dot => {
-                let a_is_bf16 = a_dtype == DType::BF16;
-                few_rows::dot(a, mnk, b, alpha, acc, scratch, a_is_bf16)
-            }
-            FewRows::Axpy => {
-                let a_is_bf16 = a_dtype == DType::BF16;
-                few_rows::axpy(a, mnk, b, alpha, acc, scratch, a_is_bf16)
-            }
+        match (self, pairs_take(a_dtype, b.dtype)) {
+            (FewRows::Dot, false) => few_rows::dot(a, mnk, b, alpha, acc, scratch),
+            (FewRows::Axpy, false) => few_rows::axpy(a, mnk, b, alpha, acc, scratch),
+            (FewRows::Dot, true) => gemm_bf16_dot::dot(a, mnk, b, alpha, acc, scratch),
+            (FewRows::Axpy, true) => gemm_bf16_axpy::axpy(a, mnk, b, alpha, acc, scratch),
         }
     }
 }

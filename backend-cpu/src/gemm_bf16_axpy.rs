@@ -10,7 +10,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use crate::bf16_pairs::as_pairs;
-use crate::gemm_bf16_dot::{narrowed, A_BITS};
+use crate::bf16_pairs::with_bf16_bits;
 use crate::gemm_few_rows::Lines;
 use calico_core::DType;
 use rayon::prelude::*;
@@ -40,30 +40,29 @@ pub(crate) fn axpy(
     // below rely on it, so it is checked again here).
     let last_end = (b.start + (k - 1) * b.stride + n) * 2;
     assert!(b.bytes.len() >= last_end, "B rows past the tensor's bytes");
-    let bits = narrowed(a);
     let (n_tasks, rows) = (n.div_ceil(TASK_COLS), m.min(TASK_ROWS));
     let tile = rows * TASK_COLS;
     tiles.clear();
     tiles.resize(n_tasks * m.div_ceil(rows) * tile, 0.0);
-    let a_bits = &bits[..];
-    tiles
-        .par_chunks_mut(tile)
-        .enumerate()
-        .for_each(|(task, out)| {
-            let (first_row, first_col) = (task / n_tasks * rows, task % n_tasks * TASK_COLS);
-            let (rows, cols) = ((m - first_row).min(rows), (n - first_col).min(TASK_COLS));
-            let a_rows = &a_bits[first_row * k..(first_row + rows) * k];
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `available()` (asserted above) detected AVX-512 F/BW and AVX512_BF16, the
-            // features `task_block` enables; `a_rows` holds `rows` rows of k; B's rows 0..k lie
-            // in b.bytes (asserted above) and columns first_col..first_col + cols <= n.
-            unsafe {
-                task_block(a_rows, (rows, k), &b, (first_col, cols), out)
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            unreachable!("available() is false off x86-64 ({out:p})");
-        });
-    A_BITS.set(bits);
+    with_bf16_bits(a, |a_bits| {
+        tiles
+            .par_chunks_mut(tile)
+            .enumerate()
+            .for_each(|(task, out)| {
+                let (first_row, first_col) = (task / n_tasks * rows, task % n_tasks * TASK_COLS);
+                let (rows, cols) = ((m - first_row).min(rows), (n - first_col).min(TASK_COLS));
+                let a_rows = &a_bits[first_row * k..(first_row + rows) * k];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `available()` (asserted above) detected AVX-512 F/BW and AVX512_BF16, the
+                // features `task_block` enables; `a_rows` holds `rows` rows of k; B's rows 0..k lie
+                // in b.bytes (asserted above) and columns first_col..first_col + cols <= n.
+                unsafe {
+                    task_block(a_rows, (rows, k), &b, (first_col, cols), out)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("available() is false off x86-64 ({out:p})");
+            });
+    });
     // Tile (i / rows, j / TASK_COLS) holds its A rows' 64 sums each.
     acc.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
         let (mt, ii) = (i / rows, i % rows);

@@ -11,7 +11,8 @@
 //! keeps them. Each output's sum runs in a fixed order (lanes over K, K in order, then a
 //! fixed tree over the lanes), so results do not depend on the thread count.
 
-pub(crate) use crate::bf16_pairs::available;
+#[cfg(target_arch = "x86_64")]
+use crate::bf16_pairs::{available, with_bf16_bits};
 use crate::gemm_few_rows::Lines;
 use calico_core::DType;
 use rayon::prelude::*;
@@ -23,22 +24,6 @@ const TASK_COLS: usize = 256;
 /// K elements of each W row per pass over the A rows (4 rows x 2 KiB in L1). 512 measured
 /// the same within the machine's noise, 256 slower (M = 16 to 64: 10-25%).
 const K_BLOCK: usize = 1024;
-
-thread_local! {
-    /// A's rows as bf16 bits, kept by the calling thread for its next call (taken out while
-    /// in use: a thread waiting in a parallel loop may run another call's tasks).
-    pub(crate) static A_BITS: std::cell::Cell<Vec<u16>> = const { std::cell::Cell::new(Vec::new()) };
-}
-
-/// `a`'s values as bf16 bits (exact where they were widened from bf16), in the calling
-/// thread's kept buffer: give it back with `A_BITS.set`.
-pub(crate) fn narrowed(a: &[f32]) -> Vec<u16> {
-    let mut bits = A_BITS.take();
-    bits.clear();
-    // The upper half of an f32 is the bf16 it was widened from.
-    bits.extend(a.iter().map(|x| (x.to_bits() >> 16) as u16));
-    bits
-}
 
 /// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`, as `gemm_few_rows::dot`: `a` is `m x k`
 /// row-major and holds bf16 values (widened, so the narrowing here is exact), W's row `j` is
@@ -60,34 +45,33 @@ pub(crate) fn dot(
     // below rely on it, so it is checked again here).
     let last_end = (w.start + (n - 1) * w.stride + k) * 2;
     assert!(w.bytes.len() >= last_end, "W rows past the tensor's bytes");
-    let bits = narrowed(a);
     let (n_tasks, cols) = (n.div_ceil(TASK_ROWS), m.min(TASK_COLS));
     let tile = TASK_ROWS * cols;
     tiles.clear();
     tiles.resize(n_tasks * m.div_ceil(cols) * tile, 0.0);
-    let a_bits = &bits[..];
-    tiles
-        .par_chunks_mut(tile)
-        .enumerate()
-        .for_each_init(Vec::new, |sums, (task, out)| {
-            let (first_col, first_row) = (task / n_tasks * cols, task % n_tasks * TASK_ROWS);
-            let (rows, cols) = ((n - first_row).min(TASK_ROWS), (m - first_col).min(cols));
-            let a_rows = &a_bits[first_col * k..(first_col + cols) * k];
-            // SAFETY: `available()` (asserted above) detected AVX-512 F/BW and AVX512_BF16,
-            // the features `task_rows` enables; `a_rows` holds `cols` rows of k; W's rows
-            // first_row.. first_row + rows <= n lie in w.bytes (asserted above).
-            unsafe {
-                task_rows(
-                    a_rows,
-                    (cols, k),
-                    &w,
-                    first_row,
-                    &mut out[..rows * cols],
-                    sums,
-                )
-            }
-        });
-    A_BITS.set(bits);
+    with_bf16_bits(a, |a_bits| {
+        tiles
+            .par_chunks_mut(tile)
+            .enumerate()
+            .for_each_init(Vec::new, |sums, (task, out)| {
+                let (first_col, first_row) = (task / n_tasks * cols, task % n_tasks * TASK_ROWS);
+                let (rows, cols) = ((n - first_row).min(TASK_ROWS), (m - first_col).min(cols));
+                let a_rows = &a_bits[first_col * k..(first_col + cols) * k];
+                // SAFETY: `available()` (asserted above) detected AVX-512 F/BW and AVX512_BF16,
+                // the features `task_rows` enables; `a_rows` holds `cols` rows of k; W's rows
+                // first_row.. first_row + rows <= n lie in w.bytes (asserted above).
+                unsafe {
+                    task_rows(
+                        a_rows,
+                        (cols, k),
+                        &w,
+                        first_row,
+                        &mut out[..rows * cols],
+                        sums,
+                    )
+                }
+            });
+    });
     // Tile (i / cols, j / TASK_ROWS) holds rows of its A columns for each of its W rows.
     acc.par_chunks_mut(n).enumerate().for_each(|(i, row)| {
         let (mt, ii) = (i / cols, i % cols);
@@ -110,7 +94,7 @@ pub(crate) fn dot(
     _: &mut [f32],
     _: &mut Vec<f32>,
 ) {
-    unreachable!("gemm_bf16_dot::available() is false off x86-64")
+    unreachable!("bf16_pairs::available() is false off x86-64")
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -8,14 +8,13 @@
 //! - axpy: B is [K, N] rows. Each B row is widened a block of N at a time and added into every
 //!   A row's block of output, scaled by A's element.
 //!
-//! With bf16 A and W on CPUs with AVX512_BF16 the dot form multiplies bf16 pairs directly
-//! (gemm_bf16_dot.rs).
+//! With bf16 A and B on CPUs with AVX512_BF16, gemm.rs takes both forms to bf16 pair kernels
+//! instead (gemm_bf16_dot.rs, gemm_bf16_axpy.rs).
 //!
 //! Work is split over N. Each output's sum runs in a fixed order (lanes over K, the lanes
 //! added in a fixed tree, K blocks in order), so results do not depend on the thread count.
 
 use crate::gemm::load_line;
-use crate::gemm_bf16_dot as bf16_dot;
 use crate::lanes::{self, W};
 use crate::simd::{vectorised_fma, MulAdd};
 use calico_core::DType;
@@ -56,12 +55,6 @@ impl Lines<'_> {
     }
 }
 
-/// Whether both forms of A and B in these dtypes multiply bf16 pairs directly
-/// (gemm_bf16_dot.rs, gemm_bf16_axpy.rs), which they do at any M.
-pub(crate) fn bf16_dot_takes(a: DType, w: DType) -> bool {
-    a == DType::BF16 && w == DType::BF16 && bf16_dot::available()
-}
-
 /// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`: `a` is `m x k` row-major f32, W's row `j`
 /// is line `j` of `w` (k elements), `acc` is `m x n` row-major; `acc_t` is scratch.
 pub(crate) fn dot(
@@ -71,11 +64,7 @@ pub(crate) fn dot(
     alpha: f32,
     acc: &mut [f32],
     acc_t: &mut Vec<f32>,
-    a_is_bf16: bool,
 ) {
-    if bf16_dot_takes(if a_is_bf16 { DType::BF16 } else { DType::F32 }, w.dtype) {
-        return bf16_dot::dot(a, (m, n, k), w, alpha, acc, acc_t);
-    }
     // Each task owns DOT_TASK whole rows of the transposed result (n x m).
     acc_t.clear();
     acc_t.resize(n * m, 0.0);
@@ -89,16 +78,11 @@ pub(crate) fn dot(
                 vectorised_fma!(|M| dot_rows::<M>(a, (m, k), &w, first, scratch, out));
             },
         );
-    transpose_scaled(acc_t, (m, n), alpha, acc);
-}
-
-/// `acc[i, j] = alpha * t[j, i]`: the dot forms' `n x m` sums into the `m x n` output.
-pub(crate) fn transpose_scaled(t: &[f32], (m, n): (usize, usize), alpha: f32, acc: &mut [f32]) {
     acc.par_chunks_mut(n.max(1))
         .enumerate()
         .for_each(|(i, row)| {
             for (j, v) in row.iter_mut().enumerate() {
-                *v = alpha * t[j * m + i];
+                *v = alpha * acc_t[j * m + i];
             }
         });
 }
@@ -183,11 +167,7 @@ pub(crate) fn axpy(
     alpha: f32,
     acc: &mut [f32],
     blocks: &mut Vec<f32>,
-    a_is_bf16: bool,
 ) {
-    if bf16_dot_takes(if a_is_bf16 { DType::BF16 } else { DType::F32 }, b.dtype) {
-        return crate::gemm_bf16_axpy::axpy(a, (m, n, k), b, alpha, acc, blocks);
-    }
     // Task t computes the m x cols block of columns t * AXPY_TASK.., stored block after block.
     blocks.clear();
     blocks.resize(m * n, 0.0);
@@ -274,7 +254,7 @@ pub(crate) mod tests {
                 stride: k,
             };
             let mut got = vec![f32::NAN; m * n];
-            dot(&a, (m, n, k), w, alpha, &mut got, &mut Vec::new(), false);
+            dot(&a, (m, n, k), w, alpha, &mut got, &mut Vec::new());
             assert_product(&got, &a, (m, n, k), alpha as f64, |kk, j| {
                 b[skip + j * k + kk]
             });
@@ -282,7 +262,7 @@ pub(crate) mod tests {
             let rows = Lines { stride: n, ..w };
             let mut got = vec![f32::NAN; m * n];
             let scratch = &mut vec![1.0; 3];
-            axpy(&a, (m, n, k), rows, alpha, &mut got, scratch, false);
+            axpy(&a, (m, n, k), rows, alpha, &mut got, scratch);
             assert_product(&got, &a, (m, n, k), alpha as f64, |kk, j| {
                 b[skip + kk * n + j]
             });
@@ -354,7 +334,7 @@ pub(crate) mod tests {
         };
         assert_same_at_thread_counts(|| {
             let mut out = vec![0.0f32; m * n];
-            dot(&a, (m, n, k), w, 1.0, &mut out, &mut Vec::new(), false);
+            dot(&a, (m, n, k), w, 1.0, &mut out, &mut Vec::new());
             out
         });
     }

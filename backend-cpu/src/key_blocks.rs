@@ -63,7 +63,7 @@ pub(crate) fn attend<K: KeyRows>(
     // (bf16_pairs.rs), K neither widened nor transposed; the query rows narrowed back (exact).
     let pairs = keys.pair_scores() && bf16_pairs::available();
     let q_bits: Vec<u16> = if pairs {
-        q.iter().map(|x| (x.to_bits() >> 16) as u16).collect()
+        bf16_pairs::bf16_bits(q).collect()
     } else {
         Vec::new()
     };
