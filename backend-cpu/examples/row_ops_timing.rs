@@ -5,26 +5,60 @@
 //! ```
 //!
 //! - default: [4096, 4096] bf16 rows (rope [1, 512, 32, 128]), 15 runs each, interleaved with
-//!   a single-thread copy of 256 MiB so that load from other processes hits both alike; min
-//!   and median GB/s (bytes read + written) and their % of the copy.
+//!   the backend's copy of 256 MiB (`copy_bytes`, on the same threads) so that load from other
+//!   processes hits both alike; min and median GB/s (bytes read + written) and their % of the
+//!   copy.
 //! - `hot`: 32 rows (rope 8 positions), which stay in the L2, 2000 runs: the compute cost in ns
 //!   per 4 bytes moved (per element of a bf16 op with one input and one output), without
 //!   memory stalls. The 256 MiB copy moves 4 bytes in about 0.11 ns on the 2-vCPU EPYC.
 //! - `copy`: the copy itself, by `memcpy` and by plain vector stores, on 1 and `threads`
-//!   threads.
+//!   threads, and by the backend's `copy_bytes`.
 
 mod common;
 
-use calico_core::{DType, Tensor};
+use calico_core::{Backend, DType, Storage, Tensor};
 use calico_cpu::CpuDevice;
 use common::{filled, seconds};
 use rayon::prelude::*;
 use std::hint::black_box;
 
+/// The backend's own copy between two storages: the yardstick `calico bench` uses.
+struct BackendCopy {
+    dev: CpuDevice,
+    src: std::sync::Arc<dyn Storage>,
+    dst: std::sync::Arc<dyn Storage>,
+    bytes: usize,
+}
+
+impl BackendCopy {
+    fn new(dev: &CpuDevice, bytes: usize) -> Self {
+        let src = dev.alloc(bytes).expect("a source buffer");
+        src.write_bytes(0, &vec![1u8; bytes]).expect("filled");
+        BackendCopy {
+            dev: dev.clone(),
+            src,
+            dst: dev.alloc(bytes).expect("a destination buffer"),
+            bytes,
+        }
+    }
+
+    fn run(&self) {
+        self.dev
+            .copy_bytes(&*self.dst, 0, &*self.src, 0, self.bytes)
+            .expect("copy_bytes");
+    }
+}
+
 /// One op: its name, bytes moved per call, and the call.
 type Case<'a> = (&'a str, f64, Box<dyn Fn() + Sync + 'a>);
 
-fn copy_rates(pool: &rayon::ThreadPool, threads: usize, src: &[u8], dst: &mut [u8]) {
+fn copy_rates(
+    pool: &rayon::ThreadPool,
+    threads: usize,
+    src: &[u8],
+    dst: &mut [u8],
+    backend_copy: &BackendCopy,
+) {
     // A copy through plain vector stores (a loop LLVM cannot turn into memcpy).
     let plain = |d: &mut [u8], s: &[u8]| {
         for (d, s) in d.iter_mut().zip(s) {
@@ -50,12 +84,14 @@ fn copy_rates(pool: &rayon::ThreadPool, threads: usize, src: &[u8], dst: &mut [u
             })
         });
         black_box(&mut *dst);
+        let backend = pool.install(|| seconds(|| backend_copy.run()));
         println!(
-            "memcpy: 1 thread {:5.1} GB/s, {threads} threads {:5.1}; plain stores: 1 thread {:5.1}, {threads} threads {:5.1}",
+            "memcpy: 1 thread {:5.1} GB/s, {threads} threads {:5.1}; plain stores: 1 thread {:5.1}, {threads} threads {:5.1}; copy_bytes {:5.1}",
             gb / memcpy1,
             gb / memcpy_n,
             gb / plain1,
-            gb / plain_n
+            gb / plain_n,
+            gb / backend,
         );
     }
 }
@@ -70,14 +106,15 @@ fn main() {
         .num_threads(threads)
         .build()
         .expect("a thread pool");
-    let src = vec![1u8; 256 << 20];
-    let mut dst = vec![0u8; 256 << 20];
+    let dev = CpuDevice::new();
+    let backend_copy = BackendCopy::new(&dev, 256 << 20);
     if mode == "copy" {
-        copy_rates(&pool, threads, &src, &mut dst);
+        let src = vec![1u8; 256 << 20];
+        let mut dst = vec![0u8; 256 << 20];
+        copy_rates(&pool, threads, &src, &mut dst, &backend_copy);
         return;
     }
 
-    let dev = CpuDevice::new();
     // COLS=1024 for the shorter rows of the bench.
     let cols: usize = std::env::var("COLS")
         .ok()
@@ -143,8 +180,7 @@ fn main() {
         for _ in 0..if hot { 2000 } else { 15 } {
             op_s.push(pool.install(|| seconds(op)));
             if !hot {
-                copy_s.push(seconds(|| dst.copy_from_slice(black_box(&src))));
-                black_box(&mut dst);
+                copy_s.push(pool.install(|| seconds(|| backend_copy.run())));
             }
         }
         op_s.sort_by(f64::total_cmp);
@@ -157,7 +193,7 @@ fn main() {
         }
         copy_s.sort_by(f64::total_cmp);
         let gbs = |t: f64| bytes / t / 1e9;
-        let copy_gbs = |t: f64| 2.0 * src.len() as f64 / t / 1e9;
+        let copy_gbs = |t: f64| 2.0 * backend_copy.bytes as f64 / t / 1e9;
         let mid = op_s.len() / 2;
         println!(
             "{name:18} min {:6.3} ms {:5.1} GB/s ({:3.0}% of the fastest copy, {:5.1} GB/s); median {:6.3} ms {:5.1} GB/s ({:3.0}% of the median copy, {:5.1} GB/s)",

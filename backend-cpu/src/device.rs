@@ -40,7 +40,7 @@ impl CpuDevice {
 
 /// The size of CPU 0's highest-level cache, from Linux's sysfs (None elsewhere): what a
 /// benchmark must exceed for its reads to come from memory.
-fn last_level_cache_bytes() -> Option<usize> {
+pub(crate) fn last_level_cache_bytes() -> Option<usize> {
     let dir = std::fs::read_dir("/sys/devices/system/cpu/cpu0/cache").ok()?;
     let read = |path: std::path::PathBuf| std::fs::read_to_string(path).ok();
     dir.filter_map(|e| e.ok())
@@ -132,13 +132,17 @@ impl Backend for CpuDevice {
         if src.lock_order_key() < dst.lock_order_key() {
             let s = src.read();
             let mut d = dst.write();
-            d.as_mut_slice()[dst_offset..dst_offset + bytes]
-                .copy_from_slice(&s.as_slice()[src_offset..src_offset + bytes]);
+            crate::stream::copy_large(
+                &mut d.as_mut_slice()[dst_offset..dst_offset + bytes],
+                &s.as_slice()[src_offset..src_offset + bytes],
+            );
         } else {
             let mut d = dst.write();
             let s = src.read();
-            d.as_mut_slice()[dst_offset..dst_offset + bytes]
-                .copy_from_slice(&s.as_slice()[src_offset..src_offset + bytes]);
+            crate::stream::copy_large(
+                &mut d.as_mut_slice()[dst_offset..dst_offset + bytes],
+                &s.as_slice()[src_offset..src_offset + bytes],
+            );
         }
         Ok(())
     }

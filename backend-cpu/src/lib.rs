@@ -25,6 +25,7 @@ mod rows;
 mod simd;
 mod softmax;
 mod storage;
+mod stream;
 mod views;
 
 pub use attention::{attention_forward, AttentionParams, AttentionShape, SeqSpan};

@@ -115,13 +115,16 @@ impl Storage for CpuStorage {
 
     fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<()> {
         check_byte_range(self.len, offset, src.len())?;
-        self.write().as_mut_slice()[offset..offset + src.len()].copy_from_slice(src);
+        crate::stream::copy_large(
+            &mut self.write().as_mut_slice()[offset..offset + src.len()],
+            src,
+        );
         Ok(())
     }
 
     fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<()> {
         check_byte_range(self.len, offset, dst.len())?;
-        dst.copy_from_slice(&self.read().as_slice()[offset..offset + dst.len()]);
+        crate::stream::copy_large(dst, &self.read().as_slice()[offset..offset + dst.len()]);
         Ok(())
     }
 
