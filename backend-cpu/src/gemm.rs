@@ -7,7 +7,7 @@ use crate::gemm_few_rows as few_rows;
 use crate::math;
 use crate::rows::{carve_rows, rows_of};
 use crate::views::with_views;
-use crate::{gemm_bf16_axpy, gemm_bf16_dot};
+use crate::{gemm_amx, gemm_bf16_axpy, gemm_bf16_dot};
 use calico_core::{DType, Epilogue, Error, Result, Tensor};
 use rayon::prelude::*;
 
@@ -184,6 +184,12 @@ impl FewRows {
         match (self, pairs_take(a_dtype, b.dtype)) {
             (FewRows::Dot, false) => few_rows::dot(a, mnk, b, alpha, acc, scratch),
             (FewRows::Axpy, false) => few_rows::axpy(a, mnk, b, alpha, acc, scratch),
+            (FewRows::Dot, true) if gemm_amx::takes(mnk.0) => {
+                gemm_amx::dot(a, mnk, b, alpha, acc, scratch)
+            }
+            (FewRows::Axpy, true) if gemm_amx::takes(mnk.0) => {
+                gemm_amx::axpy(a, mnk, b, alpha, acc, scratch)
+            }
             (FewRows::Dot, true) => gemm_bf16_dot::dot(a, mnk, b, alpha, acc, scratch),
             (FewRows::Axpy, true) => gemm_bf16_axpy::axpy(a, mnk, b, alpha, acc, scratch),
         }

@@ -13,6 +13,7 @@ mod bf16_pairs;
 mod convert;
 mod device;
 mod gemm;
+mod gemm_amx;
 mod gemm_bf16_axpy;
 mod gemm_bf16_dot;
 mod gemm_few_rows;
