@@ -173,8 +173,13 @@ fn multiply(
     let steps = k / KS;
     let (r_tasks, c_tasks) = (rows.div_ceil(TASK_R), cols.div_ceil(TASK_C));
     let tile_len = TASK_R * TASK_C;
-    tiles.clear();
-    tiles.resize(r_tasks * c_tasks * tile_len, 0.0);
+    let t0 = std::time::Instant::now();
+    // Not cleared: the last pass reads only what the tasks wrote.
+    if tiles.len() < r_tasks * c_tasks * tile_len {
+        tiles.resize(r_tasks * c_tasks * tile_len, 0.0);
+    }
+    let t1 = t0.elapsed();
+    let tiles = &mut tiles[..r_tasks * c_tasks * tile_len];
     tiles
         .par_chunks_mut(tile_len)
         .enumerate()
@@ -243,6 +248,7 @@ fn multiply(
                 rp += if pair { 2 } else { 1 };
             }
         });
+    let t2 = t0.elapsed();
     let tile = |rt: usize, ct: usize| &tiles[(rt * c_tasks + ct) * tile_len..][..tile_len];
     match orient {
         Orient::AsIs => acc.par_chunks_mut(cols).enumerate().for_each(|(r, row)| {
@@ -260,6 +266,7 @@ fn multiply(
             }
         }),
     }
+    if std::env::var("AMX_T").is_ok() { eprintln!("resize {:?} tasks {:?} final {:?}", t1, t2, t0.elapsed()); }
 }
 
 /// Four output tiles and the tile configuration, 64-byte aligned (the configuration is read
@@ -427,6 +434,7 @@ pub(crate) fn dot(
         let at = (w.start + j * w.stride + kk) * 2;
         u16::from_le_bytes([w.bytes[at], w.bytes[at + 1]])
     };
+    let t0 = std::time::Instant::now();
     let (mut y_packed, mut tail_rows, mut k_tail) = BUFFERS.take();
     // W's last partial tile of rows, zero-padded to 16 rows (the full steps only).
     tail_rows.clear();
@@ -452,17 +460,28 @@ pub(crate) fn dot(
     // A transposed into pairs: column tile `ct` (16 rows of A) holds `k2` rows of 16 pairs.
     let k2 = k.div_ceil(KS) * KS / 2;
     let ct_words = k2 * T;
+    // Zeroed whole: the padding past k and m must read as zeros.
     y_packed.clear();
     y_packed.resize(m.div_ceil(T) * ct_words, 0);
     y_packed
         .par_chunks_mut(ct_words)
         .enumerate()
         .for_each(|(ct, tile)| {
-            for c in 0..T.min(m - ct * T) {
-                let row = &a[(ct * T + c) * k..][..k];
-                for (kk, p) in row.chunks(2).enumerate() {
-                    let hi = p.get(1).map_or(0, |&v| bits(v));
-                    tile[kk * T + c] = pair(bits(p[0]), hi);
+            // Sixteen rows at a time, so each 64-byte row of the tile is written whole.
+            let rows: [&[f32]; T] = std::array::from_fn(|c| {
+                let i = (ct * T + c).min(m - 1);
+                &a[i * k..][..k]
+            });
+            let live = T.min(m - ct * T);
+            for (k2, out) in tile.chunks_exact_mut(T).take(k / 2).enumerate() {
+                for (o, row) in out.iter_mut().zip(&rows).take(live) {
+                    *o = pair(bits(row[2 * k2]), bits(row[2 * k2 + 1]));
+                }
+            }
+            if k % 2 == 1 {
+                let out = &mut tile[k / 2 * T..][..T];
+                for (o, row) in out.iter_mut().zip(&rows).take(live) {
+                    *o = pair(bits(row[k - 1]), 0);
                 }
             }
         });
@@ -479,8 +498,10 @@ pub(crate) fn dot(
         step_bytes: T * T * 4,
         stride: T * 4,
     };
+    let t1 = t0.elapsed();
     // The tiles hold D transposed: output (r, c) is D[c, r].
     multiply(&x, &y, (n, m, k), tiles, Orient::Transposed, alpha, acc);
+    if std::env::var("AMX_T").is_ok() { eprintln!("pack {:?} total {:?}", t1, t0.elapsed()); }
     BUFFERS.set((y_packed, tail_rows, k_tail));
 }
 
@@ -641,6 +662,25 @@ mod tests {
             &mut Vec::new(),
         );
         assert_product(&got, &a, (m, n, k), 1.0, |kk, j| w[j * k + kk]);
+    }
+
+    /// The scratch a larger call left behind (longer than this call's tiles) is used only in
+    /// part: a second, smaller call on the same scratch still matches the reference.
+    #[test]
+    fn a_scratch_kept_from_a_larger_call() {
+        if !available() {
+            eprintln!("skipped: no AMX-BF16 tiles on this CPU (or CALICO_CPU_AMX=0)");
+            return;
+        }
+        let mut scratch = Vec::new();
+        for (m, n, k) in [(64, 700, 64), (16, 100, 33)] {
+            let a = values(m * k, 7);
+            let w = values(n * k, 8);
+            let w_bytes = bf16_bytes(&w);
+            let mut got = vec![0.0; m * n];
+            dot(&a, (m, n, k), lines(&w_bytes, 0, k), 1.0, &mut got, &mut scratch);
+            assert_product(&got, &a, (m, n, k), 1.0, |kk, j| w[j * k + kk]);
+        }
     }
 
     #[test]
