@@ -56,14 +56,14 @@ pub(crate) fn available() -> bool {
         })
 }
 
-/// Whether the few-rows forms should take the AMX path at M rows: one X tile of A rows wastes
-/// most of the tile below 16, where the pair dot products read W as fast.
+/// Whether the few-rows forms should take the AMX path at M rows: below 8 the tiles' 16
+/// columns of A rows are mostly padding, and the pair dot products read W as fast.
 pub(crate) fn takes(m: usize) -> bool {
     m >= MIN_M && available()
 }
 
 /// The fewest A rows that go to the tiles (measured: docs/perf-log.md, session 32).
-const MIN_M: usize = 16;
+const MIN_M: usize = 8;
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn cpu_has_amx_bf16() -> bool {
@@ -173,12 +173,10 @@ fn multiply(
     let steps = k / KS;
     let (r_tasks, c_tasks) = (rows.div_ceil(TASK_R), cols.div_ceil(TASK_C));
     let tile_len = TASK_R * TASK_C;
-    let t0 = std::time::Instant::now();
     // Not cleared: the last pass reads only what the tasks wrote.
     if tiles.len() < r_tasks * c_tasks * tile_len {
         tiles.resize(r_tasks * c_tasks * tile_len, 0.0);
     }
-    let t1 = t0.elapsed();
     let tiles = &mut tiles[..r_tasks * c_tasks * tile_len];
     tiles
         .par_chunks_mut(tile_len)
@@ -248,7 +246,6 @@ fn multiply(
                 rp += if pair { 2 } else { 1 };
             }
         });
-    let t2 = t0.elapsed();
     let tile = |rt: usize, ct: usize| &tiles[(rt * c_tasks + ct) * tile_len..][..tile_len];
     match orient {
         Orient::AsIs => acc.par_chunks_mut(cols).enumerate().for_each(|(r, row)| {
@@ -266,7 +263,6 @@ fn multiply(
             }
         }),
     }
-    if std::env::var("AMX_T").is_ok() { eprintln!("resize {:?} tasks {:?} final {:?}", t1, t2, t0.elapsed()); }
 }
 
 /// Four output tiles and the tile configuration, 64-byte aligned (the configuration is read
@@ -434,7 +430,6 @@ pub(crate) fn dot(
         let at = (w.start + j * w.stride + kk) * 2;
         u16::from_le_bytes([w.bytes[at], w.bytes[at + 1]])
     };
-    let t0 = std::time::Instant::now();
     let (mut y_packed, mut tail_rows, mut k_tail) = BUFFERS.take();
     // W's last partial tile of rows, zero-padded to 16 rows (the full steps only).
     tail_rows.clear();
@@ -498,10 +493,8 @@ pub(crate) fn dot(
         step_bytes: T * T * 4,
         stride: T * 4,
     };
-    let t1 = t0.elapsed();
     // The tiles hold D transposed: output (r, c) is D[c, r].
     multiply(&x, &y, (n, m, k), tiles, Orient::Transposed, alpha, acc);
-    if std::env::var("AMX_T").is_ok() { eprintln!("pack {:?} total {:?}", t1, t0.elapsed()); }
     BUFFERS.set((y_packed, tail_rows, k_tail));
 }
 
@@ -678,7 +671,14 @@ mod tests {
             let w = values(n * k, 8);
             let w_bytes = bf16_bytes(&w);
             let mut got = vec![0.0; m * n];
-            dot(&a, (m, n, k), lines(&w_bytes, 0, k), 1.0, &mut got, &mut scratch);
+            dot(
+                &a,
+                (m, n, k),
+                lines(&w_bytes, 0, k),
+                1.0,
+                &mut got,
+                &mut scratch,
+            );
             assert_product(&got, &a, (m, n, k), 1.0, |kk, j| w[j * k + kk]);
         }
     }
