@@ -234,11 +234,15 @@ fn multiply(
                                     let at = (tr + i) * TASK_C + tc;
                                     out[at..at + T].copy_from_slice(row);
                                 }
-                                Orient::Transposed => {
-                                    for (j, &v) in row.iter().enumerate() {
-                                        out[(tc + j) * TASK_R + tr + i] = v;
-                                    }
-                                }
+                                // Whole tiles below.
+                                Orient::Transposed => break,
+                            }
+                        }
+                        if orient == Orient::Transposed {
+                            // Rows past `rows` land in the task's tile too; no one reads them.
+                            let t = transpose_16x16(tile);
+                            for (j, col) in t.chunks_exact(T).enumerate() {
+                                out[(tc + j) * TASK_R + tr..][..T].copy_from_slice(col);
                             }
                         }
                     }
@@ -387,6 +391,68 @@ impl Four {
     }
 }
 
+/// `t[j * 16 + i] = m[i * 16 + j]`: a 16 x 16 tile of 32-bit values transposed, in 16
+/// AVX-512 registers (four rounds of unpacks and lane shuffles).
+fn transpose_16x16(m: &[f32; T * T]) -> [f32; T * T] {
+    #[cfg(target_arch = "x86_64")]
+    if crate::simd::tier() == crate::simd::Tier::Avx512 {
+        // SAFETY: the Avx512 tier detected AVX-512 F, the feature the function enables.
+        return unsafe { transpose_16x16_avx512(m) };
+    }
+    std::array::from_fn(|n| m[(n % T) * T + n / T])
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn transpose_16x16_avx512(m: &[f32; T * T]) -> [f32; T * T] {
+    use std::arch::x86_64::*;
+    let r: [__m512i; T] = std::array::from_fn(|i| {
+        // SAFETY: row i of `m` is 16 f32 (64 bytes) from `m[i * 16]`; unaligned loads have no
+        // alignment requirement.
+        unsafe { _mm512_loadu_si512(m[i * T..].as_ptr().cast()) }
+    });
+    // Rows 2i and 2i + 1 interleaved: in each 128-bit block, columns 4b, 4b + 1 (lo) or
+    // 4b + 2, 4b + 3 (hi) of the two rows.
+    let t: [__m512i; T] = std::array::from_fn(|i| {
+        let (a, b) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+        if i % 2 == 0 {
+            _mm512_unpacklo_epi32(a, b)
+        } else {
+            _mm512_unpackhi_epi32(a, b)
+        }
+    });
+    // u[4i + e]: in block b, column 4b + e of rows 4i .. 4i + 3.
+    let u: [__m512i; T] = std::array::from_fn(|n| {
+        let (i, e) = (n / 4, n % 4);
+        let (a, b) = (t[4 * i + e / 2], t[4 * i + 2 + e / 2]);
+        if e % 2 == 0 {
+            _mm512_unpacklo_epi64(a, b)
+        } else {
+            _mm512_unpackhi_epi64(a, b)
+        }
+    });
+    // Column 4b + e: block b of u[e], u[4 + e], u[8 + e], u[12 + e].
+    let mut out = [0.0f32; T * T];
+    for e in 0..4 {
+        let v0 = _mm512_shuffle_i32x4::<0x88>(u[e], u[4 + e]);
+        let v1 = _mm512_shuffle_i32x4::<0xdd>(u[e], u[4 + e]);
+        let w0 = _mm512_shuffle_i32x4::<0x88>(u[8 + e], u[12 + e]);
+        let w1 = _mm512_shuffle_i32x4::<0xdd>(u[8 + e], u[12 + e]);
+        let cols = [
+            (e, _mm512_shuffle_i32x4::<0x88>(v0, w0)),
+            (4 + e, _mm512_shuffle_i32x4::<0x88>(v1, w1)),
+            (8 + e, _mm512_shuffle_i32x4::<0xdd>(v0, w0)),
+            (12 + e, _mm512_shuffle_i32x4::<0xdd>(v1, w1)),
+        ];
+        for (col, v) in cols {
+            // SAFETY: row `col` of `out` is 16 f32 (64 bytes) from `out[col * 16]`; unaligned
+            // stores have no alignment requirement.
+            unsafe { _mm512_storeu_si512(out[col * T..].as_mut_ptr().cast(), v) };
+        }
+    }
+    out
+}
+
 /// The bf16 bits of `a` (values widened from bf16: exact).
 #[inline(always)]
 fn bits(v: f32) -> u16 {
@@ -468,7 +534,29 @@ pub(crate) fn dot(
                 &a[i * k..][..k]
             });
             let live = T.min(m - ct * T);
-            for (k2, out) in tile.chunks_exact_mut(T).take(k / 2).enumerate() {
+            // Whole groups of 16 pairs by vector transposes; the rest pair by pair.
+            let groups = k / KS;
+            for (g, out) in tile.chunks_exact_mut(T * T).take(groups).enumerate() {
+                let pairs: [[u32; T]; T] = std::array::from_fn(|c| {
+                    let mut p = [0u32; T];
+                    if c < live {
+                        let at = &rows[c][g * KS..][..KS];
+                        p.iter_mut()
+                            .enumerate()
+                            .for_each(|(j, v)| *v = pair(bits(at[2 * j]), bits(at[2 * j + 1])));
+                    }
+                    p
+                });
+                let flat: [u32; T * T] = bytemuck::cast(pairs);
+                let t = transpose_16x16(&bytemuck::cast(flat));
+                out.copy_from_slice(&bytemuck::cast::<[f32; T * T], [u32; T * T]>(t));
+            }
+            for (k2, out) in tile
+                .chunks_exact_mut(T)
+                .take(k / 2)
+                .enumerate()
+                .skip(groups * T)
+            {
                 for (o, row) in out.iter_mut().zip(&rows).take(live) {
                     *o = pair(bits(row[2 * k2]), bits(row[2 * k2 + 1]));
                 }
@@ -631,6 +719,17 @@ mod tests {
                 &mut Vec::new(),
             );
             assert_product(&got, &a, (m, n, k), 0.5, |kk, j| b[skip + kk * stride + j]);
+        }
+    }
+
+    #[test]
+    fn tiles_transpose() {
+        let m: [f32; T * T] = std::array::from_fn(|i| i as f32 * 1.5 - 7.0);
+        let t = transpose_16x16(&m);
+        for i in 0..T {
+            for j in 0..T {
+                assert_eq!(t[j * T + i], m[i * T + j], "({i}, {j})");
+            }
         }
     }
 
