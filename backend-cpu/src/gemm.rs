@@ -184,19 +184,48 @@ impl FewRows {
         match (self, pairs_take(a_dtype, b.dtype)) {
             (FewRows::Dot, false) => few_rows::dot(a, mnk, b, alpha, acc, scratch),
             (FewRows::Axpy, false) => few_rows::axpy(a, mnk, b, alpha, acc, scratch),
-            (FewRows::Dot, true) if gemm_amx::takes(mnk.0) => {
-                gemm_amx::dot(a, mnk, b, alpha, acc, scratch)
-            }
-            (FewRows::Axpy, true) if gemm_amx::takes(mnk.0) => {
-                gemm_amx::axpy(a, mnk, b, alpha, acc, scratch)
-            }
             (FewRows::Dot, true) => gemm_bf16_dot::dot(a, mnk, b, alpha, acc, scratch),
             (FewRows::Axpy, true) => gemm_bf16_axpy::axpy(a, mnk, b, alpha, acc, scratch),
         }
     }
 }
 
+impl FewRows {
+    /// `acc = alpha * a @ b` on AMX tiles (gemm_amx.rs), A's rows read as stored.
+    fn run_amx(
+        self,
+        a: few_rows::Lines,
+        mnk: (usize, usize, usize),
+        b: few_rows::Lines,
+        alpha: f32,
+        acc: &mut [f32],
+        scratch: &mut Vec<f32>,
+    ) {
+        match self {
+            FewRows::Dot => gemm_amx::dot(a, mnk, b, alpha, acc, scratch),
+            FewRows::Axpy => gemm_amx::axpy(a, mnk, b, alpha, acc, scratch),
+        }
+    }
+}
+
 impl Mat {
+    /// Matrix `b`'s rows for the AMX tiles, where they take this product (`gemm_amx::takes`,
+    /// `other` the dtype of B): bf16 rows, each contiguous and 2-byte aligned, which the
+    /// tiles' packing reads as they are (no f32 copy of A).
+    fn amx_rows<'a>(&self, bytes: &'a [u8], b: usize, other: DType) -> Option<few_rows::Lines<'a>> {
+        let fits = self.dtype == DType::BF16
+            && other == DType::BF16
+            && (self.col_stride == 1 || self.cols == 1)
+            && bytes.as_ptr().align_offset(2) == 0
+            && gemm_amx::takes(self.rows);
+        fits.then(|| few_rows::Lines {
+            bytes,
+            dtype: self.dtype,
+            start: self.row_start(b, 0),
+            stride: self.row_stride,
+        })
+    }
+
     /// Matrix `b`'s lines for a few-rows form: its columns (K elements each) for `Dot`, its
     /// rows (N elements each) for `Axpy`.
     fn lines<'a>(&self, bytes: &'a [u8], b: usize, form: FewRows) -> few_rows::Lines<'a> {
@@ -347,11 +376,15 @@ pub fn gemm(
                         )
                     },
                     |(a, acc, scratch, c_row), (bi, out_rows)| {
-                        for (r, row) in a.chunks_exact_mut(k).enumerate() {
-                            am.load_row(a_bytes, bi, r, row);
-                        }
                         let b_lines = bm.lines(b_bytes, bi, form);
-                        form.run(a, am.dtype, (m, n, k), b_lines, alpha, acc, scratch);
+                        if let Some(a_rows) = am.amx_rows(a_bytes, bi, bm.dtype) {
+                            form.run_amx(a_rows, (m, n, k), b_lines, alpha, acc, scratch);
+                        } else {
+                            for (r, row) in a.chunks_exact_mut(k).enumerate() {
+                                am.load_row(a_bytes, bi, r, row);
+                            }
+                            form.run(a, am.dtype, (m, n, k), b_lines, alpha, acc, scratch);
+                        }
                         for (r, (row, out)) in acc.chunks_exact_mut(n).zip(out_rows).enumerate() {
                             finish.row(bi, r, row, c_row);
                             store(dtype, row, out);
@@ -367,6 +400,11 @@ pub fn gemm(
         for bi in 0..batch {
             if k == 0 {
                 acc.fill(0.0);
+            } else if let (Some(form), Some(a_rows)) =
+                (few_rows, am.amx_rows(a_bytes, bi, bm.dtype))
+            {
+                let b_lines = bm.lines(b_bytes, bi, form);
+                form.run_amx(a_rows, (m, n, k), b_lines, alpha, &mut acc, &mut rhs);
             } else if let Some(form) = few_rows {
                 lhs.resize(m * k, 0.0);
                 lhs.par_chunks_mut(k)

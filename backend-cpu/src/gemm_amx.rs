@@ -4,7 +4,9 @@
 //!
 //! One `tdpbf16ps` adds a 16 x 32 bf16 tile times a 32 x 16 bf16 tile into a 16 x 16 f32 tile:
 //! 16384 FLOPs, one every 16 cycles per core (3.3 TFLOP/s per core at 3.3 GHz, measured with
-//! the operands held in tiles; 1.0 with four 1 KiB tile loads per four products from L1).
+//! the operands held in tiles). A 1 KiB tile load took ~55 cycles on the development Xeon, so
+//! with four loads per four products (2 x 2 output tiles, the most 8 tiles allow) the loads
+//! bound the kernel at ~1 TFLOP/s per core (docs/perf-log.md, session 32).
 //! The second operand is stored "pair-interleaved" (VNNI): row `k2` holds, for each of its 16
 //! columns, the elements `2 k2` and `2 k2 + 1` side by side. The kernel computes
 //! `out[R, C] = X[R, K] Y[K, C]` with X read row-major and Y pair-interleaved:
@@ -40,17 +42,18 @@ const T: usize = 16;
 /// the SIMD limit in force allows AVX-512 (`CALICO_CPU_SIMD`: AMX counts as part of that tier)
 /// and `CALICO_CPU_AMX` is not `0` or `off`.
 pub(crate) fn available() -> bool {
+    // The environment, the CPU and the OS are asked once; the SIMD limit can change.
     static GRANTED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let allowed = !matches!(std::env::var("CALICO_CPU_AMX").as_deref(), Ok("0" | "off"));
-    allowed
-        && crate::bf16_pairs::available()
+    crate::bf16_pairs::available()
         && *GRANTED.get_or_init(|| {
+            let allowed = !matches!(std::env::var("CALICO_CPU_AMX").as_deref(), Ok("0" | "off"));
             #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
             {
-                cpu_has_amx_bf16() && request_tile_state()
+                allowed && cpu_has_amx_bf16() && request_tile_state()
             }
             #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
             {
+                let _ = allowed;
                 false
             }
         })
@@ -453,10 +456,20 @@ fn transpose_16x16_avx512(m: &[f32; T * T]) -> [f32; T * T] {
     out
 }
 
-/// The bf16 bits of `a` (values widened from bf16: exact).
-#[inline(always)]
-fn bits(v: f32) -> u16 {
-    (v.to_bits() >> 16) as u16
+/// Row `r` of `a`'s `k`-element bf16 rows, as bits.
+fn bits_row<'a>(a: &Lines<'a>, r: usize, k: usize) -> &'a [u16] {
+    let at = (a.start + r * a.stride) * 2;
+    // Callers (gemm.rs `Mat::amx_rows`) pass 2-byte aligned bytes.
+    bytemuck::cast_slice(&a.bytes[at..at + k * 2])
+}
+
+/// Checks that every one of `a`'s `m` rows of `k` lies in its bytes (before any is read).
+fn check_rows(a: &Lines, m: usize, k: usize) {
+    assert!(a.dtype == DType::BF16, "A must be bf16");
+    assert!(
+        a.bytes.len() >= (a.start + (m - 1) * a.stride + k) * 2,
+        "A rows past the tensor's bytes"
+    );
 }
 
 /// A pair of bf16 bits as one u32, the first in the low half (little-endian order in memory).
@@ -471,11 +484,11 @@ thread_local! {
         const { std::cell::Cell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
-/// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`, as `gemm_bf16_dot::dot`: `a` is `m x k`
-/// row-major holding bf16 values, W's row `j` is line `j` of `w` (bf16), `acc` is `m x n`.
+/// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`, as `gemm_bf16_dot::dot`: A's row `i` is
+/// line `i` of `a` and W's row `j` line `j` of `w` (bf16, 2-byte aligned), `acc` is `m x n`.
 /// Call only where [`available`] says so.
 pub(crate) fn dot(
-    a: &[f32],
+    a: Lines,
     (m, n, k): (usize, usize, usize),
     w: Lines,
     alpha: f32,
@@ -483,7 +496,8 @@ pub(crate) fn dot(
     tiles: &mut Vec<f32>,
 ) {
     assert!(available() && w.dtype == DType::BF16);
-    assert!(m > 0 && n > 0 && k > 0 && a.len() == m * k && acc.len() == m * n);
+    assert!(m > 0 && n > 0 && k > 0 && acc.len() == m * n);
+    check_rows(&a, m, k);
     // Full tiles of W are read in place: their rows, and the first `k / 32 * 32` elements of
     // each, lie inside w.bytes (checked here, as the raw loads rely on it).
     let full_tiles = n / T;
@@ -529,10 +543,8 @@ pub(crate) fn dot(
         .enumerate()
         .for_each(|(ct, tile)| {
             // Sixteen rows at a time, so each 64-byte row of the tile is written whole.
-            let rows: [&[f32]; T] = std::array::from_fn(|c| {
-                let i = (ct * T + c).min(m - 1);
-                &a[i * k..][..k]
-            });
+            let rows: [&[u16]; T] =
+                std::array::from_fn(|c| bits_row(&a, (ct * T + c).min(m - 1), k));
             let live = T.min(m - ct * T);
             // Whole groups of 16 pairs by vector transposes; the rest pair by pair.
             let groups = k / KS;
@@ -543,7 +555,7 @@ pub(crate) fn dot(
                         let at = &rows[c][g * KS..][..KS];
                         p.iter_mut()
                             .enumerate()
-                            .for_each(|(j, v)| *v = pair(bits(at[2 * j]), bits(at[2 * j + 1])));
+                            .for_each(|(j, v)| *v = pair(at[2 * j], at[2 * j + 1]));
                     }
                     p
                 });
@@ -558,13 +570,13 @@ pub(crate) fn dot(
                 .skip(groups * T)
             {
                 for (o, row) in out.iter_mut().zip(&rows).take(live) {
-                    *o = pair(bits(row[2 * k2]), bits(row[2 * k2 + 1]));
+                    *o = pair(row[2 * k2], row[2 * k2 + 1]);
                 }
             }
             if k % 2 == 1 {
                 let out = &mut tile[k / 2 * T..][..T];
                 for (o, row) in out.iter_mut().zip(&rows).take(live) {
-                    *o = pair(bits(row[k - 1]), 0);
+                    *o = pair(row[k - 1], 0);
                 }
             }
         });
@@ -586,11 +598,11 @@ pub(crate) fn dot(
     BUFFERS.set((y_packed, tail_rows, k_tail));
 }
 
-/// `acc[i, j] = alpha * sum_k a[i, k] * b[k, j]`, as `gemm_few_rows::axpy`: `a` is `m x k`
-/// row-major holding bf16 values, B's row `k` is line `k` of `b` (bf16, N contiguous), `acc`
-/// is `m x n`. Call only where [`available`] says so.
+/// `acc[i, j] = alpha * sum_k a[i, k] * b[k, j]`, as `gemm_few_rows::axpy`: A's row `i` is
+/// line `i` of `a` (bf16, 2-byte aligned), B's row `k` is line `k` of `b` (bf16, N
+/// contiguous), `acc` is `m x n`. Call only where [`available`] says so.
 pub(crate) fn axpy(
-    a: &[f32],
+    a: Lines,
     (m, n, k): (usize, usize, usize),
     b: Lines,
     alpha: f32,
@@ -598,7 +610,8 @@ pub(crate) fn axpy(
     tiles: &mut Vec<f32>,
 ) {
     assert!(available() && b.dtype == DType::BF16);
-    assert!(m > 0 && n > 0 && k > 0 && a.len() == m * k && acc.len() == m * n);
+    assert!(m > 0 && n > 0 && k > 0 && acc.len() == m * n);
+    check_rows(&a, m, k);
     let kp = k.div_ceil(KS) * KS;
     let (mut y_packed, mut x_packed, spare) = BUFFERS.take();
     // A padded to whole tiles: m rounded up to 16 rows of kp (zeros past k and m).
@@ -606,10 +619,9 @@ pub(crate) fn axpy(
     x_packed.resize(m.div_ceil(T) * T * kp, 0);
     x_packed
         .par_chunks_mut(kp)
-        .zip(a.par_chunks(k))
-        .for_each(|(dst, src)| {
-            dst.iter_mut().zip(src).for_each(|(d, &v)| *d = bits(v));
-        });
+        .take(m)
+        .enumerate()
+        .for_each(|(i, dst)| dst[..k].copy_from_slice(bits_row(&a, i, k)));
     // B's rows 2 k2 and 2 k2 + 1 interleaved into row k2 of np pairs (zeros past k and n).
     let np = n.div_ceil(T) * T;
     let b_row = |kk: usize| {
@@ -690,14 +702,19 @@ mod tests {
             (257, 70, 100),
             (300, 129, 64),
         ] {
-            let a = values(m * k, 1);
+            // A's rows `k + 1` apart from element 2.
+            let a_all = values(2 + m * (k + 1), 1);
+            let a: Vec<f32> = (0..m)
+                .flat_map(|i| a_all[2 + i * (k + 1)..][..k].to_vec())
+                .collect();
+            let a_bytes = bf16_bytes(&a_all);
             // Dot form: W [N, K] rows `k + pad` apart from element `skip`.
             let stride = k + pad;
             let w = values(skip + n * stride, 2);
             let mut got = vec![f32::NAN; m * n];
             let w_bytes = bf16_bytes(&w);
             dot(
-                a.as_slice(),
+                lines(&a_bytes, 2, k + 1),
                 (m, n, k),
                 lines(&w_bytes, skip, stride),
                 0.5,
@@ -711,7 +728,7 @@ mod tests {
             let b_bytes = bf16_bytes(&b);
             let mut got = vec![f32::NAN; m * n];
             axpy(
-                a.as_slice(),
+                lines(&a_bytes, 2, k + 1),
                 (m, n, k),
                 lines(&b_bytes, skip, stride),
                 0.5,
@@ -742,11 +759,12 @@ mod tests {
         }
         let (m, n, k) = (20, 48, 96);
         let a = values(m * k, 4);
+        let a_bytes = bf16_bytes(&a);
         let w = values(n * k, 5);
         let w_bytes = bf16_bytes(&w);
         let mut got = vec![0.0; m * n];
         dot(
-            &a,
+            lines(&a_bytes, 0, k),
             (m, n, k),
             lines(&w_bytes, 0, k),
             1.0,
@@ -767,11 +785,12 @@ mod tests {
         let mut scratch = Vec::new();
         for (m, n, k) in [(64, 700, 64), (16, 100, 33)] {
             let a = values(m * k, 7);
+            let a_bytes = bf16_bytes(&a);
             let w = values(n * k, 8);
             let w_bytes = bf16_bytes(&w);
             let mut got = vec![0.0; m * n];
             dot(
-                &a,
+                lines(&a_bytes, 0, k),
                 (m, n, k),
                 lines(&w_bytes, 0, k),
                 1.0,
@@ -789,12 +808,12 @@ mod tests {
             return;
         }
         let (m, n, k) = (300, 200, 700);
-        let a = values(m * k, 5);
+        let a = bf16_bytes(&values(m * k, 5));
         let w = bf16_bytes(&values(n * k, 6));
         assert_same_at_thread_counts(|| {
             let mut got = vec![0.0; m * n];
             dot(
-                &a,
+                lines(&a, 0, k),
                 (m, n, k),
                 lines(&w, 0, k),
                 1.0,
@@ -803,7 +822,7 @@ mod tests {
             );
             let mut more = vec![0.0; m * n];
             axpy(
-                &a,
+                lines(&a, 0, k),
                 (m, n, k),
                 lines(&w, 0, n),
                 1.0,
