@@ -484,6 +484,138 @@ thread_local! {
         const { std::cell::Cell::new((Vec::new(), Vec::new(), Vec::new())) };
 }
 
+/// The `m` rows of `k` bf16 values that `row` gives, transposed into pairs for the Y operand:
+/// column tile `ct` (rows `16 ct ..`) holds `k2` rows of 16 pairs (zeros past `k` and `m`).
+/// Returns the u32 words of one column tile (`k2 * 16`).
+fn pack_transposed<'a>(
+    row: impl Fn(usize) -> &'a [u16] + Sync,
+    (m, k): (usize, usize),
+    packed: &mut Vec<u32>,
+) -> usize {
+    let k2 = k.div_ceil(KS) * KS / 2;
+    let ct_words = k2 * T;
+    // Zeroed whole: the padding past k and m must read as zeros.
+    packed.clear();
+    packed.resize(m.div_ceil(T) * ct_words, 0);
+    let pack = |(ct, tile): (usize, &mut [u32])| {
+        // Sixteen rows at a time, so each 64-byte row of the tile is written whole.
+        let rows: [&[u16]; T] = std::array::from_fn(|c| row((ct * T + c).min(m - 1)));
+        let live = T.min(m - ct * T);
+        // Whole groups of 16 pairs by vector transposes; the rest pair by pair.
+        let groups = k / KS;
+        for (g, out) in tile.chunks_exact_mut(T * T).take(groups).enumerate() {
+            let pairs: [[u32; T]; T] = std::array::from_fn(|c| {
+                let mut p = [0u32; T];
+                if c < live {
+                    let at = &rows[c][g * KS..][..KS];
+                    p.iter_mut()
+                        .enumerate()
+                        .for_each(|(j, v)| *v = pair(at[2 * j], at[2 * j + 1]));
+                }
+                p
+            });
+            let flat: [u32; T * T] = bytemuck::cast(pairs);
+            let t = transpose_16x16(&bytemuck::cast(flat));
+            out.copy_from_slice(&bytemuck::cast::<[f32; T * T], [u32; T * T]>(t));
+        }
+        for (k2, out) in tile
+            .chunks_exact_mut(T)
+            .take(k / 2)
+            .enumerate()
+            .skip(groups * T)
+        {
+            for (o, row) in out.iter_mut().zip(&rows).take(live) {
+                *o = pair(row[2 * k2], row[2 * k2 + 1]);
+            }
+        }
+        if k % 2 == 1 {
+            let out = &mut tile[k / 2 * T..][..T];
+            for (o, row) in out.iter_mut().zip(&rows).take(live) {
+                *o = pair(row[k - 1], 0);
+            }
+        }
+    };
+    if m * k >= 1 << 16 {
+        packed.par_chunks_mut(ct_words).enumerate().for_each(pack);
+    } else {
+        packed.chunks_mut(ct_words).enumerate().for_each(pack);
+    }
+    ct_words
+}
+
+/// Queries packed once for [`Scores::block`]: their rows transposed into pairs.
+pub(crate) struct Scores {
+    queries: Vec<u32>,
+    ct_words: usize,
+    rows: usize,
+    dim: usize,
+    keys: Vec<u16>,
+    sums: Vec<f32>,
+    tiles: Vec<f32>,
+}
+
+impl Scores {
+    /// `rows` query rows of `dim` bf16 values (`q`, row-major).
+    pub(crate) fn new(q: &[u16], rows: usize, dim: usize) -> Scores {
+        let mut queries = Vec::new();
+        let ct_words = pack_transposed(|i| &q[i * dim..][..dim], (rows, dim), &mut queries);
+        Scores {
+            queries,
+            ct_words,
+            rows,
+            dim,
+            keys: Vec::new(),
+            sums: Vec::new(),
+            tiles: Vec::new(),
+        }
+    }
+
+    /// `out[r * stride + j] = q_r . k_j` for the keys `k_rows` (at most 64, bf16 bytes of
+    /// `dim` elements each) and every query row: the keys' rows copied into whole tiles (zeros
+    /// past `dim` and past the last key), the queries' pairs as packed.
+    pub(crate) fn block(&mut self, k_rows: &[&[u8]], (out, stride): (&mut [f32], usize)) {
+        assert!(available() && k_rows.len() <= 64 && stride >= k_rows.len());
+        let (dim, kp) = (self.dim, self.dim.div_ceil(KS) * KS);
+        let key_tiles = k_rows.len().div_ceil(T).max(1);
+        self.keys.clear();
+        self.keys.resize(key_tiles * T * kp, 0);
+        for (row, k) in self.keys.chunks_exact_mut(kp).zip(k_rows) {
+            for (d, b) in row[..dim].iter_mut().zip(k[..dim * 2].chunks_exact(2)) {
+                *d = u16::from_le_bytes([b[0], b[1]]);
+            }
+        }
+        let x = XSource {
+            base: self.keys.as_ptr().cast(),
+            stride: kp * 2,
+            full_tiles: key_tiles,
+            tail_rows: &[],
+            k_tail: &[],
+        };
+        let y = YSource {
+            packed: &self.queries,
+            ct_bytes: self.ct_words * 4,
+            step_bytes: T * T * 4,
+            stride: T * 4,
+        };
+        // The tiles hold the scores transposed: (key, row); `sums` is rows x keys.
+        let keys = k_rows.len();
+        self.sums.resize(self.rows * keys, 0.0);
+        let sums = &mut self.sums[..self.rows * keys];
+        multiply(
+            &x,
+            &y,
+            (keys, self.rows, kp),
+            &mut self.tiles,
+            Orient::Transposed,
+            1.0,
+            sums,
+        );
+        for (o, s) in out.chunks_mut(stride).zip(self.sums.chunks_exact(keys)) {
+            o[..keys].copy_from_slice(s);
+        }
+    }
+}
+
 /// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`, as `gemm_bf16_dot::dot`: A's row `i` is
 /// line `i` of `a` and W's row `j` line `j` of `w` (bf16, 2-byte aligned), `acc` is `m x n`.
 /// Call only where [`available`] says so.
@@ -532,54 +664,7 @@ pub(crate) fn dot(
             }
         }
     }
-    // A transposed into pairs: column tile `ct` (16 rows of A) holds `k2` rows of 16 pairs.
-    let k2 = k.div_ceil(KS) * KS / 2;
-    let ct_words = k2 * T;
-    // Zeroed whole: the padding past k and m must read as zeros.
-    y_packed.clear();
-    y_packed.resize(m.div_ceil(T) * ct_words, 0);
-    y_packed
-        .par_chunks_mut(ct_words)
-        .enumerate()
-        .for_each(|(ct, tile)| {
-            // Sixteen rows at a time, so each 64-byte row of the tile is written whole.
-            let rows: [&[u16]; T] =
-                std::array::from_fn(|c| bits_row(&a, (ct * T + c).min(m - 1), k));
-            let live = T.min(m - ct * T);
-            // Whole groups of 16 pairs by vector transposes; the rest pair by pair.
-            let groups = k / KS;
-            for (g, out) in tile.chunks_exact_mut(T * T).take(groups).enumerate() {
-                let pairs: [[u32; T]; T] = std::array::from_fn(|c| {
-                    let mut p = [0u32; T];
-                    if c < live {
-                        let at = &rows[c][g * KS..][..KS];
-                        p.iter_mut()
-                            .enumerate()
-                            .for_each(|(j, v)| *v = pair(at[2 * j], at[2 * j + 1]));
-                    }
-                    p
-                });
-                let flat: [u32; T * T] = bytemuck::cast(pairs);
-                let t = transpose_16x16(&bytemuck::cast(flat));
-                out.copy_from_slice(&bytemuck::cast::<[f32; T * T], [u32; T * T]>(t));
-            }
-            for (k2, out) in tile
-                .chunks_exact_mut(T)
-                .take(k / 2)
-                .enumerate()
-                .skip(groups * T)
-            {
-                for (o, row) in out.iter_mut().zip(&rows).take(live) {
-                    *o = pair(row[2 * k2], row[2 * k2 + 1]);
-                }
-            }
-            if k % 2 == 1 {
-                let out = &mut tile[k / 2 * T..][..T];
-                for (o, row) in out.iter_mut().zip(&rows).take(live) {
-                    *o = pair(row[k - 1], 0);
-                }
-            }
-        });
+    let ct_words = pack_transposed(|i| bits_row(&a, i, k), (m, k), &mut y_packed);
     let x = XSource {
         base: w.bytes.as_ptr().wrapping_add(w.start * 2),
         stride: w.stride * 2,
@@ -736,6 +821,40 @@ mod tests {
                 &mut Vec::new(),
             );
             assert_product(&got, &a, (m, n, k), 0.5, |kk, j| b[skip + kk * stride + j]);
+        }
+    }
+
+    /// The attention's score blocks against f64: query rows below, at and past one tile,
+    /// head dims on and off the 32-element steps, blocks of 1 to 64 keys.
+    #[test]
+    fn score_blocks_match_the_f64_dots() {
+        if !available() {
+            eprintln!("skipped: no AMX-BF16 tiles on this CPU (or CALICO_CPU_AMX=0)");
+            return;
+        }
+        for (rows, dim) in [(1, 64), (16, 128), (33, 80), (50, 256)] {
+            let q = values(rows * dim, 11);
+            let q_bits: Vec<u16> = bf16_bytes(&q)
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect();
+            let mut scores = Scores::new(&q_bits, rows, dim);
+            for keys in [1, 17, 64] {
+                let k = values(keys * (dim + 3), 12);
+                let k_bytes = bf16_bytes(&k);
+                let k_rows: Vec<&[u8]> = (0..keys)
+                    .map(|j| &k_bytes[j * (dim + 3) * 2..][..dim * 2])
+                    .collect();
+                let mut out = vec![f32::NAN; rows * 64];
+                scores.block(&k_rows, (&mut out, 64));
+                let k_t: Vec<f32> = (0..dim * keys)
+                    .map(|i| k[(i % keys) * (dim + 3) + i / keys])
+                    .collect();
+                let got: Vec<f32> = (0..rows)
+                    .flat_map(|r| out[r * 64..r * 64 + keys].to_vec())
+                    .collect();
+                assert_product(&got, &q, (rows, keys, dim), 1.0, |d, j| k_t[d * keys + j]);
+            }
         }
     }
 

@@ -7,6 +7,7 @@
 //! Every sum has a fixed order, so a result depends only on how the caller splits the keys.
 
 use crate::bf16_pairs;
+use crate::gemm_amx;
 use crate::lanes::{self, W};
 use crate::math;
 use crate::simd::{vectorised_fma, MulAdd};
@@ -37,6 +38,13 @@ pub(crate) trait KeyRows {
     }
 
     /// Key `j`'s K row as stored (at least `dim` bf16 elements), where
+    /// With [`KeyRows::pair_scores`], whether the scores go to the AMX tiles where the CPU has
+    /// them (prefill: a task's 16-64 query rows fill the tiles' columns; decode keeps the pair
+    /// dot products).
+    fn tile_scores(&self) -> bool {
+        false
+    }
+
     /// [`KeyRows::pair_scores`].
     fn k_bytes(&self, _j: usize) -> Result<&[u8]> {
         Err(Error::unsupported("internal: K rows are not handed out"))
@@ -67,6 +75,10 @@ pub(crate) fn attend<K: KeyRows>(
     } else {
         Vec::new()
     };
+    // With AMX, the scores on the tiles (gemm_amx.rs). Decided per call, not by the task's
+    // rows, so that a row's result does not depend on the thread count.
+    let mut tiles = (pairs && keys.tile_scores() && gemm_amx::available())
+        .then(|| gemm_amx::Scores::new(&q_bits, ranges.len(), dim));
     let mut k_rows: Vec<&[u8]> = Vec::with_capacity(KEY_BLOCK);
     for j0 in span.step_by(KEY_BLOCK) {
         let j1 = (j0 + KEY_BLOCK).min(end);
@@ -82,7 +94,14 @@ pub(crate) fn attend<K: KeyRows>(
             }
         }
         let any = if pairs {
-            blocks.pair_dots(&q_bits, &k_rows, ranges, (j0, j1));
+            match &mut tiles {
+                Some(t) => {
+                    blocks.dots.clear();
+                    blocks.dots.resize(ranges.len() * KEY_BLOCK, 0.0);
+                    t.block(&k_rows, (&mut blocks.dots, KEY_BLOCK));
+                }
+                None => blocks.pair_dots(&q_bits, &k_rows, ranges, (j0, j1)),
+            }
             vectorised_fma!(|M| blocks.fold_dots::<M>(ranges, (j0, j1), logit, part))
         } else {
             vectorised_fma!(|M| blocks.scores::<M>(q, ranges, (j0, j1), logit, part))
