@@ -196,11 +196,15 @@ impl KeyRows for HeadKeys<'_> {
         self.k.dtype == DType::BF16 && self.k.width > 64
     }
 
-    /// On AMX tiles at head dim 128: 1024 causal rows 70-74 -> 55-59 ms on the 2-core Xeon
-    /// (scores only; P V stays in f32). At head dim 64 (not pair scores) the tiles measured
-    /// the same as the widened form (docs/perf-log.md, session 32).
+    /// On AMX tiles (scores, and P V with P rounded to bf16) at head dim 128: 1024 causal
+    /// rows 70-74 -> 51-52 ms on the 2-core Xeon. At head dim 64 (not pair scores) the scores
+    /// on tiles measured the same as the widened form (docs/perf-log.md, session 32).
     fn tile_scores(&self) -> bool {
         true
+    }
+
+    fn v_bytes(&self, j: usize) -> Result<&[u8]> {
+        self.v.row_bytes(self.batch, self.head, self.start + j)
     }
 
     fn k_bytes(&self, j: usize) -> Result<&[u8]> {

@@ -552,6 +552,8 @@ pub(crate) struct Scores {
     keys: Vec<u16>,
     sums: Vec<f32>,
     tiles: Vec<f32>,
+    probs: Vec<u16>,
+    values: Vec<u32>,
 }
 
 impl Scores {
@@ -567,6 +569,8 @@ impl Scores {
             keys: Vec::new(),
             sums: Vec::new(),
             tiles: Vec::new(),
+            probs: Vec::new(),
+            values: Vec::new(),
         }
     }
 
@@ -580,9 +584,7 @@ impl Scores {
         self.keys.clear();
         self.keys.resize(key_tiles * T * kp, 0);
         for (row, k) in self.keys.chunks_exact_mut(kp).zip(k_rows) {
-            for (d, b) in row[..dim].iter_mut().zip(k[..dim * 2].chunks_exact(2)) {
-                *d = u16::from_le_bytes([b[0], b[1]]);
-            }
+            row[..dim].copy_from_slice(as_bits(&k[..dim * 2]));
         }
         let x = XSource {
             base: self.keys.as_ptr().cast(),
@@ -614,6 +616,84 @@ impl Scores {
             o[..keys].copy_from_slice(s);
         }
     }
+
+    /// `acc[r, :] += P[r, :] V` for the block's keys `v_rows` (at most 64, bf16 bytes of `dim`
+    /// elements each): P (`p[r * stride + j]`, f32) rounded to bf16 (nearest even) as the
+    /// X operand, V's rows interleaved in pairs as the Y operand.
+    pub(crate) fn weighted(
+        &mut self,
+        (p, stride): (&[f32], usize),
+        v_rows: &[&[u8]],
+        acc: &mut [f32],
+    ) {
+        assert!(available() && v_rows.len() <= 64 && stride >= 64);
+        let (rows, dim, keys) = (self.rows, self.dim, 64);
+        let row_tiles = rows.div_ceil(T);
+        self.probs.clear();
+        self.probs.resize(row_tiles * T * keys, 0);
+        for (dst, src) in self
+            .probs
+            .chunks_exact_mut(keys)
+            .zip(p.chunks(stride))
+            .take(rows)
+        {
+            for (d, &v) in dst.iter_mut().zip(&src[..v_rows.len()]) {
+                *d = crate::convert::f32_to_bf16_bits(v);
+            }
+        }
+        // Keys 2 k2 and 2 k2 + 1 interleaved into row k2 of dp pairs (zeros past the keys).
+        let dp = dim.div_ceil(T) * T;
+        self.values.clear();
+        self.values.resize(keys / 2 * dp, 0);
+        for (k2, out) in self.values.chunks_exact_mut(dp).enumerate() {
+            let Some(lo) = v_rows.get(2 * k2) else { break };
+            let lo = as_bits(&lo[..dim * 2]);
+            match v_rows.get(2 * k2 + 1) {
+                Some(hi) => {
+                    let hi = as_bits(&hi[..dim * 2]);
+                    for ((o, &l), &h) in out.iter_mut().zip(lo).zip(hi) {
+                        *o = pair(l, h);
+                    }
+                }
+                None => {
+                    for (o, &l) in out.iter_mut().zip(lo) {
+                        *o = pair(l, 0);
+                    }
+                }
+            }
+        }
+        let x = XSource {
+            base: self.probs.as_ptr().cast(),
+            stride: keys * 2,
+            full_tiles: row_tiles,
+            tail_rows: &[],
+            k_tail: &[],
+        };
+        let y = YSource {
+            packed: &self.values,
+            ct_bytes: T * 4,
+            step_bytes: T * dp * 4,
+            stride: dp * 4,
+        };
+        self.sums.resize(rows * dim, 0.0);
+        let sums = &mut self.sums[..rows * dim];
+        multiply(
+            &x,
+            &y,
+            (rows, dim, keys),
+            &mut self.tiles,
+            Orient::AsIs,
+            1.0,
+            sums,
+        );
+        acc.iter_mut().zip(sums.iter()).for_each(|(a, s)| *a += s);
+    }
+}
+
+/// bf16 bytes as bits (the tensors' rows are 2-byte aligned: element offsets of 64-byte
+/// aligned storage).
+fn as_bits(bytes: &[u8]) -> &[u16] {
+    bytemuck::cast_slice(bytes)
 }
 
 /// `acc[i, j] = alpha * sum_k a[i, k] * w[j, k]`, as `gemm_bf16_dot::dot`: A's row `i` is
@@ -855,6 +935,33 @@ mod tests {
                     .collect();
                 assert_product(&got, &q, (rows, keys, dim), 1.0, |d, j| k_t[d * keys + j]);
             }
+        }
+    }
+
+    /// The attention's P V blocks against f64: P rounded to bf16 first, added into `acc`.
+    #[test]
+    fn weighted_blocks_match_the_f64_products() {
+        if !available() {
+            eprintln!("skipped: no AMX-BF16 tiles on this CPU (or CALICO_CPU_AMX=0)");
+            return;
+        }
+        for (rows, dim, keys) in [(1, 128, 1), (16, 128, 64), (33, 80, 17), (20, 256, 63)] {
+            let q_bits = vec![0u16; rows * dim];
+            let mut scores = Scores::new(&q_bits, rows, dim);
+            let p: Vec<f32> = values(rows * 64, 13).iter().map(|v| v.abs()).collect();
+            let v = values(keys * dim, 14);
+            let v_bytes = bf16_bytes(&v);
+            let v_rows: Vec<&[u8]> = (0..keys)
+                .map(|j| &v_bytes[j * dim * 2..][..dim * 2])
+                .collect();
+            let mut acc = vec![0.0f32; rows * dim];
+            scores.weighted((&p, 64), &v_rows, &mut acc);
+            let rounded: Vec<f32> = (0..rows * keys)
+                .map(|i| half::bf16::from_f32(p[i / keys * 64 + i % keys]).to_f32())
+                .collect();
+            assert_product(&acc, &rounded, (rows, dim, keys), 1.0, |kk, j| {
+                v[kk * dim + j]
+            });
         }
     }
 

@@ -45,6 +45,12 @@ pub(crate) trait KeyRows {
         false
     }
 
+    /// Key `j`'s V row as stored (at least `dim` bf16 elements), where
+    /// [`KeyRows::tile_scores`].
+    fn v_bytes(&self, _j: usize) -> Result<&[u8]> {
+        Err(Error::unsupported("internal: V rows are not handed out"))
+    }
+
     /// [`KeyRows::pair_scores`].
     fn k_bytes(&self, _j: usize) -> Result<&[u8]> {
         Err(Error::unsupported("internal: K rows are not handed out"))
@@ -107,6 +113,14 @@ pub(crate) fn attend<K: KeyRows>(
             vectorised_fma!(|M| blocks.scores::<M>(q, ranges, (j0, j1), logit, part))
         };
         if any {
+            if let Some(t) = &mut tiles {
+                // P rounded to bf16 times V's rows as stored, on the tiles.
+                let v_rows = (j0..j1)
+                    .map(|j| keys.v_bytes(j))
+                    .collect::<Result<Vec<_>>>()?;
+                t.weighted((&blocks.p, KEY_BLOCK), &v_rows, &mut part.acc);
+                continue;
+            }
             for j in j0..j1 {
                 let i = j - j0;
                 keys.v(j, &mut blocks.v[i * dim..(i + 1) * dim])?;
