@@ -631,37 +631,43 @@ impl Scores {
         let row_tiles = rows.div_ceil(T);
         self.probs.clear();
         self.probs.resize(row_tiles * T * keys, 0);
-        for (dst, src) in self
-            .probs
-            .chunks_exact_mut(keys)
-            .zip(p.chunks(stride))
-            .take(rows)
-        {
-            for (d, &v) in dst.iter_mut().zip(&src[..v_rows.len()]) {
-                *d = crate::convert::f32_to_bf16_bits(v);
-            }
-        }
         // Keys 2 k2 and 2 k2 + 1 interleaved into row k2 of dp pairs (zeros past the keys).
         let dp = dim.div_ceil(T) * T;
         self.values.clear();
         self.values.resize(keys / 2 * dp, 0);
-        for (k2, out) in self.values.chunks_exact_mut(dp).enumerate() {
-            let Some(lo) = v_rows.get(2 * k2) else { break };
-            let lo = as_bits(&lo[..dim * 2]);
-            match v_rows.get(2 * k2 + 1) {
-                Some(hi) => {
-                    let hi = as_bits(&hi[..dim * 2]);
-                    for ((o, &l), &h) in out.iter_mut().zip(lo).zip(hi) {
-                        *o = pair(l, h);
+        let (probs, values) = (&mut self.probs, &mut self.values);
+        // Compiled for the CPU's widest vectors (these loops are as long as the products).
+        crate::simd::vectorised(
+            #[inline(always)]
+            || {
+                for (dst, src) in probs
+                    .chunks_exact_mut(keys)
+                    .zip(p.chunks(stride))
+                    .take(rows)
+                {
+                    for (d, &v) in dst.iter_mut().zip(&src[..v_rows.len()]) {
+                        *d = crate::convert::f32_to_bf16_bits(v);
                     }
                 }
-                None => {
-                    for (o, &l) in out.iter_mut().zip(lo) {
-                        *o = pair(l, 0);
+                for (k2, out) in values.chunks_exact_mut(dp).enumerate() {
+                    let Some(lo) = v_rows.get(2 * k2) else { break };
+                    let lo = as_bits(&lo[..dim * 2]);
+                    match v_rows.get(2 * k2 + 1) {
+                        Some(hi) => {
+                            let hi = as_bits(&hi[..dim * 2]);
+                            for ((o, &l), &h) in out.iter_mut().zip(lo).zip(hi) {
+                                *o = pair(l, h);
+                            }
+                        }
+                        None => {
+                            for (o, &l) in out.iter_mut().zip(lo) {
+                                *o = pair(l, 0);
+                            }
+                        }
                     }
                 }
-            }
-        }
+            },
+        );
         let x = XSource {
             base: self.probs.as_ptr().cast(),
             stride: keys * 2,
@@ -686,7 +692,10 @@ impl Scores {
             1.0,
             sums,
         );
-        acc.iter_mut().zip(sums.iter()).for_each(|(a, s)| *a += s);
+        crate::simd::vectorised(
+            #[inline(always)]
+            || acc.iter_mut().zip(sums.iter()).for_each(|(a, s)| *a += s),
+        );
     }
 }
 
