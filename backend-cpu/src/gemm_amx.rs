@@ -581,10 +581,16 @@ impl Scores {
         assert!(available() && k_rows.len() <= 64 && stride >= k_rows.len());
         let (dim, kp) = (self.dim, self.dim.div_ceil(KS) * KS);
         let key_tiles = k_rows.len().div_ceil(T).max(1);
-        self.keys.clear();
+        // Every element is written: a key's row, zeros past `dim`, zero rows past the keys.
         self.keys.resize(key_tiles * T * kp, 0);
-        for (row, k) in self.keys.chunks_exact_mut(kp).zip(k_rows) {
-            row[..dim].copy_from_slice(as_bits(&k[..dim * 2]));
+        for (j, row) in self.keys.chunks_exact_mut(kp).enumerate() {
+            match k_rows.get(j) {
+                Some(k) => {
+                    row[..dim].copy_from_slice(as_bits(&k[..dim * 2]));
+                    row[dim..].fill(0);
+                }
+                None => row.fill(0),
+            }
         }
         let x = XSource {
             base: self.keys.as_ptr().cast(),
@@ -629,28 +635,37 @@ impl Scores {
         assert!(available() && v_rows.len() <= 64 && stride >= 64);
         let (rows, dim, keys) = (self.rows, self.dim, 64);
         let row_tiles = rows.div_ceil(T);
-        self.probs.clear();
+        // Every element of both is written below: the padding with zeros.
         self.probs.resize(row_tiles * T * keys, 0);
         // Keys 2 k2 and 2 k2 + 1 interleaved into row k2 of dp pairs (zeros past the keys).
         let dp = dim.div_ceil(T) * T;
-        self.values.clear();
         self.values.resize(keys / 2 * dp, 0);
+        let n = v_rows.len();
         let (probs, values) = (&mut self.probs, &mut self.values);
         // Compiled for the CPU's widest vectors (these loops are as long as the products).
         crate::simd::vectorised(
             #[inline(always)]
             || {
-                for (dst, src) in probs
+                for (r, dst) in probs[..row_tiles * T * keys]
                     .chunks_exact_mut(keys)
-                    .zip(p.chunks(stride))
-                    .take(rows)
+                    .enumerate()
                 {
-                    for (d, &v) in dst.iter_mut().zip(&src[..v_rows.len()]) {
-                        *d = crate::convert::f32_to_bf16_bits(v);
+                    if r < rows {
+                        let src = &p[r * stride..][..n];
+                        for (d, &v) in dst.iter_mut().zip(src) {
+                            *d = crate::convert::f32_to_bf16_bits(v);
+                        }
+                        dst[n..].fill(0);
+                    } else {
+                        dst.fill(0);
                     }
                 }
-                for (k2, out) in values.chunks_exact_mut(dp).enumerate() {
-                    let Some(lo) = v_rows.get(2 * k2) else { break };
+                for (k2, out) in values[..keys / 2 * dp].chunks_exact_mut(dp).enumerate() {
+                    let Some(lo) = v_rows.get(2 * k2) else {
+                        out.fill(0);
+                        continue;
+                    };
+                    out[dim..].fill(0);
                     let lo = as_bits(&lo[..dim * 2]);
                     match v_rows.get(2 * k2 + 1) {
                         Some(hi) => {
@@ -921,14 +936,15 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 tiles on this CPU (or CALICO_CPU_AMX=0)");
             return;
         }
-        for (rows, dim) in [(1, 64), (16, 128), (33, 80), (50, 256)] {
+        for (rows, dim) in [(1, 64), (16, 128), (33, 72), (50, 256)] {
             let q = values(rows * dim, 11);
             let q_bits: Vec<u16> = bf16_bytes(&q)
                 .chunks_exact(2)
                 .map(|b| u16::from_le_bytes([b[0], b[1]]))
                 .collect();
             let mut scores = Scores::new(&q_bits, rows, dim);
-            for keys in [1, 17, 64] {
+            // After a full block, partial ones reuse the buffers (their padding rewritten).
+            for keys in [64, 1, 17, 64] {
                 let k = values(keys * (dim + 3), 12);
                 let k_bytes = bf16_bytes(&k);
                 let k_rows: Vec<&[u8]> = (0..keys)
@@ -954,9 +970,17 @@ mod tests {
             eprintln!("skipped: no AMX-BF16 tiles on this CPU (or CALICO_CPU_AMX=0)");
             return;
         }
-        for (rows, dim, keys) in [(1, 128, 1), (16, 128, 64), (33, 80, 17), (20, 256, 63)] {
+        for (rows, dim, keys) in [(1, 128, 1), (16, 128, 64), (33, 72, 17), (20, 256, 63)] {
             let q_bits = vec![0u16; rows * dim];
             let mut scores = Scores::new(&q_bits, rows, dim);
+            // A full block first, so the block checked reuses buffers holding other values.
+            let full = bf16_bytes(&values(64 * dim, 15));
+            let full_rows: Vec<&[u8]> = full.chunks_exact(dim * 2).collect();
+            scores.weighted(
+                (&vec![1.0; rows * 64], 64),
+                &full_rows,
+                &mut vec![0.0; rows * dim],
+            );
             let p: Vec<f32> = values(rows * 64, 13).iter().map(|v| v.abs()).collect();
             let v = values(keys * dim, 14);
             let v_bytes = bf16_bytes(&v);

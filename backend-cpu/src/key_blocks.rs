@@ -102,7 +102,7 @@ pub(crate) fn attend<K: KeyRows>(
         let any = if pairs {
             match &mut tiles {
                 Some(t) => {
-                    blocks.dots.clear();
+                    // Each row's first j1 - j0 entries are written; fold_dots masks the rest.
                     blocks.dots.resize(ranges.len() * KEY_BLOCK, 0.0);
                     t.block(&k_rows, (&mut blocks.dots, KEY_BLOCK));
                 }
