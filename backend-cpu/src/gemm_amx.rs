@@ -228,24 +228,21 @@ fn multiply(
                             continue;
                         }
                         let (tr, tc) = ((rp + dr) * T, (cp + dc) * T);
-                        for (i, row) in tile.chunks_exact(T).enumerate() {
-                            if r0 + tr + i >= rows {
-                                break;
-                            }
-                            match orient {
-                                Orient::AsIs => {
-                                    let at = (tr + i) * TASK_C + tc;
-                                    out[at..at + T].copy_from_slice(row);
+                        match orient {
+                            // The tile's rows up to `rows` (r0 + tr < rows: the tile is live).
+                            Orient::AsIs => {
+                                let live = tile.chunks_exact(T).take(rows - r0 - tr);
+                                for (i, row) in live.enumerate() {
+                                    out[(tr + i) * TASK_C + tc..][..T].copy_from_slice(row);
                                 }
-                                // Whole tiles below.
-                                Orient::Transposed => break,
                             }
-                        }
-                        if orient == Orient::Transposed {
-                            // Rows past `rows` land in the task's tile too; no one reads them.
-                            let t = transpose_16x16(tile);
-                            for (j, col) in t.chunks_exact(T).enumerate() {
-                                out[(tc + j) * TASK_R + tr..][..T].copy_from_slice(col);
+                            // Whole tiles: rows past `rows` land in the task's tile too, where
+                            // no one reads them.
+                            Orient::Transposed => {
+                                let t = transpose_16x16(tile);
+                                for (j, col) in t.chunks_exact(T).enumerate() {
+                                    out[(tc + j) * TASK_R + tr..][..T].copy_from_slice(col);
+                                }
                             }
                         }
                     }
@@ -460,15 +457,16 @@ fn transpose_16x16_avx512(m: &[f32; T * T]) -> [f32; T * T] {
 fn bits_row<'a>(a: &Lines<'a>, r: usize, k: usize) -> &'a [u16] {
     let at = (a.start + r * a.stride) * 2;
     // Callers (gemm.rs `Mat::amx_rows`) pass 2-byte aligned bytes.
-    bytemuck::cast_slice(&a.bytes[at..at + k * 2])
+    as_bits(&a.bytes[at..at + k * 2])
 }
 
-/// Checks that every one of `a`'s `m` rows of `k` lies in its bytes (before any is read).
-fn check_rows(a: &Lines, m: usize, k: usize) {
-    assert!(a.dtype == DType::BF16, "A must be bf16");
+/// Checks that `lines` are bf16 and that each of their first `m` lines of `k` lies in their
+/// bytes (before any is read; `what` names them in the panic).
+fn check_rows(lines: &Lines, m: usize, k: usize, what: &str) {
+    assert!(lines.dtype == DType::BF16, "{what} must be bf16");
     assert!(
-        a.bytes.len() >= (a.start + (m - 1) * a.stride + k) * 2,
-        "A rows past the tensor's bytes"
+        lines.bytes.len() >= (lines.start + (m - 1) * lines.stride + k) * 2,
+        "{what} rows past the tensor's bytes"
     );
 }
 
@@ -733,13 +731,12 @@ pub(crate) fn dot(
 ) {
     assert!(available() && w.dtype == DType::BF16);
     assert!(m > 0 && n > 0 && k > 0 && acc.len() == m * n);
-    check_rows(&a, m, k);
+    check_rows(&a, m, k, "A");
     // Full tiles of W are read in place: their rows, and the first `k / 32 * 32` elements of
     // each, lie inside w.bytes (checked here, as the raw loads rely on it).
     let full_tiles = n / T;
     if full_tiles > 0 {
-        let end = (w.start + (full_tiles * T - 1) * w.stride + k) * 2;
-        assert!(w.bytes.len() >= end, "W rows past the tensor's bytes");
+        check_rows(&w, full_tiles * T, k, "W");
     }
     let (steps, tail) = (k / KS, k % KS);
     let w_elem = |j: usize, kk: usize| {
@@ -800,7 +797,7 @@ pub(crate) fn axpy(
 ) {
     assert!(available() && b.dtype == DType::BF16);
     assert!(m > 0 && n > 0 && k > 0 && acc.len() == m * n);
-    check_rows(&a, m, k);
+    check_rows(&a, m, k, "A");
     let kp = k.div_ceil(KS) * KS;
     let (mut y_packed, mut x_packed, spare) = BUFFERS.take();
     // A padded to whole tiles: m rounded up to 16 rows of kp (zeros past k and m).
